@@ -1,0 +1,135 @@
+"""`LLM`: offline generation with vLLM's interface.
+
+    from serving import LLM, SamplingParams
+    llm = LLM("smollm2-135m-instruct")
+    out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))
+    print(out[0].outputs[0].text)
+    llm.chat([{"role": "user", "content": "Hi!"}])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Sequence, Union
+
+import torch
+
+from serving.errors import ContextLengthError, ServingError
+from serving.model_loader import LoadedModel, load_model
+from serving.outputs import RequestOutput
+from serving.registry import ModelRegistry, default_registry
+from serving.sampler import Sampler
+from serving.sampling_params import SamplingParams
+from serving.sequential import generate_sequence
+
+PromptType = Union[str, dict]  # text, or {"prompt_token_ids": [...]} as in vLLM's TokensPrompt
+
+
+class LLM:
+    """A local model ready to generate.
+
+    Args:
+        model: a name in `registry` (default: the embedded default registry).
+        dtype: "float32" (default), "bfloat16" or "float16": the weights' and activations' dtype.
+        registry: where to look `model` up.
+    Raises:
+        UnknownModelError, ModelFileError, UnsupportedTensorTypeError: see `load_model`.
+    """
+
+    def __init__(self, model: str, *, dtype: str | torch.dtype = "float32", registry: ModelRegistry | None = None):
+        registry = registry or default_registry()
+        self.loaded: LoadedModel = load_model(registry.get(model), dtype)
+        self.model_name = model
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Complete each prompt (raw text: no chat formatting).
+
+        Args:
+            prompts: one prompt or a list; a prompt is text or {"prompt_token_ids": [int, ...]}.
+            sampling_params: one for all prompts, or one per prompt (default `SamplingParams()`).
+        Returns:
+            One `RequestOutput` per prompt, in order.
+        Raises:
+            ContextLengthError: a prompt that leaves no room to generate within the context.
+            ServingError: an empty prompt, or a params list of the wrong length.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params_list = _broadcast(sampling_params, len(prompts))
+        encoded = [self._encode(p) for p in prompts]
+        return [self._run(text, ids, params) for (text, ids), params in zip(encoded, params_list)]
+
+    def chat(
+        self,
+        messages: Sequence[dict] | Sequence[Sequence[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of {"role", "content"} dicts) or a list of conversations.
+
+        The model's chat format renders the messages; its extra stop strings (the in-context format's
+        "\\nUser:") are added to each request's `stop`.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        params_list = _broadcast(sampling_params, len(conversations))
+        fmt = self.loaded.chat_format
+        outputs = []
+        for conversation, params in zip(conversations, params_list):
+            prompt = fmt.render(conversation)
+            ids = self.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
+            if fmt.stop:
+                params = dataclasses.replace(params, stop=tuple(params.stop) + tuple(s for s in fmt.stop if s not in params.stop))
+            outputs.append(self._run(prompt, ids, params))
+        return outputs
+
+    def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt:
+                raise ServingError("a dict prompt must hold 'prompt_token_ids'")
+            return None, [int(t) for t in prompt["prompt_token_ids"]]
+        if not isinstance(prompt, str):
+            raise ServingError(f"a prompt must be a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
+        return prompt, self.tokenizer.encode(prompt)
+
+    def _run(self, prompt: str | None, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
+        ctx = self.loaded.context_length
+        if not prompt_ids:
+            raise ServingError("the prompt is empty: give at least one token")
+        if len(prompt_ids) >= ctx:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_ids)} tokens but {self.model_name!r} accepts at most {ctx} tokens "
+                "of prompt and output together; shorten the prompt"
+            )
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ServingError(f"prompt token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+        sampler = Sampler(params)
+        start = time.perf_counter()
+        completions = [generate_sequence(self.loaded, prompt_ids, params, sampler, index=i) for i in range(params.n)]
+        elapsed = time.perf_counter() - start
+        return RequestOutput(
+            request_id=str(next(self._ids)), prompt=prompt, prompt_token_ids=prompt_ids, outputs=completions,
+            metrics={"generate_seconds": elapsed, "num_output_tokens": sum(len(c.token_ids) for c in completions)},
+        )
+
+
+def _broadcast(params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ServingError(f"got {len(params)} SamplingParams for {count} prompts; give one, or one per prompt")
+    return params

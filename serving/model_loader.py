@@ -1,0 +1,84 @@
+"""Load a registered model: checkpoint -> `CausalLM` in the requested dtype, tokenizer, chat format."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from serving.chat_format import ChatFormat, InContextChatFormat, TemplateChatFormat
+from serving.config import ModelConfig
+from serving.errors import ModelFileError, ServingError
+from serving.loader.gguf_loader import open_gguf
+from serving.loader.safetensors_loader import open_safetensors
+from serving.models import build_model
+from serving.models.base import CausalLM
+from serving.registry import ModelSpec
+from serving.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """"float32"/"bfloat16"/"float16" (or a torch dtype) -> torch dtype. Raises ServingError otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ServingError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}") from None
+
+
+@dataclass
+class LoadedModel:
+    """Everything needed to run one model.
+
+    Attributes:
+        context_length: tokens of prompt + output accepted (the registry's value, capped by the file's).
+        load_seconds: wall time of `load_model`.
+    """
+
+    spec: ModelSpec
+    config: ModelConfig
+    model: CausalLM
+    tokenizer: Tokenizer
+    chat_format: ChatFormat
+    dtype: torch.dtype
+    context_length: int
+    load_seconds: float
+
+
+def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32") -> LoadedModel:
+    """Read the checkpoint of `spec` (GGUF file or safetensors folder) and build the model.
+
+    Raises:
+        ModelFileError: missing/truncated/corrupt file, or an architecture different from `spec`'s.
+        UnsupportedTensorTypeError, UnsupportedArchitectureError: the file cannot be run.
+    """
+    start = time.perf_counter()
+    torch_dtype = parse_dtype(dtype)
+    path = spec.resolve_path()
+    if path.is_dir():
+        ckpt = open_safetensors(path)
+        tokenizer_dir = path if spec.tokenizer == "model" else spec.tokenizer
+        tokenizer = Tokenizer.from_folder(tokenizer_dir)
+    else:
+        ckpt = open_gguf(path)
+        tokenizer = Tokenizer.from_gguf(path, ckpt.metadata) if spec.tokenizer == "model" else Tokenizer.from_folder(spec.tokenizer)
+    cfg = ckpt.config
+    if cfg.architecture != spec.architecture:
+        raise ModelFileError(f"{path} holds a {cfg.architecture} model but {spec.name!r} is registered as {spec.architecture}")
+    model = build_model(cfg, torch_dtype)
+    model.load_weights(ckpt.tensors())
+    if spec.chat_format == "template":
+        if not tokenizer.chat_template:
+            raise ModelFileError(f"{spec.name!r} is registered with chat_format='template' but {path} has no chat template")
+        chat_format: ChatFormat = TemplateChatFormat(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token)
+    else:
+        chat_format = InContextChatFormat()
+    return LoadedModel(
+        spec=spec, config=cfg, model=model, tokenizer=tokenizer, chat_format=chat_format, dtype=torch_dtype,
+        context_length=min(spec.context_length, cfg.context_length), load_seconds=time.perf_counter() - start,
+    )

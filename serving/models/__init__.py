@@ -1,0 +1,25 @@
+"""Model architectures, by the name GGUF and `ModelConfig` use."""
+
+from __future__ import annotations
+
+from serving.config import ModelConfig
+from serving.errors import UnsupportedArchitectureError
+from serving.models.base import CausalLM
+
+
+def model_class(architecture: str) -> type[CausalLM]:
+    """The `CausalLM` subclass implementing `architecture` ("llama" or "gemma3")."""
+    if architecture == "llama":
+        from serving.models.llama import LlamaForCausalLM
+
+        return LlamaForCausalLM
+    if architecture == "gemma3":
+        from serving.models.gemma3 import Gemma3ForCausalLM
+
+        return Gemma3ForCausalLM
+    raise UnsupportedArchitectureError(f"no implementation for architecture {architecture!r}; supported: llama, gemma3")
+
+
+def build_model(cfg: ModelConfig, dtype) -> CausalLM:
+    """An uninitialised model of `cfg`'s architecture, its parameters in `dtype`, in eval mode."""
+    return model_class(cfg.architecture)(cfg).to(dtype).eval()

@@ -1,0 +1,89 @@
+"""Building blocks shared by the model architectures: RMSNorm, attention, gated MLP.
+
+Every hot operation goes through `kernels.dispatch`, so tuned kernels replace the PyTorch references
+without touching this code. Projections are fused (q/k/v into one matrix, gate/up into another) so a
+decode step runs two matmuls where the checkpoint has five.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels import dispatch
+from serving.config import ModelConfig
+from serving.kv_cache import ContiguousKVCache
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension; `offset=1` gives Gemma's (1 + weight) scaling."""
+
+    def __init__(self, size: int, eps: float, offset: float = 0.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size) if not offset else torch.zeros(size), requires_grad=False)
+        self.eps, self.offset = eps, offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dispatch("rms_norm", x, self.weight, self.eps, offset=self.offset)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped KV heads, RoPE, optional q/k norms and sliding window.
+
+    Args:
+        cfg: model hyperparameters.
+        layer: index of this layer (selects the KV-cache slot and sliding/global kind).
+        qk_norm_offset: None for no q/k norm (Llama); 1.0 for Gemma 3's (1 + w) RMSNorm per head.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int, qk_norm_offset: float | None = None):
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, cfg.hidden_size), requires_grad=False)
+        self.o_proj = nn.Parameter(torch.empty(cfg.hidden_size, self.q_size), requires_grad=False)
+        self.q_norm = self.k_norm = None
+        if qk_norm_offset is not None:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, qk_norm_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, qk_norm_offset)
+        self.scale = cfg.attention_scale
+        self.sliding_window = cfg.sliding_window if cfg.is_sliding(layer) else None
+
+    def forward(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor], cache: ContiguousKVCache) -> torch.Tensor:
+        """x: [T, E] hidden states of positions [start, start+T). Returns [T, E]."""
+        num_tokens = x.shape[0]
+        qkv = dispatch("linear", x, self.qkv_proj)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q = dispatch("rotary", q, cos, sin)
+        k = dispatch("rotary", k, cos, sin)
+        keys, values = cache.write(self.layer, start, k, v)
+        out = dispatch("attention", q, keys, values, scale=self.scale, q_start=start, sliding_window=self.sliding_window)
+        return dispatch("linear", out.reshape(num_tokens, self.q_size), self.o_proj)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)) with the gate and up projections fused into one [2F, E] matrix."""
+
+    def __init__(self, cfg: ModelConfig, activation: str):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size), requires_grad=False)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dispatch("gated_mlp", x, self.gate_up_proj, self.down_proj, self.activation)
+
+
+def rope_tables(start: int, num_tokens: int, head_dim: int, theta: float, scaling: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [T, D] for positions [start, start+T), positions divided by a linear `scaling`."""
+    positions = torch.arange(start, start + num_tokens)
+    if scaling != 1.0:
+        positions = positions / scaling
+    return dispatch("rotary_cos_sin", positions, head_dim, theta, dtype)

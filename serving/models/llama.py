@@ -1,0 +1,42 @@
+"""Llama (and SmolLM2): pre-norm decoder, grouped-query attention with RoPE, SwiGLU MLP.
+
+Touvron et al. 2023, arXiv:2302.13971. Weight names follow Hugging Face's LlamaForCausalLM.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from serving.config import ModelConfig
+from serving.kv_cache import ContiguousKVCache
+from serving.models.base import CausalLM
+from serving.models.layers import Attention, GatedMLP, RMSNorm, rope_tables
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg, "silu")
+
+    def forward(self, x, start, rope, cache):
+        x = x + self.self_attn(self.input_layernorm(x), start, rope, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(CausalLM):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, token_ids: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
+        cfg = self.config
+        x = self.embed_tokens(token_ids)
+        rope = rope_tables(start, len(token_ids), cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, x.dtype)
+        for layer in self.layers:
+            x = layer(x, start, rope, cache)
+        return self.norm(x)

@@ -1,0 +1,49 @@
+"""Generation results, shaped like vLLM's `RequestOutput` / `CompletionOutput`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Logprob:
+    """Log-probability (natural log) of one token under the raw model distribution."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence.
+
+    Attributes:
+        index: which of the request's `n` samples this is.
+        text: the generated text, without the matched stop string (unless asked) or EOS.
+        token_ids: every generated token id, including the one that ended generation.
+        finish_reason: "stop" (EOS, stop token or stop string) or "length" (max_tokens or context full).
+        stop_reason: the stop string or stop token id that matched; None for EOS or length.
+        logprobs: per generated token, {token id: Logprob} holding the chosen token and the top-k.
+        cumulative_logprob: sum of the chosen tokens' logprobs (when logprobs were requested).
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one prompt: its tokens and its `n` completions, plus timing in seconds."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    metrics: dict[str, float] = field(default_factory=dict)

