@@ -10,7 +10,7 @@ token ids (encoded by our tokenizer) at batch 1:
   steady-state loads.
 - decode speed (tokens/s): after one warm-up generation, t1 is the time of a 1-token generation
   (prefill + first token) and tN+1 that of an (N+1)-token generation; decode speed is
-  N / (tN+1 - t1), so prefill cancels out. Medians over `--repeats` pairs.
+  N / (tN+1 - t1), so prefill cancels out. Each t is the fastest of `--repeats` runs.
 - the ratios ours/HF: above 1 means our load is slower, or our decode is faster.
 - matching tokens: how many of the N+1 greedy tokens agree before the two systems first differ (a
   check that both did the same work; bfloat16 rounding may make them diverge).
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -62,9 +61,9 @@ class DecodeTiming:
     """Batch-1 greedy generation timings of one system.
 
     Attributes:
-        ttft_seconds: median time of a 1-token generation (prefill + first token).
-        tokens_per_second: median of num_tokens / (t(num_tokens + 1) - t(1)).
-        token_ids: the num_tokens + 1 generated ids of the last timed run.
+        ttft_seconds: fastest 1-token generation t1 (prefill + first token).
+        tokens_per_second: num_tokens / (t(num_tokens + 1) - t1), each t the fastest of the repeats.
+        token_ids: the num_tokens + 1 generated ids.
     """
 
     ttft_seconds: float
@@ -73,19 +72,26 @@ class DecodeTiming:
 
 
 def time_decode(generate: Callable[[int], list[int]], num_tokens: int, num_repeats: int) -> DecodeTiming:
-    """Time `generate(n) -> n new token ids` as described in the module docstring."""
-    generate(num_tokens + 1)  # warm-up: first-call allocations and lazy initialisation
-    ttfts, rates = [], []
+    """Time `generate(n) -> n new token ids` as described in the module docstring.
+
+    The fastest of `num_repeats` runs is kept for each length: on a shared CPU other processes only
+    ever add time, so the minimum is the least noisy estimate.
+    """
+    token_ids = generate(num_tokens + 1)  # warm-up: first-call allocations and lazy initialisation
+    if len(token_ids) != num_tokens + 1:
+        raise RuntimeError(f"asked for {num_tokens + 1} tokens, got {len(token_ids)}")
+    t1s, t_fulls = [], []
     for _ in range(num_repeats):
-        start = time.perf_counter()
-        generate(1)
-        t1 = time.perf_counter() - start
-        start = time.perf_counter()
-        token_ids = generate(num_tokens + 1)
-        t_full = time.perf_counter() - start
-        ttfts.append(t1)
-        rates.append(num_tokens / (t_full - t1))
-    return DecodeTiming(statistics.median(ttfts), statistics.median(rates), token_ids)
+        t1s.append(_seconds(generate, 1))
+        t_fulls.append(_seconds(generate, num_tokens + 1))
+    t1 = min(t1s)
+    return DecodeTiming(t1, num_tokens / (min(t_fulls) - t1), token_ids)
+
+
+def _seconds(generate: Callable[[int], list[int]], n: int) -> float:
+    start = time.perf_counter()
+    generate(n)
+    return time.perf_counter() - start
 
 
 def prepare(model: str) -> Path:
@@ -126,11 +132,14 @@ def bench_hf(path: Path, dtype: str, prompt_ids: list[int], num_tokens: int, num
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype))
     load_seconds = time.perf_counter() - start
     model.eval()
+    # No EOS at all: a None in the per-call config is filled from the model's defaults in transformers 5.
+    model.generation_config.eos_token_id = None
     input_ids = torch.tensor([prompt_ids])
 
     def generate(n: int) -> list[int]:
-        # eos_token_id=None and min_new_tokens=n: exactly n tokens, as ignore_eos does for ours.
-        config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        # eos_token_id=None: exactly n tokens, EOS included, as ignore_eos does for ours. Not
+        # min_new_tokens=n: it bans EOS until the n-th token, so greedy decoding would differ from ours.
+        config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
         with torch.inference_mode():
             out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
         return out[0, len(prompt_ids):].tolist()
@@ -216,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--models", nargs="+", default=list(MODELS), help="registry names (default: %(default)s)")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES, help="(default: %(default)s)")
     parser.add_argument("--num-tokens", type=int, default=NUM_TOKENS, help="decode tokens timed (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=NUM_REPEATS, help="timed pairs per system; medians reported")
+    parser.add_argument("--repeats", type=int, default=NUM_REPEATS, help="timed runs of each length; the fastest is kept")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ _REFERENCES: dict[str, Callable] = {
     "rotary_cos_sin": ref.ref_rotary_cos_sin,
     "rotary": ref.ref_rotary,
     "attention": ref.ref_attention,
+    "paged_attention": ref.ref_paged_attention,
     "gated_mlp": ref.ref_gated_mlp,
     "linear": ref.ref_linear,
 }

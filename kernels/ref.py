@@ -126,3 +126,77 @@ def ref_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ac
 def ref_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias). x: [..., in], weight: [out, in]; returns [..., out]."""
     return F.linear(x, weight, bias)
+
+
+def ref_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: list[int],
+    query_lens: list[int],
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of a batch of sequences over a paged KV cache (PagedAttention, Kwon et al.
+    2023, arXiv:2309.06180), for any mix of prefill chunks and decode tokens.
+
+    Sequence b contributes query_lens[b] consecutive rows of `q` (its newest tokens, at absolute
+    positions seq_lens[b] - query_lens[b] ... seq_lens[b] - 1); their keys and values must already be
+    in the cache. Decode rows (query length 1) are computed together with one padded gather; prefill
+    chunks one sequence at a time.
+
+    Args:
+        q: [N, H, D] queries, N = sum(query_lens), grouped by sequence in batch order.
+        k_cache, v_cache: [num_blocks, block_size, K, D].
+        block_tables: [B, max_blocks] int64 physical block ids (padding entries are ignored).
+        seq_lens: B total lengths (context + new tokens).
+        query_lens: B new-token counts (each >= 1, <= seq_lens[b]).
+        scale: multiplier of q.k.
+        sliding_window: W, or None for global attention.
+    Returns:
+        [N, H, D].
+    """
+    block_size = k_cache.shape[1]
+    out = torch.empty_like(q)
+    decode = [b for b, n in enumerate(query_lens) if n == 1]
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    if decode:
+        rows = torch.tensor([starts[b] for b in decode])
+        out[rows] = _paged_decode(q[rows], k_cache, v_cache, block_tables[decode], [seq_lens[b] for b in decode], scale, sliding_window)
+    for b, n in enumerate(query_lens):
+        if n == 1:
+            continue
+        num_blocks = -(-seq_lens[b] // block_size)
+        table = block_tables[b, :num_blocks]
+        k = k_cache[table].flatten(0, 1)[: seq_lens[b]]
+        v = v_cache[table].flatten(0, 1)[: seq_lens[b]]
+        out[starts[b] : starts[b + 1]] = ref_attention(
+            q[starts[b] : starts[b + 1]], k, v, scale=scale, q_start=seq_lens[b] - n, sliding_window=sliding_window
+        )
+    return out
+
+
+def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window):
+    """One new token per sequence: q [B, H, D] -> [B, H, D], keys gathered into [B, L, K, D]."""
+    block_size, num_kv = k_cache.shape[1], k_cache.shape[2]
+    max_len = max(seq_lens)
+    num_blocks = -(-max_len // block_size)
+    table = block_tables[:, :num_blocks]
+    k = k_cache[table].flatten(1, 2)  # [B, L, K, D], L = num_blocks * block_size
+    v = v_cache[table].flatten(1, 2)
+    group = q.shape[1] // num_kv
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bhd,blhd->bhl", q, k) * scale
+    lens = torch.tensor(seq_lens)[:, None]
+    k_pos = torch.arange(k.shape[1])[None, :]
+    mask = k_pos < lens
+    if sliding_window is not None:
+        mask = mask & (lens - 1 - k_pos < sliding_window)
+    scores = scores.float().masked_fill(~mask[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    return torch.einsum("bhl,blhd->bhd", probs, v)

@@ -24,7 +24,8 @@ def models() -> None:
     from serving.registry import default_registry
 
     table = Table(title="Local models")
-    for column in ("name", "architecture", "context", "chat format", "description"):
+    table.add_column("name", no_wrap=True)
+    for column in ("architecture", "context", "chat format", "description"):
         table.add_column(column)
     for spec in default_registry():
         table.add_row(spec.name, spec.architecture, str(spec.context_length), spec.chat_format, spec.description)

@@ -79,8 +79,14 @@ class LLM:
 
         The model's chat format renders the messages; its extra stop strings (the in-context format's
         "\\nUser:") are added to each request's `stop`.
+
+        Raises:
+            ServingError: no messages, a message with an unknown role or non-text content, or a params
+                list of the wrong length; and the errors of `generate`.
         """
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not messages:
+            raise ServingError("messages must contain at least one message")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         params_list = _broadcast(sampling_params, len(conversations))
         fmt = self.loaded.chat_format
         outputs = []

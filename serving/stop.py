@@ -2,8 +2,8 @@
 
 Stop strings are matched on the detokenized text, so a stop string split across two or more tokens is
 caught (the text of all output tokens is searched, starting a stop string's length before the newly
-added characters). The matched string is cut from the text (vLLM's `include_stop_str_in_output`
-keeps it).
+added characters). The matched string, and the text of a stop token (EOS or `stop_token_ids`), is
+cut from the text (vLLM's `include_stop_str_in_output` keeps it).
 """
 
 from __future__ import annotations
@@ -40,10 +40,14 @@ def check_stop(
     Returns:
         None to continue, else the finish reason, stop reason and the final text.
     """
+    # Like vLLM (v1 `IncrementalDetokenizer.update`), a stop token's own text (EOS rendered with
+    # skip_special_tokens=False, or a non-special stop_token_ids entry) is left out of the text
+    # unless include_stop_str_in_output; its id stays in the token ids.
+    stop_token_text = text if params.include_stop_str_in_output else text[:previous_text_len]
     if not params.ignore_eos and token_id in eos_token_ids:
-        return StopResult("stop", None, text)
+        return StopResult("stop", None, stop_token_text)
     if token_id in params.stop_token_ids:
-        return StopResult("stop", token_id, text)
+        return StopResult("stop", token_id, stop_token_text)
     for stop in params.stop:
         start = max(0, previous_text_len - len(stop) + 1)
         pos = text.find(stop, start)

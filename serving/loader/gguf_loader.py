@@ -124,14 +124,17 @@ def open_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
         ModelFileError: the file is missing, not GGUF, or truncated (tensor data past its end).
         UnsupportedArchitectureError: `general.architecture` is not llama or gemma3.
     """
-    from gguf import GGUFReader
-
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
     size = path.stat().st_size
     try:
-        reader = GGUFReader(path)
+        reader = _open_reader(path)
+    except _PastEndOfFile as exc:
+        raise ModelFileError(
+            f"{path} is truncated: its header or tensor data needs byte {exc.args[0]} but the file has {size} bytes; "
+            "re-download or re-assemble it"
+        ) from None
     except Exception as exc:  # the gguf package raises ValueError/IndexError/etc. on corrupt headers
         raise ModelFileError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); re-download or re-assemble it") from exc
     for t in reader.tensors:
@@ -144,6 +147,28 @@ def open_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
     metadata = {k: _field_value(f) for k, f in reader.fields.items()
                 if not k.startswith("GGUF.") and k not in _LARGE_TOKENIZER_KEYS}
     return GGUFCheckpoint(path=path, metadata=metadata, config=config_from_gguf(metadata, reader), _reader=reader)
+
+
+class _PastEndOfFile(Exception):
+    """A read of the GGUF header or of a tensor's data that ends past the end of the file (args: that end)."""
+
+
+def _open_reader(path: Path):
+    """A `gguf.GGUFReader` whose reads past the end of the file raise `_PastEndOfFile`.
+
+    GGUFReader slices a memmap for every header field and tensor; on a truncated file the slice comes back
+    short and fails later with an unrelated error ("cannot reshape array ..."), so we check where each read ends.
+    """
+    from gguf import GGUFReader
+
+    class SizeCheckedReader(GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + int(count) * np.dtype(dtype).itemsize
+            if end > len(self.data):
+                raise _PastEndOfFile(end)
+            return super()._get(offset, dtype, count, override_order)
+
+    return SizeCheckedReader(path)
 
 
 _LARGE_TOKENIZER_KEYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"}
