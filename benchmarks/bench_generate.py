@@ -14,6 +14,8 @@ token ids (encoded by our tokenizer) at batch 1:
 - the ratios ours/HF: above 1 means our load is slower, or our decode is faster.
 - matching tokens: how many of the N+1 greedy tokens agree before the two systems first differ (a
   check that both did the same work; bfloat16 rounding may make them diverge).
+- spread: (slowest - fastest) / fastest of the (N+1)-token runs, the worse of the two systems; a
+  large spread means other processes shared the CPU during that row.
 
 Run from the repository root (about 8 minutes on a 2-core CPU for the default grid):
 
@@ -63,11 +65,13 @@ class DecodeTiming:
     Attributes:
         ttft_seconds: fastest 1-token generation t1 (prefill + first token).
         tokens_per_second: num_tokens / (t(num_tokens + 1) - t1), each t the fastest of the repeats.
+        spread: (slowest - fastest) / fastest of the (num_tokens + 1)-token runs.
         token_ids: the num_tokens + 1 generated ids.
     """
 
     ttft_seconds: float
     tokens_per_second: float
+    spread: float
     token_ids: list[int]
 
 
@@ -85,7 +89,8 @@ def time_decode(generate: Callable[[int], list[int]], num_tokens: int, num_repea
         t1s.append(_seconds(generate, 1))
         t_fulls.append(_seconds(generate, num_tokens + 1))
     t1 = min(t1s)
-    return DecodeTiming(t1, num_tokens / (min(t_fulls) - t1), token_ids)
+    t_full = min(t_fulls)
+    return DecodeTiming(t1, num_tokens / (t_full - t1), max(t_fulls) / t_full - 1, token_ids)
 
 
 def _seconds(generate: Callable[[int], list[int]], n: int) -> float:
@@ -173,6 +178,7 @@ def bench_one(model: str, dtype: str, prompt: str, num_tokens: int, num_repeats:
         "ours_tokens_per_second": ours.tokens_per_second, "hf_tokens_per_second": hf.tokens_per_second,
         "decode_ratio": ours.tokens_per_second / hf.tokens_per_second,
         "num_matching_tokens": _num_matching(ours.token_ids, hf.token_ids),
+        "spread": max(ours.spread, hf.spread),
     }
 
 
@@ -204,7 +210,7 @@ def render_table(rows: list[dict]) -> Table:
     num_tokens = next((r["num_tokens"] for r in rows if "error" not in r), NUM_TOKENS)
     table = Table(title=f"Greedy generation, batch 1, {num_tokens} new tokens (torch threads: {torch.get_num_threads()})")
     for header in ("model", "dtype", "load s ours", "load s HF", "load ours/HF",
-                   "tok/s ours", "tok/s HF", "tok/s ours/HF", "TTFT ms ours", "TTFT ms HF", "same tokens"):
+                   "tok/s ours", "tok/s HF", "tok/s ours/HF", "TTFT ms ours", "TTFT ms HF", "same tokens", "spread"):
         table.add_column(header, justify="left" if header in ("model", "dtype") else "right")
     for r in rows:
         if "error" in r:
@@ -215,7 +221,7 @@ def render_table(rows: list[dict]) -> Table:
             f"{r['ours_load_seconds']:.2f}", f"{r['hf_load_seconds']:.2f}", f"{r['load_ratio']:.2f}",
             f"{r['ours_tokens_per_second']:.1f}", f"{r['hf_tokens_per_second']:.1f}", f"{r['decode_ratio']:.2f}",
             f"{r['ours_ttft_seconds'] * 1e3:.0f}", f"{r['hf_ttft_seconds'] * 1e3:.0f}",
-            f"{r['num_matching_tokens']}/{r['num_tokens'] + 1}",
+            f"{r['num_matching_tokens']}/{r['num_tokens'] + 1}", f"{r['spread']:.0%}",
         )
     return table
 

@@ -3,6 +3,7 @@
     link models                                   list the registered local models
     link chat "What is the capital of France?"    answer one question
     link chat                                     interactive chat (Ctrl-D or /exit to leave)
+    link engine serve --model NAME --port 8000    one engine as an OpenAI-compatible server
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from rich.table import Table
 app = typer.Typer(help="TogetherLink: serve and route open LLMs behind one OpenAI-compatible API.", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
+engine_app = typer.Typer(help="The inference engine on its own.", no_args_is_help=True)
+app.add_typer(engine_app, name="engine")
 
 
 @app.command()
@@ -61,6 +64,29 @@ def chat(
     except ServingError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+
+
+@engine_app.command("serve")
+def engine_serve(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="A model name from `link models`."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+    port: int = typer.Option(8000, help="TCP port."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    block_size: int = typer.Option(16, help="Tokens per KV cache block."),
+    kv_cache_mb: int = typer.Option(256, help="KV cache memory in MiB."),
+    max_num_seqs: int = typer.Option(32, help="Sequences in one batch at most."),
+    max_num_batched_tokens: int = typer.Option(512, help="Tokens per engine step (prefill chunk budget)."),
+    prefix_caching: bool = typer.Option(True, help="Reuse KV blocks across requests sharing a prefix."),
+) -> None:
+    """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
+    import uvicorn
+
+    from serving.api.server import create_engine_app
+    from serving.llm_engine import EngineConfig
+
+    config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching)
+    uvicorn.run(create_engine_app(model, dtype=dtype, engine_config=config), host=host, port=port, log_level="info")
 
 
 if __name__ == "__main__":

@@ -69,10 +69,11 @@ class BlockManager:
     Raises:
         ValueError: on `num_blocks` or `block_size` below 1.
 
-    Hashes are registered when a block is scheduled to be filled (at `allocate` for the prompt, at
-    `append_slot` for a decoded token), not after its KV is written: this relies on the runner
-    writing a layer's KV for the whole batch before that layer's attention reads the cache, and on
-    the prompt being prefilled in the step that allocated it (no chunked prefill yet).
+    Prompt blocks are registered by `mark_computed` once a step has written their KV (prefills may
+    be chunked over several steps, and a block must not be found before its KV exists). A decoded
+    token's block is registered by `append_slot` when the token fills it: its KV is written in the
+    same forward pass that could first read it, and the runner writes a layer's KV for the whole
+    batch before that layer's attention reads the cache.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
@@ -167,16 +168,26 @@ class BlockManager:
         for block_id in hits:
             self._take(block_id)
         table = list(hits)
-        for i in range(len(hits), seq.num_blocks(self.block_size)):
-            block_id = self._take_free()
-            if i < len(hashes):
-                self._register(block_id, hashes[i])
-            table.append(block_id)
+        for _ in range(len(hits), seq.num_blocks(self.block_size)):
+            table.append(self._take_free())
         seq.block_table = table
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         if self.enable_prefix_caching:
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += seq.num_cached_tokens
+
+    def mark_computed(self, seq: Sequence) -> None:
+        """Register the hashes of the full blocks whose KV is now computed (`seq.num_computed_tokens`)."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
+        prev_hash = None
+        for i in range(num_full):
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                block_hash = hash_block(prev_hash, seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+                self._register(block.block_id, block_hash)
+            prev_hash = block.hash
 
     # -- decoding -----------------------------------------------------------------------------
 

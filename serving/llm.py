@@ -16,13 +16,12 @@ from typing import Sequence, Union
 
 import torch
 
-from serving.errors import ContextLengthError, ServingError
+from serving.errors import ServingError
+from serving.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
 from serving.outputs import RequestOutput
 from serving.registry import ModelRegistry, default_registry
-from serving.sampler import Sampler
 from serving.sampling_params import SamplingParams
-from serving.sequential import generate_sequence
 
 PromptType = Union[str, dict]  # text, or {"prompt_token_ids": [...]} as in vLLM's TokensPrompt
 
@@ -34,14 +33,17 @@ class LLM:
         model: a name in `registry` (default: the embedded default registry).
         dtype: "float32" (default), "bfloat16" or "float16": the weights' and activations' dtype.
         registry: where to look `model` up.
+        engine_config: KV cache and batching settings of the underlying `LLMEngine`.
     Raises:
         UnknownModelError, ModelFileError, UnsupportedTensorTypeError: see `load_model`.
     """
 
-    def __init__(self, model: str, *, dtype: str | torch.dtype = "float32", registry: ModelRegistry | None = None):
+    def __init__(self, model: str, *, dtype: str | torch.dtype = "float32", registry: ModelRegistry | None = None,
+                 engine_config: EngineConfig = EngineConfig()):
         registry = registry or default_registry()
         self.loaded: LoadedModel = load_model(registry.get(model), dtype)
         self.model_name = model
+        self.engine = LLMEngine(self.loaded, engine_config)
         self._ids = itertools.count()
 
     @property
@@ -68,7 +70,7 @@ class LLM:
             prompts = [prompts]
         params_list = _broadcast(sampling_params, len(prompts))
         encoded = [self._encode(p) for p in prompts]
-        return [self._run(text, ids, params) for (text, ids), params in zip(encoded, params_list)]
+        return self._run([(text, ids, params) for (text, ids), params in zip(encoded, params_list)])
 
     def chat(
         self,
@@ -89,14 +91,14 @@ class LLM:
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         params_list = _broadcast(sampling_params, len(conversations))
         fmt = self.loaded.chat_format
-        outputs = []
+        work = []
         for conversation, params in zip(conversations, params_list):
             prompt = fmt.render(conversation)
             ids = self.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
             if fmt.stop:
                 params = dataclasses.replace(params, stop=tuple(params.stop) + tuple(s for s in fmt.stop if s not in params.stop))
-            outputs.append(self._run(prompt, ids, params))
-        return outputs
+            work.append((prompt, ids, params))
+        return self._run(work)
 
     def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -107,27 +109,23 @@ class LLM:
             raise ServingError(f"a prompt must be a string or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
         return prompt, self.tokenizer.encode(prompt)
 
-    def _run(self, prompt: str | None, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
-        ctx = self.loaded.context_length
-        if not prompt_ids:
-            raise ServingError("the prompt is empty: give at least one token")
-        if len(prompt_ids) >= ctx:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt_ids)} tokens but {self.model_name!r} accepts at most {ctx} tokens "
-                "of prompt and output together; shorten the prompt"
-            )
-        vocab = self.loaded.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise ServingError(f"prompt token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
-        sampler = Sampler(params)
-        start = time.perf_counter()
-        completions = [generate_sequence(self.loaded, prompt_ids, params, sampler, index=i) for i in range(params.n)]
-        elapsed = time.perf_counter() - start
-        return RequestOutput(
-            request_id=str(next(self._ids)), prompt=prompt, prompt_token_ids=prompt_ids, outputs=completions,
-            metrics={"generate_seconds": elapsed, "num_output_tokens": sum(len(c.token_ids) for c in completions)},
-        )
+    def _run(self, work: list[tuple[str | None, list[int], SamplingParams]]) -> list[RequestOutput]:
+        """Submit every prompt to the engine together (continuous batching) and step until all finish."""
+        ids = [f"llm-{next(self._ids)}" for _ in work]
+        try:
+            for request_id, (prompt, prompt_ids, params) in zip(ids, work):
+                self.engine.add_request(request_id, prompt_ids, params, prompt=prompt)
+            final: dict[str, RequestOutput] = {}
+            start = time.perf_counter()
+            while self.engine.has_unfinished_requests:
+                for output in self.engine.step():
+                    if output.finished:
+                        output.metrics["generate_seconds"] = time.perf_counter() - start
+                        final[output.request_id] = output
+        finally:
+            for request_id in ids:
+                self.engine.abort_request(request_id)  # no-op for finished ones; cleans up after an error
+        return [final[request_id] for request_id in ids]
 
 
 def _broadcast(params: SamplingParams | Sequence[SamplingParams] | None, count: int) -> list[SamplingParams]:

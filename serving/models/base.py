@@ -10,7 +10,7 @@ from torch import nn
 from kernels import dispatch
 from serving.config import ModelConfig
 from serving.errors import ModelFileError
-from serving.kv_cache import ContiguousKVCache
+from serving.paged_cache import BatchMetadata, PagedKVCache
 
 # Hugging Face projections that we store fused: target parameter suffix -> ordered source suffixes.
 _FUSED = {
@@ -34,13 +34,26 @@ class CausalLM(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
 
-    def allocate_cache(self, capacity: int) -> ContiguousKVCache:
+    def allocate_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
+        """A zeroed paged KV cache of `num_blocks` blocks of `block_size` tokens, in the model dtype."""
         cfg = self.config
-        return ContiguousKVCache.allocate(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim, self.embed_tokens.weight.dtype)
+        return PagedKVCache.allocate(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, self.embed_tokens.weight.dtype)
 
-    def forward(self, token_ids: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
-        """Run positions [start, start+T). token_ids: [T] int64. Returns final hidden states [T, E]."""
+    def forward(self, token_ids: torch.Tensor, batch: BatchMetadata, cache: PagedKVCache) -> torch.Tensor:
+        """Run the batch's new tokens. token_ids: [N] int64. Returns final hidden states [N, E]."""
         raise NotImplementedError
+
+    @torch.inference_mode()
+    def prefill_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Logits [T, V] at every position of one sequence, with a throwaway cache (tests, scoring)."""
+        block_size = 16
+        num_blocks = -(-len(token_ids) // block_size)
+        cache = self.allocate_cache(num_blocks, block_size)
+        batch = BatchMetadata(
+            positions=torch.arange(len(token_ids)), slot_mapping=torch.arange(len(token_ids)),
+            block_tables=torch.arange(num_blocks)[None, :], seq_lens=[len(token_ids)], query_lens=[len(token_ids)],
+        )
+        return self.compute_logits(self(torch.tensor(token_ids), batch, cache))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [T, E] -> logits [T, V] in float32."""

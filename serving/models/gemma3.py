@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from serving.config import ModelConfig
-from serving.kv_cache import ContiguousKVCache
+from serving.paged_cache import BatchMetadata, PagedKVCache
 from serving.models.base import CausalLM
 from serving.models.layers import Attention, GatedMLP, RMSNorm, rope_tables
 
@@ -34,9 +34,9 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg, "gelu_tanh")
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps, offset=1.0)
 
-    def forward(self, x, start, ropes, cache):
+    def forward(self, x, ropes, batch, cache):
         rope = ropes[self.is_sliding]
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), start, rope, cache))
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch, cache))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
@@ -46,15 +46,14 @@ class Gemma3ForCausalLM(CausalLM):
         self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
-    def forward(self, token_ids: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, batch: BatchMetadata, cache: PagedKVCache) -> torch.Tensor:
         cfg = self.config
         x = self.embed_tokens(token_ids)
         x = x * torch.tensor(cfg.hidden_size**0.5).to(x.dtype)  # rounded via float32, as in the reference
-        num_tokens = len(token_ids)
         ropes = {
-            False: rope_tables(start, num_tokens, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, x.dtype),
-            True: rope_tables(start, num_tokens, cfg.head_dim, cfg.rope_local_theta or cfg.rope_theta, 1.0, x.dtype),
+            False: rope_tables(batch.positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, x.dtype),
+            True: rope_tables(batch.positions, cfg.head_dim, cfg.rope_local_theta or cfg.rope_theta, 1.0, x.dtype),
         }
         for layer in self.layers:
-            x = layer(x, start, ropes, cache)
+            x = layer(x, ropes, batch, cache)
         return self.norm(x)

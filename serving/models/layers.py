@@ -12,7 +12,7 @@ from torch import nn
 
 from kernels import dispatch
 from serving.config import ModelConfig
-from serving.kv_cache import ContiguousKVCache
+from serving.paged_cache import BatchMetadata, PagedKVCache
 
 
 class RMSNorm(nn.Module):
@@ -50,8 +50,8 @@ class Attention(nn.Module):
         self.scale = cfg.attention_scale
         self.sliding_window = cfg.sliding_window if cfg.is_sliding(layer) else None
 
-    def forward(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor], cache: ContiguousKVCache) -> torch.Tensor:
-        """x: [T, E] hidden states of positions [start, start+T). Returns [T, E]."""
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: BatchMetadata, cache: PagedKVCache) -> torch.Tensor:
+        """x: [N, E] hidden states of the batch's new tokens. Returns [N, E]."""
         num_tokens = x.shape[0]
         qkv = dispatch("linear", x, self.qkv_proj)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -63,8 +63,13 @@ class Attention(nn.Module):
         cos, sin = rope
         q = dispatch("rotary", q, cos, sin)
         k = dispatch("rotary", k, cos, sin)
-        keys, values = cache.write(self.layer, start, k, v)
-        out = dispatch("attention", q, keys, values, scale=self.scale, q_start=start, sliding_window=self.sliding_window)
+        # Every new token's K/V is written before any is read, so a sequence that shares a block
+        # another sequence fills in this same step reads it complete.
+        cache.write(self.layer, batch.slot_mapping, k, v)
+        out = dispatch(
+            "paged_attention", q, cache.keys[self.layer], cache.values[self.layer], batch.block_tables,
+            batch.seq_lens, batch.query_lens, scale=self.scale, sliding_window=self.sliding_window,
+        )
         return dispatch("linear", out.reshape(num_tokens, self.q_size), self.o_proj)
 
 
@@ -81,9 +86,8 @@ class GatedMLP(nn.Module):
         return dispatch("gated_mlp", x, self.gate_up_proj, self.down_proj, self.activation)
 
 
-def rope_tables(start: int, num_tokens: int, head_dim: int, theta: float, scaling: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [T, D] for positions [start, start+T), positions divided by a linear `scaling`."""
-    positions = torch.arange(start, start + num_tokens)
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, scaling: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [N, D] for absolute `positions` [N], positions divided by a linear `scaling`."""
     if scaling != 1.0:
         positions = positions / scaling
     return dispatch("rotary_cos_sin", positions, head_dim, theta, dtype)

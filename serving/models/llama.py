@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from serving.config import ModelConfig
-from serving.kv_cache import ContiguousKVCache
+from serving.paged_cache import BatchMetadata, PagedKVCache
 from serving.models.base import CausalLM
 from serving.models.layers import Attention, GatedMLP, RMSNorm, rope_tables
 
@@ -22,8 +22,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg, "silu")
 
-    def forward(self, x, start, rope, cache):
-        x = x + self.self_attn(self.input_layernorm(x), start, rope, cache)
+    def forward(self, x, rope, batch, cache):
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -33,10 +33,10 @@ class LlamaForCausalLM(CausalLM):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, token_ids: torch.Tensor, start: int, cache: ContiguousKVCache) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, batch: BatchMetadata, cache: PagedKVCache) -> torch.Tensor:
         cfg = self.config
         x = self.embed_tokens(token_ids)
-        rope = rope_tables(start, len(token_ids), cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, x.dtype)
+        rope = rope_tables(batch.positions, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, x.dtype)
         for layer in self.layers:
-            x = layer(x, start, rope, cache)
+            x = layer(x, rope, batch, cache)
         return self.norm(x)

@@ -33,3 +33,33 @@ def test_unknown_model_is_a_clear_error():
     result = runner.invoke(app, ["chat", "hi", "--model", "gpt-17"])
     assert result.exit_code == 2
     assert "unknown model 'gpt-17'" in result.output and "smollm2-135m-instruct" in result.output
+
+
+def test_engine_serve_starts_an_openai_server():
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "link.cli", "engine", "serve", "--port", str(port), "--kv-cache-mb", "32"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "engine server did not become healthy"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+        assert models["data"][0]["id"] == "smollm2-135m-instruct"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

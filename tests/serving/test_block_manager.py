@@ -17,6 +17,15 @@ from serving.sequence import Sequence, SequenceStatus
 BS = 4
 
 
+def _allocate(bm: BlockManager, seq: Sequence) -> None:
+    """allocate() followed by what the engine does once the prefill step ran: register the prompt's full blocks."""
+    bm.allocate(seq)
+    computed = seq.num_computed_tokens
+    seq.num_computed_tokens = seq.num_tokens
+    bm.mark_computed(seq)
+    seq.num_computed_tokens = computed
+
+
 def seq(seq_id: int, tokens: list[int] | range) -> Sequence:
     return Sequence(seq_id=seq_id, prompt_token_ids=list(tokens))
 
@@ -67,7 +76,7 @@ def test_allocate_counts_blocks() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     s = seq(0, range(10))
     assert bm.can_allocate(s)
-    bm.allocate(s)
+    _allocate(bm, s)
     assert len(s.block_table) == 3 and len(set(s.block_table)) == 3
     assert (bm.num_free_blocks, bm.num_used_blocks, bm.usage) == (7, 3, pytest.approx(0.3))
     assert s.num_cached_tokens == 0 and s.num_computed_tokens == 0
@@ -79,16 +88,16 @@ def test_can_allocate_false_and_error_names_the_numbers() -> None:
     s = seq(7, range(9))  # 3 blocks
     assert not bm.can_allocate(s)
     with pytest.raises(RuntimeError, match=r"sequence 7: it needs 3 free blocks for 9 tokens, 2 of 2 are free"):
-        bm.allocate(s)
+        _allocate(bm, s)
     assert s.block_table == [] and bm.num_free_blocks == 2
 
 
 def test_allocate_twice_is_rejected() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     s = seq(0, range(3))
-    bm.allocate(s)
+    _allocate(bm, s)
     with pytest.raises(ValueError, match="already holds 1 blocks"):
-        bm.allocate(s)
+        _allocate(bm, s)
 
 
 # -- prefix caching -------------------------------------------------------------------------
@@ -97,10 +106,10 @@ def test_allocate_twice_is_rejected() -> None:
 def test_shared_prefix_reuses_physical_blocks() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     a = seq(0, range(10))  # blocks [0..3], [4..7], [8, 9]
-    bm.allocate(a)
+    _allocate(bm, a)
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10, 0)
     b = seq(1, [*range(8), 100, 101, 102])
-    bm.allocate(b)
+    _allocate(bm, b)
     assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
     assert b.num_cached_tokens == 8 and b.num_computed_tokens == 8
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (21, 8)
@@ -112,10 +121,10 @@ def test_shared_prefix_reuses_physical_blocks() -> None:
 def test_hits_stop_at_the_first_miss() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     a = seq(0, range(12))
-    bm.allocate(a)
+    _allocate(bm, a)
     # The second block differs, so the third cannot hit either (the hash chains over the prefix).
     b = seq(1, [0, 1, 2, 3, 99, 5, 6, 7, 8, 9, 10, 11, 12])
-    bm.allocate(b)
+    _allocate(bm, b)
     assert b.block_table[0] == a.block_table[0] and not set(b.block_table[1:]) & set(a.block_table)
     assert b.num_cached_tokens == 4
     bm.check_invariants([a, b])
@@ -124,8 +133,8 @@ def test_hits_stop_at_the_first_miss() -> None:
 def test_different_prefix_gets_no_hit() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     a, b = seq(0, range(9)), seq(1, range(1, 10))
-    bm.allocate(a)
-    bm.allocate(b)
+    _allocate(bm, a)
+    _allocate(bm, b)
     assert not set(a.block_table) & set(b.block_table)
     assert b.num_cached_tokens == 0 and bm.prefix_cache_hits == 0
     bm.check_invariants([a, b])
@@ -134,32 +143,32 @@ def test_different_prefix_gets_no_hit() -> None:
 def test_fully_cached_prompt_recomputes_its_last_block() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     a = seq(0, range(8))  # exactly 2 full blocks
-    bm.allocate(a)
+    _allocate(bm, a)
     b = seq(1, range(8))
     assert bm.can_allocate(b)
-    bm.allocate(b)
+    _allocate(bm, b)
     # Cached tokens are capped at floor((8 - 1) / 4) * 4 = 4: the block holding token 7 is recomputed.
     assert b.num_cached_tokens == 4 and bm.prefix_cache_hits == 4
     assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
     bm.check_invariants([a, b])
     # A one-token prompt can never hit.
     c, d = seq(2, [1]), seq(3, [1])
-    bm.allocate(c)
-    bm.allocate(d)
+    _allocate(bm, c)
+    _allocate(bm, d)
     assert d.num_cached_tokens == 0
 
 
 def test_freed_cached_blocks_are_revived() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     a = seq(0, range(9))
-    bm.allocate(a)
+    _allocate(bm, a)
     table = list(a.block_table)
     bm.free(a)
     assert bm.num_free_blocks == 4 and a.block_table == [] and a.num_computed_tokens == 0
     b = seq(1, range(9))
     # The revived blocks come out of the free pool, so the allocation still needs 3 free blocks.
     assert bm.can_allocate(b)
-    bm.allocate(b)
+    _allocate(bm, b)
     assert b.block_table[:2] == table[:2] and b.num_cached_tokens == 8
     assert bm.num_free_blocks == 1
     bm.check_invariants([b])
@@ -168,24 +177,24 @@ def test_freed_cached_blocks_are_revived() -> None:
 def test_eviction_prefers_uncached_blocks_then_least_recently_released() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     a = seq(0, range(9))  # 2 full blocks (cached after free) + 1 partial
-    bm.allocate(a)
+    _allocate(bm, a)
     first, second, partial = a.block_table
     bm.free(a)
     # The never-used block and the partial block are reused before either cached block.
     c, d = seq(1, [100]), seq(2, [200])
-    bm.allocate(c)
-    bm.allocate(d)
+    _allocate(bm, c)
+    _allocate(bm, d)
     assert {c.block_table[0], d.block_table[0]} == {3, partial}
     # `free` released the last block first, so the second cached block is evicted before the first.
     e = seq(3, [300])
-    bm.allocate(e)
+    _allocate(bm, e)
     assert e.block_table == [second]
     bm.check_invariants([c, d, e])
     # The first block is still findable: a prompt starting with the same 4 tokens revives it.
     bm.free(c)
     f = seq(4, range(6))
     assert bm.can_allocate(f)  # 1 revived + 1 new = the 2 free blocks
-    bm.allocate(f)
+    _allocate(bm, f)
     assert f.block_table[0] == first and f.num_cached_tokens == 4 and bm.num_free_blocks == 0
     bm.check_invariants([d, e, f])
 
@@ -193,9 +202,9 @@ def test_eviction_prefers_uncached_blocks_then_least_recently_released() -> None
 def test_no_hits_with_prefix_caching_off() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS, enable_prefix_caching=False)
     a = seq(0, range(10))
-    bm.allocate(a)
+    _allocate(bm, a)
     b = seq(1, range(10))
-    bm.allocate(b)
+    _allocate(bm, b)
     append(bm, a, 10)
     append(bm, a, 11)
     assert not set(a.block_table) & set(b.block_table)
@@ -207,14 +216,14 @@ def test_no_hits_with_prefix_caching_off() -> None:
 def test_reset_prefix_cache() -> None:
     bm = BlockManager(num_blocks=9, block_size=BS)
     a, b = seq(0, range(9)), seq(1, range(100, 109))
-    bm.allocate(a)
-    bm.allocate(b)
+    _allocate(bm, a)
+    _allocate(bm, b)
     bm.free(a)
     bm.reset_prefix_cache()
     bm.check_invariants([b])
     assert bm.prefix_cache_queries == 18  # counters are cumulative
     for s in (seq(2, range(9)), seq(3, range(100, 109))):
-        bm.allocate(s)
+        _allocate(bm, s)
         assert s.num_cached_tokens == 0
 
 
@@ -231,7 +240,7 @@ def test_hash_block_chains_over_the_prefix() -> None:
 def test_append_within_a_block_takes_nothing() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     s = seq(0, range(5))
-    bm.allocate(s)
+    _allocate(bm, s)
     for token in (5, 6, 7):
         s.append_token(token)
         assert bm.can_append(s)
@@ -243,7 +252,7 @@ def test_append_within_a_block_takes_nothing() -> None:
 def test_crossing_a_block_boundary_takes_exactly_one_block() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     s = seq(0, range(8))
-    bm.allocate(s)
+    _allocate(bm, s)
     s.append_token(8)
     assert bm.can_append(s)
     assert bm.append_slot(s) is None
@@ -254,7 +263,7 @@ def test_crossing_a_block_boundary_takes_exactly_one_block() -> None:
 def test_append_without_a_free_block() -> None:
     bm = BlockManager(num_blocks=1, block_size=BS)
     s = seq(3, range(4))
-    bm.allocate(s)
+    _allocate(bm, s)
     s.append_token(4)
     assert not bm.can_append(s)
     with pytest.raises(RuntimeError, match="sequence 3: it needs 1 free block, 0 of 1 are free"):
@@ -264,7 +273,7 @@ def test_append_without_a_free_block() -> None:
 def test_append_slot_rejects_a_stale_table() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     s = seq(0, range(4))
-    bm.allocate(s)
+    _allocate(bm, s)
     for token in (4, 5, 6, 7, 8):
         s.append_token(token)  # two blocks' worth without append_slot
     with pytest.raises(ValueError, match="1 blocks for 9 tokens"):
@@ -276,11 +285,11 @@ def test_append_slot_rejects_a_stale_table() -> None:
 def test_block_filled_by_decoding_is_registered() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     a = seq(0, range(6))
-    bm.allocate(a)
+    _allocate(bm, a)
     for token in (50, 51, 52):  # fills block 1 with [4, 5, 50, 51], then starts block 2
         append(bm, a, token)
     b = seq(1, a.token_ids + [99])  # prompt = old prompt + generated tokens
-    bm.allocate(b)
+    _allocate(bm, b)
     assert b.block_table[:2] == a.block_table[:2] and b.num_cached_tokens == 8
     bm.check_invariants([a, b])
 
@@ -291,7 +300,7 @@ def test_block_filled_by_decoding_is_registered() -> None:
 def test_fork_shares_blocks() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     parent = seq(0, range(6))
-    bm.allocate(parent)
+    _allocate(bm, parent)
     child = parent.fork(1)
     bm.fork(parent, child)
     assert child.block_table == parent.block_table
@@ -303,7 +312,7 @@ def test_fork_shares_blocks() -> None:
 def test_copy_on_write_of_a_shared_partial_block() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     parent = seq(0, range(6))
-    bm.allocate(parent)
+    _allocate(bm, parent)
     child = parent.fork(1)
     bm.fork(parent, child)
     parent_table = list(parent.block_table)
@@ -323,7 +332,7 @@ def test_copy_on_write_of_a_shared_partial_block() -> None:
 def test_shared_full_last_block_needs_no_copy() -> None:
     bm = BlockManager(num_blocks=10, block_size=BS)
     parent = seq(0, range(8))
-    bm.allocate(parent)
+    _allocate(bm, parent)
     child = parent.fork(1)
     bm.fork(parent, child)
     assert append(bm, child, 8) is None
@@ -335,7 +344,7 @@ def test_shared_full_last_block_needs_no_copy() -> None:
 def test_copy_on_write_needs_a_free_block() -> None:
     bm = BlockManager(num_blocks=3, block_size=BS)
     parent = seq(0, range(6))
-    bm.allocate(parent)
+    _allocate(bm, parent)
     child1, child2 = parent.fork(1), parent.fork(2)
     bm.fork(parent, child1)
     bm.fork(parent, child2)
@@ -355,11 +364,11 @@ def test_copy_on_write_needs_a_free_block() -> None:
 def test_fork_rejects_a_mismatched_child() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     parent = seq(0, range(3))
-    bm.allocate(parent)
+    _allocate(bm, parent)
     with pytest.raises(ValueError, match="must have the tokens"):
         bm.fork(parent, seq(1, range(4)))
     child = parent.fork(1)
-    bm.allocate(child)
+    _allocate(bm, child)
     with pytest.raises(ValueError, match="already holds"):
         bm.fork(parent, child)
 
@@ -370,7 +379,7 @@ def test_fork_rejects_a_mismatched_child() -> None:
 def test_free_returns_every_block_and_is_idempotent() -> None:
     bm = BlockManager(num_blocks=8, block_size=BS)
     a = seq(0, range(10))
-    bm.allocate(a)
+    _allocate(bm, a)
     b = a.fork(1)
     bm.fork(a, b)
     append(bm, b, 1)
@@ -386,7 +395,7 @@ def test_free_returns_every_block_and_is_idempotent() -> None:
 def test_free_of_a_stale_table_is_rejected() -> None:
     bm = BlockManager(num_blocks=4, block_size=BS)
     a = seq(0, range(3))
-    bm.allocate(a)
+    _allocate(bm, a)
     stale = list(a.block_table)
     bm.free(a)
     a.block_table = stale
@@ -416,13 +425,13 @@ def test_random_operations_keep_invariants(seed: int, enable_prefix_caching: boo
             next_id += 1
             if bm.can_allocate(s):
                 free_before = bm.num_free_blocks
-                bm.allocate(s)
+                _allocate(bm, s)
                 assert s.num_cached_tokens % block_size == 0 and s.num_cached_tokens < s.num_tokens
                 assert bm.num_free_blocks >= free_before - s.num_blocks(block_size)
                 live.append(s)
             else:
                 with pytest.raises(RuntimeError):
-                    bm.allocate(s)
+                    _allocate(bm, s)
         elif op == "append" and live:
             s = rng.choice(live)
             s.append_token(rng.randrange(3))
@@ -448,7 +457,7 @@ def test_random_operations_keep_invariants(seed: int, enable_prefix_caching: boo
             s = rng.choice(live)
             bm.free(s)
             if bm.can_allocate(s):
-                bm.allocate(s)  # recompute: prompt + output so far
+                _allocate(bm, s)  # recompute: prompt + output so far
             else:
                 live.remove(s)
         elif op == "reset":

@@ -1,0 +1,1 @@
+"""A standalone OpenAI-compatible HTTP server for one engine (`link engine serve`)."""

@@ -1,0 +1,255 @@
+"""OpenAI request -> engine requests, and engine outputs -> OpenAI responses (whole or streamed).
+
+Streaming holds back the last (longest stop string - 1) characters until the sequence finishes, so text
+that later turns out to start a stop string is never sent; a trailing U+FFFD (half of a multi-byte
+character) is held back too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, chat_logprobs, usage
+from serving.errors import ContextLengthError
+from serving.model_loader import LoadedModel
+from serving.outputs import RequestOutput
+from serving.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestPlan:
+    """What to run for one HTTP request and how to shape the answer."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    params: SamplingParams
+    prompts: list[list[int]]
+    prompt_texts: list[str | None]
+    stream: bool
+    include_usage: bool
+    top_logprobs: int | None
+    echo: bool = False
+    response_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object_name(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    @property
+    def id(self) -> str:
+        return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.response_id
+
+
+def _sampling(body, max_tokens: int, stop: tuple[str, ...], logprobs: int | None) -> SamplingParams:
+    return SamplingParams(
+        n=body.n, temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
+        seed=body.seed, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty or 1.0, stop=stop, stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,
+    )
+
+
+def _stops(body) -> tuple[str, ...]:
+    if body.stop is None:
+        return ()
+    stops = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop)
+    if len(stops) > 4:
+        raise ValidationProblem("stop takes at most 4 sequences", param="stop")
+    return tuple(s for s in stops if s)
+
+
+def _max_tokens(requested: int | None, prompt_lens: list[int], ctx: int, default: int | None) -> int:
+    longest = max(prompt_lens)
+    if longest >= ctx:
+        raise ContextLengthError(f"This model's maximum context length is {ctx} tokens. However, your prompt has {longest} tokens; shorten it.")
+    wanted = requested if requested is not None else default
+    if wanted is None:
+        return ctx - longest
+    if longest + wanted > ctx:
+        raise ContextLengthError(
+            f"This model's maximum context length is {ctx} tokens. However, you requested {longest + wanted} tokens "
+            f"({longest} in the prompt, {wanted} for the completion). Reduce the prompt or max_tokens."
+        )
+    return wanted
+
+
+def plan_chat(body: ChatCompletionRequest, lm: LoadedModel) -> RequestPlan:
+    """Validate a chat request and render its messages with the model's chat format."""
+    if body.tools and body.tool_choice != "none":
+        raise ValidationProblem("tools are not supported by the standalone engine server; send tool calls through the gateway (`link serve`)", param="tools")
+    if body.response_format and body.response_format.get("type", "text") != "text":
+        raise ValidationProblem("response_format other than 'text' is not supported by the standalone engine server", param="response_format")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")
+    fmt = lm.chat_format
+    prompt = fmt.render(body.messages)
+    ids = lm.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = _max_tokens(requested, [len(ids)], lm.context_length, None)
+    stops = _stops(body) + tuple(s for s in fmt.stop if s not in (body.stop or ()))
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    return RequestPlan("chat", body.model, _sampling(body, max_tokens, stops, top), [ids], [prompt], body.stream,
+                       bool(body.stream_options and body.stream_options.include_usage), top)
+
+
+def plan_completion(body: CompletionRequest, lm: LoadedModel) -> RequestPlan:
+    """Validate a completion request; its prompt may be text, ids, or a list of either."""
+    if body.suffix:
+        raise ValidationProblem("suffix is not supported", param="suffix")
+    p = body.prompt
+    if isinstance(p, str):
+        texts, prompts = [p], [lm.tokenizer.encode(p)]
+    elif p and all(isinstance(x, int) for x in p):
+        texts, prompts = [None], [list(p)]
+    elif p and all(isinstance(x, str) for x in p):
+        texts, prompts = list(p), [lm.tokenizer.encode(x) for x in p]
+    elif p and all(isinstance(x, list) for x in p):
+        texts, prompts = [None] * len(p), [list(x) for x in p]
+    else:
+        raise ValidationProblem("prompt must be a string, a list of strings, a list of token ids, or a list of such lists", param="prompt")
+    if texts[0] is None:
+        texts = [lm.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]
+    max_tokens = _max_tokens(body.max_tokens, [len(x) for x in prompts], lm.context_length, 16)
+    return RequestPlan("completion", body.model, _sampling(body, max_tokens, _stops(body), body.logprobs), prompts, texts,
+                       body.stream, bool(body.stream_options and body.stream_options.include_usage), body.logprobs, echo=body.echo)
+
+
+def _completion_logprobs(token_ids, entries, tokenizer, k: int, offset: int) -> dict:
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for tid, entry in zip(token_ids, entries):
+        text = tokenizer.decode([tid], skip_special_tokens=False)
+        tokens.append(text)
+        token_logprobs.append(entry[tid].logprob)
+        top.append({tokenizer.decode([t], skip_special_tokens=False): lp.logprob for t, lp in entry.items() if lp.rank and lp.rank <= k})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def _choice(plan: RequestPlan, state, prompt_index: int, completion, text: str, token_ids, entries, finish) -> dict:
+    index = prompt_index * plan.params.n + completion.index
+    if plan.kind == "chat":
+        logprobs = chat_logprobs(token_ids, entries, state.loaded.tokenizer, plan.top_logprobs) if entries is not None else None
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
+    prefix = plan.prompt_texts[prompt_index] if plan.echo else ""
+    logprobs = None
+    if entries is not None:
+        logprobs = _completion_logprobs(token_ids, entries, state.loaded.tokenizer, plan.top_logprobs, len(prefix))
+    return {"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": finish}
+
+
+async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    last = None
+    async for output in stream:
+        last = output
+    return last
+
+
+async def whole_response(plan: RequestPlan, streams: list[AsyncIterator[RequestOutput]], state) -> dict:
+    """Run every prompt to completion and build the OpenAI response object."""
+    start = time.monotonic()
+    finals = await asyncio.gather(*(_last(s) for s in streams))
+    choices, completion_tokens = [], 0
+    for i, final in enumerate(finals):
+        state.metrics.observe_finished(final, time.monotonic() - start)
+        for c in final.outputs:
+            completion_tokens += len(c.token_ids)
+            choices.append(_choice(plan, state, i, c, c.text, c.token_ids, c.logprobs, c.finish_reason))
+    choices.sort(key=lambda c: c["index"])
+    prompt_tokens = sum(len(p) for p in plan.prompts)
+    return {"id": plan.id, "object": plan.object_name, "created": plan.created, "model": plan.model,
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+
+async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several output streams, tagging each item with its stream's index."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, stream):
+        try:
+            async for item in stream:
+                await queue.put((i, item))
+        except BaseException as exc:  # surfaced to the consumer below
+            await queue.put((i, exc))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOutput]], state) -> AsyncIterator[dict]:
+    """The SSE payloads (without framing) of a streamed response."""
+    chunk_object = "chat.completion.chunk" if plan.kind == "chat" else "text_completion"
+    holdback = max((len(s) for s in plan.params.stop), default=1) - 1
+    sent_text: dict[int, int] = {}
+    sent_tokens: dict[int, int] = {}
+    start = time.monotonic()
+    completion_tokens = 0
+
+    def chunk(choices: list[dict]) -> dict:
+        body = {"id": plan.id, "object": chunk_object, "created": plan.created, "model": plan.model, "choices": choices}
+        if plan.include_usage:
+            body["usage"] = None
+        return body
+
+    if plan.kind == "chat":
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                     for i in range(len(plan.prompts) * plan.params.n)])
+    async for prompt_index, output in _merge(streams):
+        choices = []
+        for c in output.outputs:
+            index = prompt_index * plan.params.n + c.index
+            done_text, done_tokens = sent_text.get(index, 0), sent_tokens.get(index, 0)
+            if done_text == -1:
+                continue  # this choice already sent its final chunk
+            safe = len(c.text) if c.finish_reason else max(done_text, len(c.text) - holdback)
+            while not c.finish_reason and safe > done_text and c.text[safe - 1] == "\ufffd":
+                safe -= 1
+            delta = c.text[done_text:safe]
+            new_ids = c.token_ids[done_tokens:]
+            if not delta and not c.finish_reason:
+                continue
+            entries = c.logprobs[done_tokens:] if c.logprobs is not None else None
+            if plan.kind == "chat":
+                logprobs = chat_logprobs(new_ids, entries, state.loaded.tokenizer, plan.top_logprobs) if entries is not None else None
+                choices.append({"index": index, "delta": {"content": delta} if delta else {}, "logprobs": logprobs, "finish_reason": c.finish_reason})
+            else:
+                prefix = plan.prompt_texts[prompt_index] if plan.echo and done_tokens == 0 else ""
+                logprobs = None
+                if entries is not None:
+                    logprobs = _completion_logprobs(new_ids, entries, state.loaded.tokenizer, plan.top_logprobs, done_text)
+                choices.append({"index": index, "text": prefix + delta, "logprobs": logprobs, "finish_reason": c.finish_reason})
+            sent_tokens[index] = len(c.token_ids)
+            sent_text[index] = -1 if c.finish_reason else safe
+            if c.finish_reason:
+                completion_tokens += len(c.token_ids)
+        if output.finished:
+            state.metrics.observe_finished(output, time.monotonic() - start)
+        if choices:
+            yield chunk(choices)
+    if plan.include_usage:
+        yield {"id": plan.id, "object": chunk_object, "created": plan.created, "model": plan.model, "choices": [],
+               "usage": usage(sum(len(p) for p in plan.prompts), completion_tokens)}

@@ -1,0 +1,130 @@
+"""The OpenAI-compatible server of one engine: `link engine serve --model NAME --port P`.
+
+Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events,
+`stream_options.include_usage` adding a final usage chunk), GET /v1/models, /health and /metrics
+(Prometheus). Errors are OpenAI error objects with a 4xx status; a bad request never disturbs the
+others. Several such servers, each with its own engine, are how the platform scales past one process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Annotated, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from serving.api.metrics import EngineMetrics
+from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, error_body
+from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
+from serving.async_engine import AsyncLLMEngine
+from serving.errors import ContextLengthError, ServingError
+from serving.llm_engine import EngineConfig, LLMEngine
+from serving.model_loader import LoadedModel, load_model
+from serving.registry import ModelRegistry, default_registry
+
+
+class EngineState:
+    """What the routes need, created in the lifespan."""
+
+    def __init__(self, name: str, loaded: LoadedModel, engine: AsyncLLMEngine):
+        self.name, self.loaded, self.engine = name, loaded, engine
+        self.metrics = EngineMetrics()
+        self.created = int(time.time())
+
+
+def _state(request: Request) -> EngineState:
+    return request.app.state.engine_state
+
+
+State = Annotated[EngineState, Depends(_state)]
+
+
+def create_engine_app(model: str, *, dtype: str = "float32", engine_config: EngineConfig = EngineConfig(),
+                      registry: ModelRegistry | None = None, loaded: LoadedModel | None = None) -> FastAPI:
+    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        lm = loaded or load_model((registry or default_registry()).get(model), dtype)
+        engine = AsyncLLMEngine(LLMEngine(lm, engine_config))
+        engine.start()
+        app.state.engine_state = EngineState(model, lm, engine)
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title=f"TogetherLink engine: {model}", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return JSONResponse(error_body(f"{param or 'body'}: {first.get('msg', 'invalid request')}", param=param), status_code=400)
+
+    @app.exception_handler(ValidationProblem)
+    async def _problem(request: Request, exc: ValidationProblem):
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status_code)
+
+    @app.exception_handler(ServingError)
+    async def _serving(request: Request, exc: ServingError):
+        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+        return JSONResponse(error_body(str(exc), code=code), status_code=400)
+
+    @app.get("/health")
+    async def health(state: State):
+        if state.engine.errored is not None:
+            return JSONResponse({"status": "error", "detail": str(state.engine.errored)}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(state: State):
+        return {"object": "list", "data": [{
+            "id": state.name, "object": "model", "created": state.created, "owned_by": "togetherlink",
+            "max_model_len": state.loaded.context_length,
+        }]}
+
+    @app.get("/metrics")
+    async def metrics(state: State):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        state.metrics.refresh(state.engine)
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, state: State):
+        _check_model(body.model, state)
+        return await _serve(plan_chat(body, state.loaded), state)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, state: State):
+        _check_model(body.model, state)
+        return await _serve(plan_completion(body, state.loaded), state)
+
+    return app
+
+
+def _check_model(name: str, state: EngineState) -> None:
+    if name != state.name:
+        raise ValidationProblem(f"The model `{name}` does not exist; this server serves `{state.name}`.",
+                                param="model", status_code=404, code="model_not_found", type_="not_found_error")
+
+
+async def _serve(plan: RequestPlan, state: EngineState):
+    engine = state.engine
+    for prompt_ids in plan.prompts:
+        engine.engine.check_request(prompt_ids, plan.params)  # 400 before anything streams
+    base_id = uuid.uuid4().hex
+    streams = [engine.generate(f"{base_id}-{i}", ids, plan.params, priority=0) for i, ids in enumerate(plan.prompts)]
+    if plan.stream:
+        return StreamingResponse(_sse(stream_events(plan, streams, state)), media_type="text/event-stream")
+    return JSONResponse(await whole_response(plan, streams, state))
+
+
+async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
+    async for event in events:
+        yield f"data: {json.dumps(event)}\n\n"
+    yield "data: [DONE]\n\n"

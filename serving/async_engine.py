@@ -1,0 +1,126 @@
+"""`AsyncLLMEngine`: an asyncio front for `LLMEngine` that streams tokens per request.
+
+One background task owns the engine: it applies queued adds and aborts between steps and runs each
+`step()` in a worker thread, so the event loop keeps serving HTTP while the model computes. Each
+request gets an `asyncio.Queue` of `RequestOutput` snapshots. A consumer that stops iterating (a client
+that disconnected) aborts its request, and the abort is applied before the next step, so its KV
+blocks are free within one engine step.
+
+    engine = AsyncLLMEngine(LLMEngine(load_model(spec)))
+    async for output in engine.generate("r1", prompt_ids, SamplingParams(max_tokens=32)):
+        print(output.outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from serving.llm_engine import LLMEngine
+from serving.outputs import RequestOutput
+from serving.sampling_params import SamplingParams
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._pending: list[tuple] = []  # ("add", args) or ("abort", request_id), applied between steps
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.errored: BaseException | None = None
+
+    @property
+    def num_running(self) -> int:
+        return len(self.engine.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.scheduler.waiting)
+
+    def start(self) -> None:
+        """Start the background loop on the running event loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="llm-engine-loop")
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       prompt: str | None = None, priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Yield a snapshot of the request after every step that advanced it; the last has finished=True.
+
+        Raises:
+            ServingError / ContextLengthError: invalid request (raised before anything is queued).
+            RuntimeError: the engine loop died (its error is chained).
+        """
+        self.engine.check_request(prompt_token_ids, params)
+        if request_id in self._queues:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.start()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._pending.append(("add", (request_id, prompt_token_ids, params, prompt, priority)))
+        self._wakeup.set()
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise RuntimeError(f"engine loop failed: {item}") from item
+                finished = item.finished
+                yield item
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request before the next step (safe from any coroutine)."""
+        self._pending.append(("abort", request_id))
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _apply_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for kind, arg in pending:
+            if kind == "add":
+                request_id = arg[0]
+                if request_id not in self._queues:  # its consumer already left
+                    continue
+                try:
+                    self.engine.add_request(*arg[:3], prompt=arg[3], priority=arg[4])
+                except Exception as exc:  # validation races (e.g. duplicate id): report to that request only
+                    self._queues[request_id].put_nowait(exc)
+            else:
+                self.engine.abort_request(arg)
+
+    async def _loop(self) -> None:
+        try:
+            while True:
+                self._apply_pending()
+                if not self.engine.has_unfinished_requests:
+                    self._wakeup.clear()
+                    if not self._pending:
+                        await self._wakeup.wait()
+                    continue
+                outputs = await asyncio.to_thread(self.engine.step)
+                for output in outputs:
+                    queue = self._queues.get(output.request_id)
+                    if queue is not None:
+                        queue.put_nowait(output)
+                await asyncio.sleep(0)  # let consumers and new requests in between steps
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.errored = exc
+            for queue in self._queues.values():
+                queue.put_nowait(exc)
+            raise

@@ -1,0 +1,252 @@
+"""`LLMEngine`: requests in, tokens out, one scheduler step at a time.
+
+    engine = LLMEngine(load_model(spec), EngineConfig())
+    engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=32))
+    while engine.has_unfinished_requests:
+        for output in engine.step():      # RequestOutput snapshots of the requests that advanced
+            ...
+    engine.abort_request("r1")            # frees the request's KV blocks at once
+
+Each step: the `Scheduler` picks the batch (continuous batching, chunked prefill, preemption), the
+`ModelRunner` runs it over the paged KV cache, and every sequence whose logits came back samples one
+token, detokenizes and checks its stop conditions. A request with n > 1 prefills its prompt once and
+forks n sequences that share the prompt's KV blocks (copy-on-write on the partial last block).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from serving.block_manager import BlockManager
+from serving.errors import ContextLengthError, ServingError
+from serving.model_loader import LoadedModel
+from serving.model_runner import ModelRunner
+from serving.outputs import CompletionOutput, Logprob, RequestOutput
+from serving.paged_cache import PagedKVCache
+from serving.sampler import Sampler, compute_logprobs
+from serving.sampling_params import SamplingParams
+from serving.scheduler import Scheduler, SchedulerConfig
+from serving.sequence import Sequence
+from serving.stop import check_stop
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings.
+
+    Attributes:
+        block_size: tokens per KV block.
+        kv_cache_bytes: memory for the KV cache; sets the number of blocks unless `num_blocks` is given.
+        num_blocks: explicit KV block count (overrides `kv_cache_bytes`).
+        max_num_seqs, max_num_batched_tokens: see `SchedulerConfig`.
+        enable_prefix_caching: reuse KV blocks across requests sharing a prefix.
+    """
+
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 2**20
+    num_blocks: int | None = None
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class _SeqState:
+    """Per-sequence output state kept by the engine."""
+
+    index: int
+    sampler: Sampler
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    first_token_time: float | None = None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    seqs: list[Sequence] = field(default_factory=list)
+    states: dict[int, _SeqState] = field(default_factory=dict)
+    first_scheduled_time: float | None = None
+    last_token_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(st.finish_reason for st in self.states.values())
+
+
+class LLMEngine:
+    """The batching engine for one loaded model (see the module docstring)."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
+        self.loaded, self.config = loaded, config
+        cfg, dtype = loaded.config, loaded.dtype
+        per_block = PagedKVCache.bytes_per_block(cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
+        num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // per_block)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager)
+        self.runner = ModelRunner(loaded.model, loaded.model.allocate_cache(num_blocks, config.block_size))
+        self._requests: dict[str, _Request] = {}
+        self._seq_to_request: dict[int, _Request] = {}
+        self._seq_ids = itertools.count()
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Validate a request without queueing it.
+
+        Raises:
+            ServingError: empty prompt or ids outside the vocabulary.
+            ContextLengthError: a prompt that leaves no room to generate within the context.
+        """
+        ctx = self.loaded.context_length
+        if not prompt_token_ids:
+            raise ServingError("the prompt is empty: give at least one token")
+        if len(prompt_token_ids) >= ctx:
+            raise ContextLengthError(
+                f"the prompt has {len(prompt_token_ids)} tokens but {self.loaded.spec.name!r} accepts at most {ctx} "
+                "tokens of prompt and output together; shorten the prompt"
+            )
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ServingError(f"prompt token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None, priority: int = 0) -> None:
+        """Queue a request (lower `priority` runs first; FCFS among equals).
+
+        Raises:
+            ServingError, ContextLengthError: see `check_request`; ServingError for a duplicate id.
+        """
+        if request_id in self._requests:
+            raise ServingError(f"request id {request_id!r} is already in use")
+        self.check_request(prompt_token_ids, params)
+        request = _Request(request_id, prompt, list(prompt_token_ids), params, time.monotonic())
+        seq = Sequence(next(self._seq_ids), list(prompt_token_ids), priority=priority, arrival_time=request.arrival_time)
+        self._attach(request, seq, 0)
+        self.scheduler.add(seq)
+        self._requests[request_id] = request
+
+    def abort_request(self, request_id: str) -> None:
+        """Drop a request and free its KV blocks now. Unknown or finished ids are ignored."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            self.scheduler.finish(seq)
+            self._seq_to_request.pop(seq.seq_id, None)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; return snapshots of the requests that produced tokens."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            if self.scheduler.waiting and not self.scheduler.running:
+                raise RuntimeError("no request fits in the KV cache; raise kv_cache_bytes")
+            return []
+        logits = self.runner.execute(plan.scheduled, plan.block_copies)
+        now = time.monotonic()
+        for seq, num_new in plan.scheduled:
+            request = self._seq_to_request[seq.seq_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+            block_size = self.block_manager.block_size
+            crossed = (seq.num_computed_tokens + num_new) // block_size > seq.num_computed_tokens // block_size
+            seq.num_computed_tokens += num_new
+            if crossed:  # a block's KV is now complete: make it findable by the prefix cache
+                self.block_manager.mark_computed(seq)
+        touched: dict[str, _Request] = {}
+        for seq, _ in plan.scheduled:
+            if seq.seq_id not in logits:
+                continue
+            request = self._seq_to_request[seq.seq_id]
+            row = logits[seq.seq_id]
+            if len(request.seqs) < request.params.n:  # first token: fork the other samples
+                for index in range(len(request.seqs), request.params.n):
+                    child = seq.fork(next(self._seq_ids))
+                    self.block_manager.fork(seq, child)
+                    self._attach(request, child, index)
+                    self.scheduler.add_running(child)
+                    self._sample(request, child, row)
+            self._sample(request, seq, row)
+            touched[request.request_id] = request
+        outputs = []
+        for request in touched.values():
+            outputs.append(self._snapshot(request))
+            if request.finished:
+                del self._requests[request.request_id]
+        return outputs
+
+    def _attach(self, request: _Request, seq: Sequence, index: int) -> None:
+        params = request.params
+        seed = None if params.seed is None else params.seed + index
+        sampler = Sampler(params if seed == params.seed else _with_seed(params, seed))
+        request.seqs.append(seq)
+        request.states[seq.seq_id] = _SeqState(index, sampler, logprobs=[] if params.logprobs is not None else None)
+        self._seq_to_request[seq.seq_id] = request
+
+    def _sample(self, request: _Request, seq: Sequence, logits: torch.Tensor) -> None:
+        state, params, tokenizer = request.states[seq.seq_id], request.params, self.loaded.tokenizer
+        token = state.sampler.sample(logits, seq.prompt_token_ids, seq.output_token_ids)
+        request.last_token_time = time.monotonic()
+        if state.first_token_time is None:
+            state.first_token_time = request.last_token_time
+        seq.append_token(token)
+        if state.logprobs is not None:
+            chosen, top = compute_logprobs(logits, token, params.logprobs)
+            state.cumulative_logprob += chosen
+            entry = {tid: Logprob(lp, rank + 1, tokenizer.id_to_token(tid)) for rank, (tid, lp) in enumerate(top)}
+            if token not in entry:
+                entry[token] = Logprob(chosen, int((logits > logits[token]).sum()) + 1, tokenizer.id_to_token(token))
+            state.logprobs.append(entry)
+        previous_len = len(state.text)
+        state.text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
+        result = check_stop(params, token, seq.num_output_tokens, state.text, previous_len, tokenizer.eos_token_ids)
+        if result is None and seq.num_tokens >= self.loaded.context_length:
+            result_reason, result_text = "length", state.text
+        elif result is not None:
+            result_reason, result_text = result.finish_reason, result.text
+            state.stop_reason = result.stop_reason
+        else:
+            return
+        state.finish_reason, state.text = result_reason, result_text
+        self.scheduler.finish(seq)
+        self._seq_to_request.pop(seq.seq_id, None)
+
+    def _snapshot(self, request: _Request) -> RequestOutput:
+        completions = []
+        for seq in request.seqs:
+            st = request.states[seq.seq_id]
+            completions.append(CompletionOutput(
+                index=st.index, text=st.text, token_ids=list(seq.output_token_ids), finish_reason=st.finish_reason,
+                stop_reason=st.stop_reason, logprobs=None if st.logprobs is None else list(st.logprobs),
+                cumulative_logprob=st.cumulative_logprob if st.logprobs is not None else None,
+            ))
+        completions.sort(key=lambda c: c.index)
+        metrics = {"arrival_time": request.arrival_time, "num_output_tokens": sum(len(c.token_ids) for c in completions)}
+        if request.first_scheduled_time is not None:
+            metrics["queue_seconds"] = request.first_scheduled_time - request.arrival_time
+        first = min((st.first_token_time for st in request.states.values() if st.first_token_time), default=None)
+        if first is not None:
+            metrics["ttft_seconds"] = first - request.arrival_time
+            num_steps = max(len(c.token_ids) for c in completions) - 1
+            if num_steps > 0:
+                metrics["itl_seconds"] = (request.last_token_time - first) / num_steps
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions, request.finished, metrics)
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    import dataclasses
+
+    return dataclasses.replace(params, seed=seed)

@@ -1,0 +1,143 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+Each step (Yu et al. 2022, "Orca", OSDI; Kwon et al. 2023, arXiv:2309.06180):
+1. Running sequences in decode get one token each; if the KV cache has no block for one, the
+   lowest-priority running sequence (latest arrival among equals) is preempted by recomputation:
+   its blocks are freed and it goes back to the front of the waiting queue, to be prefilled again
+   with its prompt and the tokens it generated so far.
+2. Sequences still prefilling continue with the next chunk of their prompt.
+3. Waiting sequences are admitted in (priority, arrival) order while blocks, `max_num_seqs` and the
+   token budget allow.
+Prefills are chunked: at most `max_num_batched_tokens` tokens run per step, so a long prompt does not
+stall the decodes of everyone else (Agrawal et al. 2024, "Sarathi-Serve", arXiv:2403.02310).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from serving.block_manager import BlockManager
+from serving.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Batch limits.
+
+    Attributes:
+        max_num_seqs: sequences running at once.
+        max_num_batched_tokens: tokens (prefill chunks + decodes) per step.
+    """
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {self}")
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: (sequence, number of new tokens) in batch order, KV blocks to copy first."""
+
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence. Raises ValueError if it can never fit in the KV cache."""
+        needed = seq.num_blocks(self.block_manager.block_size)
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"sequence {seq.seq_id} needs {needed} KV blocks but the cache has {self.block_manager.num_blocks}"
+            )
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """Add a sequence that already holds blocks (a fork of a running one)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks."""
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        # 1. decodes (and continuing prefills) of running sequences, in priority order.
+        self.running.sort(key=lambda s: (s.priority, s.arrival_time))
+        kept: list[Sequence] = []
+        queue = list(self.running)
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining > 1:  # still prefilling
+                num_new = min(remaining, budget)
+            else:
+                while not bm.can_append(seq):
+                    victim = queue.pop() if queue else None
+                    if victim is None:
+                        break
+                    self._preempt(victim, out)
+                if not bm.can_append(seq):
+                    self._preempt(seq, out)
+                    continue
+                copy = bm.append_slot(seq)
+                if copy is not None:
+                    out.block_copies.append(copy)
+                num_new = 1
+            out.scheduled.append((seq, num_new))
+            kept.append(seq)
+            budget -= num_new
+        kept.extend(queue)  # over budget this step: they wait in place
+        self.running = kept
+        # 2. admit waiting sequences while the batch, the blocks and the budget allow.
+        if not out.preempted:
+            self.waiting.sort(key=lambda s: (s.priority, s.arrival_time))
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                seq = self.waiting[0]
+                if not bm.can_allocate(seq):
+                    break
+                self.waiting.pop(0)
+                bm.allocate(seq)
+                seq.status = SequenceStatus.RUNNING
+                num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                out.scheduled.append((seq, num_new))
+                self.running.append(seq)
+                budget -= num_new
+        return out
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.PREEMPTED
+        if seq in self.running:
+            self.running.remove(seq)
+        self.waiting.insert(0, seq)
+        out.preempted.append(seq)
+        self.num_preemptions += 1
