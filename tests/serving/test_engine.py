@@ -120,7 +120,7 @@ def test_n_samples_share_the_prompt_blocks(smollm2):
 
 
 def test_chunked_prefill_never_shares_blocks_before_their_kv_exists(smollm2, real_prompts):
-    prompt = smollm2.tokenizer.encode(" ".join(real_prompts[:2]))
+    prompt = smollm2.tokenizer.encode(" ".join(real_prompts[:4]))
     assert len(prompt) > 64
     engine = LLMEngine(smollm2.loaded, EngineConfig(max_num_batched_tokens=32))
     engine.add_request("a", prompt, GREEDY)
