@@ -19,6 +19,8 @@ console = Console()
 err_console = Console(stderr=True)
 engine_app = typer.Typer(help="The inference engine on its own.", no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
+bench_app = typer.Typer(help="Benchmarks of the platform.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
 
 
 @app.command()
@@ -87,6 +89,39 @@ def engine_serve(
     config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching)
     uvicorn.run(create_engine_app(model, dtype=dtype, engine_config=config), host=host, port=port, log_level="info")
+
+
+@bench_app.command("serving")
+def bench_serving(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="A GGUF model name from `link models`."),
+    concurrency: list[int] = typer.Option([1, 4, 16], "--concurrency", "-c", help="Concurrent clients; repeat for several levels."),
+    num_prompts: int = typer.Option(32, help="Requests per concurrency level."),
+    max_tokens: int = typer.Option(64, help="Output tokens of every request (EOS ignored)."),
+    system: list[str] = typer.Option(["link", "transformers", "llama-cpp"], "--system", "-s", help="link, transformers, llama-cpp; repeat."),
+    seed: int = typer.Option(0, help="Seed of the prompt shuffle."),
+    data_dir: str = typer.Option(None, help="Shared data folder (default: $LINK_DATASETS_DIR or ../shared/data)."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16, for link and transformers."),
+    kv_cache_mb: int = typer.Option(256, help="KV cache memory of the link server in MiB."),
+    max_num_seqs: int = typer.Option(32, help="Sequences in one batch at most (link server)."),
+    json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
+) -> None:
+    """Serving throughput and latency of our engine against transformers and llama.cpp on real prompts."""
+    import json
+    from pathlib import Path
+
+    from serving import ServingError
+
+    from link.bench import render_report, run_serving_benchmark
+
+    try:
+        result = run_serving_benchmark(model, concurrency, num_prompts, max_tokens, system, seed, data_dir, dtype,
+                                       kv_cache_mb, max_num_seqs, progress=lambda message: err_console.log(message, markup=False))
+    except (ServingError, ValueError, FileNotFoundError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    Console(width=None if sys.stdout.isatty() else 160).print(render_report(result))
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

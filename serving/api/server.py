@@ -37,7 +37,7 @@ class EngineState:
         self.created = int(time.time())
 
 
-def _state(request: Request) -> EngineState:
+async def _state(request: Request) -> EngineState:
     return request.app.state.engine_state
 
 

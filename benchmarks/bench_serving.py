@@ -1,0 +1,56 @@
+"""Serving benchmark: our engine's OpenAI server against `transformers` and llama.cpp on real prompts.
+
+A thin script over `link.bench.run_serving_benchmark` (the same as `link bench serving`); the module
+docstring of `link/bench.py` says what each system runs and what each number measures.
+
+Run from the repository root (about 10-20 minutes on a 2-core CPU for the defaults):
+
+    python benchmarks/bench_serving.py [--model smollm2-135m-instruct] [--concurrency 1 4 16] [--num-prompts 32]
+        [--max-tokens 64] [--systems link transformers llama-cpp] [--data-dir ../shared/data] [--json out.json]
+
+llama-cpp runs only when `llama_cpp` imports (`pip install -e '.[bench]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout, without installing the package
+
+from link.bench import SYSTEMS, render_report, run_serving_benchmark  # noqa: E402
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16], help="(default: %(default)s)")
+    parser.add_argument("--num-prompts", type=int, default=32, help="requests per level (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default: %(default)s)")
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", type=Path, help="default: $LINK_DATASETS_DIR or ../shared/data")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--kv-cache-mb", type=int, default=256)
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--json", type=Path, help="also write the full results (every request) to this JSON file")
+    args = parser.parse_args(argv)
+    log = Console(stderr=True)
+    result = run_serving_benchmark(args.model, args.concurrency, args.num_prompts, args.max_tokens, args.systems, args.seed,
+                                   args.data_dir, args.dtype, args.kv_cache_mb, args.max_num_seqs,
+                                   progress=lambda message: log.log(message, markup=False))
+    Console(width=None if sys.stdout.isatty() else 160).print(render_report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
