@@ -87,9 +87,23 @@ def _token_str(token) -> str | None:
 
 
 def _convert_gguf_tokenizer(path: Path, folder: Path) -> None:
+    """Convert into a private temporary folder, then rename it into place.
+
+    The rename is atomic, so a crash mid-conversion leaves no half-written entry; when several
+    processes convert the same file at once, the first rename wins and the others discard theirs.
+    """
+    import os
+    import shutil
+    import uuid
+
     from transformers import AutoTokenizer
 
-    tmp = folder.with_name(folder.name + ".tmp")
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tok.save_pretrained(str(tmp))
-    tmp.replace(folder)  # atomic: a crash mid-conversion leaves no half-written cache entry
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if not (folder / "tokenizer.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first

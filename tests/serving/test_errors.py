@@ -193,3 +193,22 @@ def test_generation_works_after_errors(smollm2):
     assert (after.token_ids, after.text) == (before.token_ids, before.text)
     assert len(after.token_ids) == 8 and after.finish_reason == "length"
     assert after.token_ids[0] == int(smollm2.loaded.model.prefill_logits(ids)[-1].argmax())
+
+
+def test_concurrent_tokenizer_conversions_do_not_collide(smollm2_gguf_path, tmp_path, monkeypatch):
+    """Several processes converting one GGUF vocabulary at once (a server starting beside a test) all succeed."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("LINK_HOME", str(tmp_path))
+    code = (
+        "import sys; from serving.loader.gguf_loader import open_gguf; from serving.tokenizer import Tokenizer; "
+        "p = sys.argv[1]; t = Tokenizer.from_gguf(p, open_gguf(p).metadata); print(t.encode('Paris'))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(smollm2_gguf_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in results]
+    assert len({out for out, _ in results}) == 1
+    entries = list((tmp_path / "cache" / "tokenizers").iterdir())
+    assert len(entries) == 1 and (entries[0] / "tokenizer.json").is_file()
