@@ -4,6 +4,7 @@
     link chat "What is the capital of France?"    answer one question
     link chat                                     interactive chat (Ctrl-D or /exit to leave)
     link engine serve --model NAME --port 8000    one engine as an OpenAI-compatible server
+    link bench serving --json out.json            serving throughput and latency against transformers
 """
 
 from __future__ import annotations
