@@ -17,7 +17,7 @@ token ids (encoded by our tokenizer) at batch 1:
 - spread: (slowest - fastest) / fastest of the (N+1)-token runs, the worse of the two systems; a
   large spread means other processes shared the CPU during that row.
 
-Run from the repository root (about 8 minutes on a 2-core CPU for the default grid):
+Run from the repository root (about 8 minutes for the default grid on an otherwise idle 2-core CPU):
 
     python benchmarks/bench_generate.py [--models ...] [--dtypes ...] [--num-tokens 64] [--json out.json]
 
