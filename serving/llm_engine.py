@@ -96,6 +96,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager)
         self.runner = ModelRunner(loaded.model, loaded.model.allocate_cache(num_blocks, config.block_size))
+        # The longest sequence the engine can hold: the model's context, or less when the KV cache is smaller.
+        self.max_model_len = min(loaded.context_length, num_blocks * config.block_size)
         self._requests: dict[str, _Request] = {}
         self._seq_to_request: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
@@ -111,13 +113,14 @@ class LLMEngine:
             ServingError: empty prompt or ids outside the vocabulary.
             ContextLengthError: a prompt that leaves no room to generate within the context.
         """
-        ctx = self.loaded.context_length
+        ctx = self.max_model_len
         if not prompt_token_ids:
             raise ServingError("the prompt is empty: give at least one token")
         if len(prompt_token_ids) >= ctx:
             raise ContextLengthError(
                 f"the prompt has {len(prompt_token_ids)} tokens but {self.loaded.spec.name!r} accepts at most {ctx} "
-                "tokens of prompt and output together; shorten the prompt"
+                "tokens of prompt and output together here (the model's context, or the KV cache size if smaller); "
+                "shorten the prompt"
             )
         vocab = self.loaded.config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
@@ -213,7 +216,7 @@ class LLMEngine:
         previous_len = len(state.text)
         state.text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
         result = check_stop(params, token, seq.num_output_tokens, state.text, previous_len, tokenizer.eos_token_ids)
-        if result is None and seq.num_tokens >= self.loaded.context_length:
+        if result is None and seq.num_tokens >= self.max_model_len:
             result_reason, result_text = "length", state.text
         elif result is not None:
             result_reason, result_text = result.finish_reason, result.text

@@ -79,7 +79,7 @@ def _max_tokens(requested: int | None, prompt_lens: list[int], ctx: int, default
     return wanted
 
 
-def plan_chat(body: ChatCompletionRequest, lm: LoadedModel) -> RequestPlan:
+def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
     """Validate a chat request and render its messages with the model's chat format."""
     if body.tools and body.tool_choice != "none":
         raise ValidationProblem("tools are not supported by the standalone engine server; send tool calls through the gateway (`link serve`)", param="tools")
@@ -91,14 +91,14 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel) -> RequestPlan:
     prompt = fmt.render(body.messages)
     ids = lm.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    max_tokens = _max_tokens(requested, [len(ids)], lm.context_length, None)
+    max_tokens = _max_tokens(requested, [len(ids)], max_model_len, None)
     stops = _stops(body) + tuple(s for s in fmt.stop if s not in (body.stop or ()))
     top = (body.top_logprobs or 0) if body.logprobs else None
     return RequestPlan("chat", body.model, _sampling(body, max_tokens, stops, top), [ids], [prompt], body.stream,
                        bool(body.stream_options and body.stream_options.include_usage), top)
 
 
-def plan_completion(body: CompletionRequest, lm: LoadedModel) -> RequestPlan:
+def plan_completion(body: CompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
     """Validate a completion request; its prompt may be text, ids, or a list of either."""
     if body.suffix:
         raise ValidationProblem("suffix is not supported", param="suffix")
@@ -113,9 +113,14 @@ def plan_completion(body: CompletionRequest, lm: LoadedModel) -> RequestPlan:
         texts, prompts = [None] * len(p), [list(x) for x in p]
     else:
         raise ValidationProblem("prompt must be a string, a list of strings, a list of token ids, or a list of such lists", param="prompt")
+    vocab = lm.config.vocab_size
+    for ids in prompts:
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValidationProblem(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt")
     if texts[0] is None:
         texts = [lm.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]
-    max_tokens = _max_tokens(body.max_tokens, [len(x) for x in prompts], lm.context_length, 16)
+    max_tokens = _max_tokens(body.max_tokens, [len(x) for x in prompts], max_model_len, 16)
     return RequestPlan("completion", body.model, _sampling(body, max_tokens, _stops(body), body.logprobs), prompts, texts,
                        body.stream, bool(body.stream_options and body.stream_options.include_usage), body.logprobs, echo=body.echo)
 

@@ -84,7 +84,7 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
     async def models(state: State):
         return {"object": "list", "data": [{
             "id": state.name, "object": "model", "created": state.created, "owned_by": "togetherlink",
-            "max_model_len": state.loaded.context_length,
+            "max_model_len": state.engine.engine.max_model_len,
         }]}
 
     @app.get("/metrics")
@@ -97,12 +97,12 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, state: State):
         _check_model(body.model, state)
-        return await _serve(plan_chat(body, state.loaded), state)
+        return await _serve(plan_chat(body, state.loaded, state.engine.engine.max_model_len), state)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, state: State):
         _check_model(body.model, state)
-        return await _serve(plan_completion(body, state.loaded), state)
+        return await _serve(plan_completion(body, state.loaded, state.engine.engine.max_model_len), state)
 
     return app
 

@@ -133,3 +133,21 @@ def test_metrics_expose_engine_state(server, client):
                  "link_engine_time_to_first_token_seconds_bucket", "link_engine_inter_token_latency_seconds_bucket",
                  "link_engine_generation_tokens_total"):
         assert name in text
+
+
+def test_requests_past_the_kv_cache_get_a_400_and_the_engine_survives(smollm2):
+    """A KV cache smaller than the model's context caps max_model_len; nothing past it reaches the engine."""
+    from fastapi.testclient import TestClient
+
+    from serving.llm_engine import EngineConfig
+
+    app = create_engine_app(MODEL, loaded=smollm2.loaded, engine_config=EngineConfig(num_blocks=20))  # 320 tokens
+    with TestClient(app) as http:
+        assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 320
+        too_long = http.post("/v1/completions", json={"model": MODEL, "prompt": [504] * 200, "max_tokens": 300})
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+        bad_ids = http.post("/v1/completions", json={"model": MODEL, "prompt": [-1]})
+        assert bad_ids.status_code == 400 and "token ids" in bad_ids.json()["error"]["message"]
+        ok = http.post("/v1/completions", json={"model": MODEL, "prompt": [504] * 200, "max_tokens": 100, "ignore_eos": True})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 100
+        assert http.get("/health").json() == {"status": "ok"}
