@@ -195,7 +195,9 @@ def test_max_tokens_message_exact():
     ],
 )
 def test_boundary_values_accepted(kwargs):
-    SamplingParams(**kwargs)
+    params = SamplingParams(**kwargs)
+    for name, value in kwargs.items():
+        assert getattr(params, name) == value, name  # stored as given, not clamped
 
 
 # ---------------------------------------------------------------------------------------------
