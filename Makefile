@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: install
-	$(BIN)/link chat
+	$(BIN)/link serve
 
 test: install
 	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_ARGS)

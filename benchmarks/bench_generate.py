@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout, without installing the package
 
+from link.bench import show_and_save, time_call  # noqa: E402
 from serving import LLM, SamplingParams, default_registry  # noqa: E402
 from serving.loader.gguf_loader import open_gguf  # noqa: E402
 from serving.tokenizer import Tokenizer  # noqa: E402
@@ -86,17 +87,11 @@ def time_decode(generate: Callable[[int], list[int]], num_tokens: int, num_repea
         raise RuntimeError(f"asked for {num_tokens + 1} tokens, got {len(token_ids)}")
     t1s, t_fulls = [], []
     for _ in range(num_repeats):
-        t1s.append(_seconds(generate, 1))
-        t_fulls.append(_seconds(generate, num_tokens + 1))
+        t1s.append(time_call(generate, 1))
+        t_fulls.append(time_call(generate, num_tokens + 1))
     t1 = min(t1s)
     t_full = min(t_fulls)
     return DecodeTiming(t1, num_tokens / (t_full - t1), max(t_fulls) / t_full - 1, token_ids)
-
-
-def _seconds(generate: Callable[[int], list[int]], n: int) -> float:
-    start = time.perf_counter()
-    generate(n)
-    return time.perf_counter() - start
 
 
 def prepare(model: str) -> Path:
@@ -236,9 +231,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     rows = run_benchmark(args.models, args.dtypes, args.num_tokens, args.prompt, args.repeats)
-    Console(width=None if sys.stdout.isatty() else 160).print(render_table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    show_and_save(render_table(rows), rows, args.json)
     return rows
 
 

@@ -1,7 +1,7 @@
 """Serving benchmark: our engine's OpenAI server against `transformers` and llama.cpp on real prompts.
 
 A thin script over `link.bench.run_serving_benchmark` (the same as `link bench serving`); the module
-docstring of `link/bench.py` says what each system runs and what each number measures.
+docstring of `link/bench/serving.py` says what each system runs and what each number measures.
 
 Run from the repository root (about 10-20 minutes on a 2-core CPU for the defaults):
 
@@ -14,7 +14,6 @@ llama-cpp runs only when `llama_cpp` imports (`pip install -e '.[bench]'`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout, without installing the package
 
-from link.bench import SYSTEMS, render_report, run_serving_benchmark  # noqa: E402
+from link.bench import SYSTEMS, render_report, run_serving_benchmark, show_and_save  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -46,9 +45,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     result = run_serving_benchmark(args.model, args.concurrency, args.num_prompts, args.max_tokens, args.systems, args.seed,
                                    args.data_dir, args.dtype, args.kv_cache_mb, args.max_num_seqs,
                                    progress=lambda message: log.log(message, markup=False))
-    Console(width=None if sys.stdout.isatty() else 160).print(render_report(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    show_and_save(render_report(result), result, args.json)
     return result
 
 

@@ -1,15 +1,16 @@
 """The dispatch table: operation name -> the implementation the engine runs.
 
-`dispatch("rms_norm", x, w, eps)` calls whatever is registered for "rms_norm" (the PyTorch reference
-until a tuned variant replaces it). Swapping is one dict assignment, atomic under the GIL, so a tuner
-can install a winner between engine steps without a restart.
+`dispatch("rms_norm", x, w, eps)` calls whatever is registered for "rms_norm". The defaults are the
+PyTorch references (`ref.py`) except where a faster CPU variant with the same contract exists
+(`cpu.py`); a tuned variant can replace any of them. Swapping is one dict assignment, atomic under the
+GIL, so a tuner can install a winner between engine steps without a restart.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from kernels import ref
+from kernels import cpu, ref
 
 _REFERENCES: dict[str, Callable] = {
     "rms_norm": ref.ref_rms_norm,
@@ -20,7 +21,13 @@ _REFERENCES: dict[str, Callable] = {
     "gated_mlp": ref.ref_gated_mlp,
     "linear": ref.ref_linear,
 }
-_table: dict[str, Callable] = dict(_REFERENCES)
+_DEFAULTS: dict[str, Callable] = {
+    **_REFERENCES,
+    "rms_norm": cpu.fused_rms_norm,
+    "attention": cpu.sdpa_attention,
+    "paged_attention": cpu.sdpa_paged_attention,
+}
+_table: dict[str, Callable] = dict(_DEFAULTS)
 
 
 def dispatch(op: str, *args, **kwargs):
@@ -47,6 +54,12 @@ def registered(op: str) -> Callable:
 
 
 def reset() -> None:
-    """Restore every op to its PyTorch reference."""
+    """Restore every op to its default implementation."""
+    _table.clear()
+    _table.update(_DEFAULTS)
+
+
+def use_references() -> None:
+    """Install the PyTorch reference of every op (the ground truth for parity checks)."""
     _table.clear()
     _table.update(_REFERENCES)

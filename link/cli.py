@@ -1,15 +1,19 @@
 """The `link` command line. Each subcommand is a thin shell over a library function.
 
+    link serve [--config link.yaml] [--port 8000]  the gateway (OpenAI API over every configured model)
     link models                                   list the registered local models
     link chat "What is the capital of France?"    answer one question
     link chat                                     interactive chat (Ctrl-D or /exit to leave)
     link engine serve --model NAME --port 8000    one engine as an OpenAI-compatible server
     link bench serving --json out.json            serving throughput and latency against transformers
+    link bench gateway --json out.json            the gateway's overhead over a direct call, next to LiteLLM's proxy
+    link keys create alice --budget-usd 5         an API key (printed once); `link keys list|revoke ID`
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import typer
 from rich.console import Console
@@ -22,6 +26,33 @@ engine_app = typer.Typer(help="The inference engine on its own.", no_args_is_hel
 app.add_typer(engine_app, name="engine")
 bench_app = typer.Typer(help="Benchmarks of the platform.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+keys_app = typer.Typer(help="API keys of the gateway (stored hashed in the database).", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+@app.command()
+def serve(
+    config: str = typer.Option(None, "--config", "-c", help="link.yaml (default: LINK_CONFIG, else the embedded default)."),
+    host: str = typer.Option(None, help="Interface to bind (default: LINK_HOST or 127.0.0.1)."),
+    port: int = typer.Option(None, help="TCP port (default: LINK_PORT or 8000)."),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Run the gateway: one OpenAI-compatible API over the configured models and policies."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from link.app import create_app
+    from link.config import ConfigError
+    from link.settings import get_settings
+
+    overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
+    try:
+        settings = get_settings(**overrides)
+        gateway = create_app(settings)
+    except (ValidationError, ConfigError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    uvicorn.run(gateway, host=settings.host, port=settings.port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
 @app.command()
@@ -84,12 +115,20 @@ def engine_serve(
     """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
     import uvicorn
 
+    from serving import ServingError
     from serving.api.server import create_engine_app
     from serving.llm_engine import EngineConfig
+    from serving.model_loader import load_model
+    from serving.registry import default_registry
 
     config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching)
-    uvicorn.run(create_engine_app(model, dtype=dtype, engine_config=config), host=host, port=port, log_level="info")
+    try:  # load before binding the port, so an unknown model or a bad file is a one-line error
+        loaded = load_model(default_registry().get(model), dtype)
+    except ServingError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    uvicorn.run(create_engine_app(model, engine_config=config, loaded=loaded), host=host, port=port, log_level="info")
 
 
 @bench_app.command("serving")
@@ -107,12 +146,9 @@ def bench_serving(
     json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
 ) -> None:
     """Serving throughput and latency of our engine against transformers and llama.cpp on real prompts."""
-    import json
-    from pathlib import Path
-
     from serving import ServingError
 
-    from link.bench import render_report, run_serving_benchmark
+    from link.bench import render_report, run_serving_benchmark, show_and_save
 
     try:
         result = run_serving_benchmark(model, concurrency, num_prompts, max_tokens, system, seed, data_dir, dtype,
@@ -120,9 +156,120 @@ def bench_serving(
     except (ServingError, ValueError, FileNotFoundError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    Console(width=None if sys.stdout.isatty() else 160).print(render_report(result))
-    if json_path is not None:
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+    show_and_save(render_report(result), result, json_path)
+
+
+@bench_app.command("gateway")
+def bench_gateway(
+    concurrency: list[int] = typer.Option([1, 8, 32], "--concurrency", "-c", help="Concurrent clients; repeat for several levels."),
+    requests: int = typer.Option(200, "--requests", help="Measured requests per cell (system, mode, concurrency)."),
+    warmup: int = typer.Option(20, "--warmup", help="Warm-up requests before each cell (at least one per client)."),
+    system: list[str] = typer.Option(["direct", "link", "link-lean", "litellm"], "--system", "-s",
+                                     help="direct, link, link-lean, litellm; repeat (direct always runs)."),
+    mode: list[str] = typer.Option(["whole", "stream"], "--mode", help="whole, stream; repeat."),
+    pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin load generator and server to different cores with taskset."),
+    json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
+) -> None:
+    """The gateway's overhead over a direct call to an instant mock backend, next to LiteLLM's proxy."""
+    from link.bench import show_and_save
+    from link.bench.gateway import run_gateway_benchmark
+    from link.bench.gateway_report import render_gateway_report
+
+    try:
+        result = run_gateway_benchmark(concurrency, requests, warmup, system, mode, pin=pin,
+                                       progress=lambda message: err_console.log(message, markup=False))
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    show_and_save(render_gateway_report(result), result, json_path)
+
+
+
+@contextmanager
+def _keys_session(database_url: str | None):
+    """A session on the gateway database (`--database-url`, else LINK_DATABASE_URL / settings), migrated."""
+    from pydantic import ValidationError
+    from sqlmodel import Session
+
+    from link.db import make_db_engine, upgrade
+    from link.settings import get_settings
+
+    try:
+        url = database_url or get_settings().database_url
+    except ValidationError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    upgrade(url)
+    engine = make_db_engine(url, pool_size=1)
+    try:
+        with Session(engine) as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+DATABASE_URL_OPTION = typer.Option(None, "--database-url", help="Database URL (default: LINK_DATABASE_URL or $LINK_HOME/link.db).")
+
+
+@keys_app.command("create")
+def keys_create(
+    name: str = typer.Argument(..., help="A label for the key."),
+    budget_usd: float = typer.Option(None, "--budget-usd", help="Most the key may spend, USD (default: unlimited)."),
+    rpm: int = typer.Option(None, "--rpm", help="Requests per minute (default: unlimited)."),
+    tpm: int = typer.Option(None, "--tpm", help="Tokens per minute (default: unlimited)."),
+    database_url: str = DATABASE_URL_OPTION,
+) -> None:
+    """Create an API key; prints the key once (only its hash is stored)."""
+    from pydantic import ValidationError
+
+    from link.keys import create_key
+
+    with _keys_session(database_url) as session:
+        try:
+            key, plaintext = create_key(session, name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm)
+        except ValidationError as exc:
+            err_console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+    err_console.print(f"created key {key.id} ({key.name}); store it now, it is not shown again:")
+    print(plaintext)
+
+
+@keys_app.command("list")
+def keys_list(
+    include_revoked: bool = typer.Option(True, "--all/--active", help="Include revoked keys."),
+    database_url: str = DATABASE_URL_OPTION,
+) -> None:
+    """List API keys with their limits, budget and spend."""
+    from link.keys import list_keys
+
+    with _keys_session(database_url) as session:
+        keys = list_keys(session, include_revoked=include_revoked)
+    table = Table(title="API keys")
+    for column in ("id", "name", "key", "created", "revoked", "budget $", "spend $", "reserved $", "rpm", "tpm"):
+        table.add_column(column, no_wrap=column in ("key", "created"))
+    for key in keys:
+        table.add_row(str(key.id), key.name, key.key_prefix + "...", f"{key.created_at:%Y-%m-%d %H:%M}",
+                      f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "",
+                      "-" if key.budget_usd is None else f"{key.budget_usd:.4f}", f"{key.spend_usd:.4f}",
+                      f"{key.reserved_usd:.4f}", str(key.rpm_limit or "-"), str(key.tpm_limit or "-"))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: int = typer.Argument(..., help="The key's id (see `link keys list`)."),
+    database_url: str = DATABASE_URL_OPTION,
+) -> None:
+    """Revoke an API key: it stops authenticating at once."""
+    from link.keys import KeyNotFound, revoke_key
+
+    with _keys_session(database_url) as session:
+        try:
+            key = revoke_key(session, key_id)
+        except KeyNotFound as exc:
+            err_console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from None
+    console.print(f"revoked key {key.id} ({key.name}, {key.key_prefix}...)")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ whole prefix, hash(block i) = H(hash(block i - 1), token ids of block i), and a 
 map lets a new sequence reuse the blocks of any earlier one with the same prefix. A released block
 keeps its hash and stays findable until it is reused for other content (lazy eviction).
 
-Known limitation: blocks that fall outside a sliding attention window are not freed. Gemma 3's
-sliding-window layers share the block table with its global layers, which still need every block.
+This pool holds every block of a sequence. Gemma 3's sliding-window layers keep their KV in a second
+pool that releases the blocks outside the window (`serving.sliding_block_manager`); an engine with
+that pool runs without prefix caching, since a cached prefix's sliding KV is released.
 
 How to run its tests: `python -m pytest tests/serving/test_block_manager.py -q`.
 """

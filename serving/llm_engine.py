@@ -16,12 +16,14 @@ forks n sequences that share the prompt's KV blocks (copy-on-write on the partia
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from serving.block_manager import BlockManager
+from serving.detokenizer import IncrementalDetokenizer
 from serving.errors import ContextLengthError, ServingError
 from serving.model_loader import LoadedModel
 from serving.model_runner import ModelRunner
@@ -31,7 +33,8 @@ from serving.sampler import Sampler, compute_logprobs
 from serving.sampling_params import SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
-from serving.stop import check_stop
+from serving.sliding_block_manager import SlidingBlockManager, max_batch_blocks, plan_pool_sizes
+from serving.stop import StopResult, check_stop
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,15 @@ class EngineConfig:
     Attributes:
         block_size: tokens per KV block.
         kv_cache_bytes: memory for the KV cache; sets the number of blocks unless `num_blocks` is given.
-        num_blocks: explicit KV block count (overrides `kv_cache_bytes`).
+        num_blocks: explicit KV block count of the global pool (overrides `kv_cache_bytes`).
         max_num_seqs, max_num_batched_tokens: see `SchedulerConfig`.
-        enable_prefix_caching: reuse KV blocks across requests sharing a prefix.
+        enable_prefix_caching: reuse KV blocks across requests sharing a prefix (off on a model whose
+            sliding-window layers have their own pool, see below).
+        sliding_window_pool: give sliding-window layers (Gemma 3) their own KV pool that keeps only the
+            blocks the window needs; `kv_cache_bytes` is split by `plan_pool_sizes`. False keeps one
+            pool for all layers, with prefix caching. No effect on models without such layers.
+        num_sliding_blocks: explicit sliding-pool block count (default: `plan_pool_sizes`, or with an
+            explicit `num_blocks` the smaller of it and `max_batch_blocks`).
     """
 
     block_size: int = 16
@@ -52,6 +61,8 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
+    sliding_window_pool: bool = True
+    num_sliding_blocks: int | None = None
 
 
 @dataclass
@@ -60,12 +71,14 @@ class _SeqState:
 
     index: int
     sampler: Sampler
+    detokenizer: IncrementalDetokenizer
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     first_token_time: float | None = None
+    guide: object | None = None  # serving.guided_decoding.JsonGuide when params.guided_json is set
 
 
 @dataclass
@@ -90,17 +103,19 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
         self.loaded, self.config = loaded, config
-        cfg, dtype = loaded.config, loaded.dtype
-        per_block = PagedKVCache.bytes_per_block(cfg.num_layers, config.block_size, cfg.num_kv_heads, cfg.head_dim, dtype)
-        num_blocks = config.num_blocks or max(1, config.kv_cache_bytes // per_block)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager)
-        self.runner = ModelRunner(loaded.model, loaded.model.allocate_cache(num_blocks, config.block_size))
+        num_blocks, num_sliding = _pool_sizes(loaded, config)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching and not num_sliding)
+        self.sliding_block_manager = (SlidingBlockManager(num_sliding, config.block_size, loaded.config.sliding_window)
+                                      if num_sliding else None)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager,
+                                   self.sliding_block_manager)
+        self.runner = ModelRunner(loaded.model, loaded.model.allocate_cache(num_blocks, config.block_size, num_sliding))
         # The longest sequence the engine can hold: the model's context, or less when the KV cache is smaller.
         self.max_model_len = min(loaded.context_length, num_blocks * config.block_size)
         self._requests: dict[str, _Request] = {}
         self._seq_to_request: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
+        self._token_table = None  # serving.guided_decoding.TokenTable, built by the first guided_json request
 
     @property
     def has_unfinished_requests(self) -> bool:
@@ -122,6 +137,10 @@ class LLMEngine:
                 "tokens of prompt and output together here (the model's context, or the KV cache size if smaller); "
                 "shorten the prompt"
             )
+        if params.guided_json is not None:  # raises UnsupportedSchemaError (a ServingError) now, not mid-step
+            from serving.guided_json import JsonAutomaton
+
+            JsonAutomaton(json.loads(params.guided_json))
         vocab = self.loaded.config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
@@ -158,7 +177,7 @@ class LLMEngine:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise RuntimeError("no request fits in the KV cache; raise kv_cache_bytes")
             return []
-        logits = self.runner.execute(plan.scheduled, plan.block_copies)
+        logits = self.runner.execute(plan.scheduled, plan.block_copies, plan.sliding_block_copies)
         now = time.monotonic()
         for seq, num_new in plan.scheduled:
             request = self._seq_to_request[seq.seq_id]
@@ -169,6 +188,8 @@ class LLMEngine:
             seq.num_computed_tokens += num_new
             if crossed:  # a block's KV is now complete: make it findable by the prefix cache
                 self.block_manager.mark_computed(seq)
+            if self.sliding_block_manager is not None:
+                self.sliding_block_manager.release_out_of_window(seq)
         touched: dict[str, _Request] = {}
         for seq, _ in plan.scheduled:
             if seq.seq_id not in logits:
@@ -179,6 +200,8 @@ class LLMEngine:
                 for index in range(len(request.seqs), request.params.n):
                     child = seq.fork(next(self._seq_ids))
                     self.block_manager.fork(seq, child)
+                    if self.sliding_block_manager is not None:
+                        self.sliding_block_manager.fork(seq, child)
                     self._attach(request, child, index)
                     self.scheduler.add_running(child)
                     self._sample(request, child, row)
@@ -194,14 +217,17 @@ class LLMEngine:
     def _attach(self, request: _Request, seq: Sequence, index: int) -> None:
         params = request.params
         seed = None if params.seed is None else params.seed + index
-        sampler = Sampler(params if seed == params.seed else _with_seed(params, seed))
+        sampler = Sampler(params if seed == params.seed else _with_seed(params, seed), eos_token_ids=self.loaded.tokenizer.eos_token_ids)
+        detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, params.skip_special_tokens)
         request.seqs.append(seq)
-        request.states[seq.seq_id] = _SeqState(index, sampler, logprobs=[] if params.logprobs is not None else None)
+        request.states[seq.seq_id] = _SeqState(index, sampler, detokenizer, logprobs=[] if params.logprobs is not None else None,
+                                               guide=self._guide(params, sampler))
         self._seq_to_request[seq.seq_id] = request
 
     def _sample(self, request: _Request, seq: Sequence, logits: torch.Tensor) -> None:
         state, params, tokenizer = request.states[seq.seq_id], request.params, self.loaded.tokenizer
-        token = state.sampler.sample(logits, seq.prompt_token_ids, seq.output_token_ids)
+        sample = state.guide.sample if state.guide is not None else state.sampler.sample
+        token = sample(logits, seq.prompt_token_ids, seq.output_token_ids)
         request.last_token_time = time.monotonic()
         if state.first_token_time is None:
             state.first_token_time = request.last_token_time
@@ -213,19 +239,38 @@ class LLMEngine:
             if token not in entry:
                 entry[token] = Logprob(chosen, int((logits > logits[token]).sum()) + 1, tokenizer.id_to_token(token))
             state.logprobs.append(entry)
-        previous_len = len(state.text)
-        state.text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=params.skip_special_tokens)
-        result = check_stop(params, token, seq.num_output_tokens, state.text, previous_len, tokenizer.eos_token_ids)
+        detok = state.detokenizer
+        previous_len = len(detok.text)
+        detok.step(seq.output_token_ids)  # decodes a few recent tokens, not the whole output
+        state.text = detok.text
+        result = check_stop(params, token, seq.num_output_tokens, detok.text, previous_len, tokenizer.eos_token_ids)
         if result is None and seq.num_tokens >= self.max_model_len:
-            result_reason, result_text = "length", state.text
-        elif result is not None:
-            result_reason, result_text = result.finish_reason, result.text
-            state.stop_reason = result.stop_reason
-        else:
+            result = StopResult("length", None)
+        if result is None:
             return
-        state.finish_reason, state.text = result_reason, result_text
+        state.finish_reason, state.stop_reason = result.finish_reason, result.stop_reason
+        state.text = result.text if result.text is not None else self._final_text(detok, seq.output_token_ids, result)
         self.scheduler.finish(seq)
         self._seq_to_request.pop(seq.seq_id, None)
+
+    def _final_text(self, detok: IncrementalDetokenizer, token_ids: list[int], result: StopResult) -> str:
+        """The full decode of the kept tokens, partial characters (U+FFFD) included."""
+        kept = token_ids if result.keeps_last_token_text else token_ids[:-1]
+        if len(kept) >= detok.read_offset:
+            return detok.text + detok.pending_text(kept)
+        # A non-special stop token completed a character and was committed with it: decode once.
+        return self.loaded.tokenizer.decode(kept, skip_special_tokens=detok.skip_special_tokens)
+
+    def _guide(self, params: SamplingParams, sampler: Sampler):
+        """A fresh `JsonGuide` for one sequence of a `guided_json` request (the token table is built once)."""
+        if params.guided_json is None:
+            return None
+        from serving.guided_decoding import JsonGuide, TokenTable
+        from serving.guided_json import JsonAutomaton
+
+        if self._token_table is None:
+            self._token_table = TokenTable(self.loaded.tokenizer)
+        return JsonGuide(JsonAutomaton(json.loads(params.guided_json)), self._token_table, sampler)
 
     def _snapshot(self, request: _Request) -> RequestOutput:
         completions = []
@@ -247,6 +292,26 @@ class LLMEngine:
             if num_steps > 0:
                 metrics["itl_seconds"] = (request.last_token_time - first) / num_steps
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions, request.finished, metrics)
+
+
+def _pool_sizes(loaded: LoadedModel, config: EngineConfig) -> tuple[int, int]:
+    """(global blocks, sliding-window blocks; 0 = no sliding pool) for `config`'s KV budget or explicit counts."""
+    cfg = loaded.config
+    num_sliding_layers = sum(cfg.is_sliding(i) for i in range(cfg.num_layers))
+    per_layer_block = PagedKVCache.bytes_per_block(1, config.block_size, cfg.num_kv_heads, cfg.head_dim, loaded.dtype)
+    if not (config.sliding_window_pool and num_sliding_layers):
+        return config.num_blocks or max(1, config.kv_cache_bytes // (cfg.num_layers * per_layer_block)), 0
+    num_global, num_sliding = plan_pool_sizes(
+        config.kv_cache_bytes // per_layer_block, cfg.num_layers - num_sliding_layers, num_sliding_layers,
+        cfg.sliding_window, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
+    )
+    if config.num_blocks:  # a sequence never holds more sliding blocks than global ones
+        num_global = config.num_blocks
+        num_sliding = min(num_global, max_batch_blocks(cfg.sliding_window, config.block_size, config.max_num_seqs,
+                                                       config.max_num_batched_tokens))
+    if config.num_sliding_blocks:
+        num_sliding = config.num_sliding_blocks
+    return num_global, num_sliding
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

@@ -21,35 +21,43 @@ class ModelRunner:
         self.model, self.cache = model, cache
 
     def build_batch(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, BatchMetadata]:
-        """Token ids [N] and the `BatchMetadata` for the new tokens of each (sequence, count)."""
+        """Token ids [N] and the `BatchMetadata` for the new tokens of each (sequence, count).
+
+        With a sliding-window pool in the cache, also that pool's slots (from each sequence's
+        `sliding_block_table`) and block tables, padded with the null block 0.
+        """
         block_size = self.cache.block_size
+        has_sliding = bool(self.cache.sliding_layers)
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        sliding_slots: list[int] = []
         seq_lens, query_lens = [], []
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             token_ids.extend(seq.token_ids[start : start + num_new])
             for pos in range(start, start + num_new):
                 slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+                if has_sliding:
+                    sliding_slots.append(seq.sliding_block_table[pos // block_size] * block_size + pos % block_size)
             positions.extend(range(start, start + num_new))
             seq_lens.append(start + num_new)
             query_lens.append(num_new)
-        max_blocks = max(len(seq.block_table) for seq, _ in scheduled)
-        tables = torch.zeros(len(scheduled), max_blocks, dtype=torch.int64)
-        for row, (seq, _) in enumerate(scheduled):
-            tables[row, : len(seq.block_table)] = torch.tensor(seq.block_table)
         batch = BatchMetadata(
-            positions=torch.tensor(positions), slot_mapping=torch.tensor(slots), block_tables=tables,
-            seq_lens=seq_lens, query_lens=query_lens,
+            positions=torch.tensor(positions), slot_mapping=torch.tensor(slots),
+            block_tables=_pad([seq.block_table for seq, _ in scheduled]), seq_lens=seq_lens, query_lens=query_lens,
+            sliding_slot_mapping=torch.tensor(sliding_slots) if has_sliding else None,
+            sliding_block_tables=_pad([seq.sliding_block_table for seq, _ in scheduled]) if has_sliding else None,
         )
         return torch.tensor(token_ids), batch
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]] = ()) -> dict[int, torch.Tensor]:
-        """Run the step. Returns {seq_id: float32 logits [V]} for each sequence whose scheduled
-        tokens reach its end (a finished prefill, or a decode); chunks mid-prompt get none."""
-        self.cache.copy_blocks(list(block_copies))
+    def execute(self, scheduled: list[tuple[Sequence, int]], block_copies: list[tuple[int, int]] = (),
+                sliding_block_copies: list[tuple[int, int]] = ()) -> dict[int, torch.Tensor]:
+        """Run the step, after the copy-on-write block copies of each pool. Returns {seq_id: float32
+        logits [V]} for each sequence whose scheduled tokens reach its end (a finished prefill, or a
+        decode); chunks mid-prompt get none."""
+        self.cache.copy_blocks(list(block_copies), list(sliding_block_copies))
         token_ids, batch = self.build_batch(scheduled)
         hidden = self.model(token_ids, batch, self.cache)
         wanted = [i for i, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
@@ -58,3 +66,11 @@ class ModelRunner:
         rows = batch.last_token_indices[wanted]
         logits = self.model.compute_logits(hidden[rows])
         return {scheduled[i][0].seq_id: logits[j] for j, i in enumerate(wanted)}
+
+
+def _pad(tables: list[list[int]]) -> torch.Tensor:
+    """Block tables [B, longest] int64, padded with 0."""
+    out = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.int64)
+    for row, table in enumerate(tables):
+        out[row, : len(table)] = torch.tensor(table, dtype=torch.int64)
+    return out

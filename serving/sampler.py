@@ -2,6 +2,9 @@
 
 Pipeline of `Sampler.sample` (the order vLLM and Hugging Face use):
 
+0. `apply_logit_bias` (OpenAI `logit_bias`, added to the model's logits) and `mask_stop_tokens`
+   (vLLM `min_tokens`: EOS and stop token ids at -inf until `min_tokens` tokens were generated);
+   vLLM v1 applies both before the penalties too.
 1. `apply_penalties`: repetition penalty (prompt + output), then frequency and presence
    penalties (output only).
 2. Greedy (`temperature == 0` or `top_k == 1`): argmax, done.
@@ -28,7 +31,10 @@ import torch.nn.functional as F
 
 from serving.sampling_params import SamplingParams
 
-__all__ = ["Sampler", "apply_penalties", "apply_temperature_and_truncation", "compute_logprobs"]
+__all__ = [
+    "Sampler", "apply_logit_bias", "apply_penalties", "apply_temperature_and_truncation", "compute_logprobs",
+    "mask_stop_tokens",
+]
 
 # Scalar (one sequence) or per-row tensor of shape [..., 1] (batched use).
 _Scalar = float | int | torch.Tensor
@@ -117,6 +123,52 @@ def _mask_min_p(logits: torch.Tensor, min_p: _Scalar) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # Public API (one sequence, logits of shape [V])
 # --------------------------------------------------------------------------------------------
+
+
+def apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Add `params.logit_bias` to one sequence's logits: x[id] + bias for each (id, bias) pair.
+
+    Args:
+        logits: Model logits, shape [V], any floating dtype. Not modified.
+        params: The request's sampling parameters.
+
+    Returns:
+        A new float32 tensor of shape [V] (an equal copy when there is no bias).
+
+    Raises:
+        TypeError, ValueError: as `apply_penalties`; ValueError names a biased id outside [0, V).
+    """
+    _check_logits(logits)
+    out = logits.to(torch.float32, copy=True)
+    if params.logit_bias:
+        ids = _ids_tensor([tid for tid, _ in params.logit_bias], out.shape[0], out.device, "logit_bias token ids")
+        out[ids] += torch.tensor([bias for _, bias in params.logit_bias], dtype=torch.float32, device=out.device)
+    return out
+
+
+def mask_stop_tokens(
+    logits: torch.Tensor, params: SamplingParams, num_output_tokens: int, eos_token_ids: Sequence[int] = ()
+) -> torch.Tensor:
+    """vLLM's `min_tokens`: while fewer than `params.min_tokens` tokens were generated, set the logits of
+    the EOS ids (unless `ignore_eos`) and of `params.stop_token_ids` to -inf.
+
+    Args:
+        logits: Logits, shape [V], any floating dtype. Not modified.
+        params: The request's sampling parameters.
+        num_output_tokens: tokens generated so far (before the one being sampled).
+        eos_token_ids: the model's end-of-sequence / end-of-turn ids.
+
+    Returns:
+        A new float32 tensor of shape [V]; ids outside [0, V) are ignored.
+    """
+    _check_logits(logits)
+    out = logits.to(torch.float32, copy=True)
+    if num_output_tokens < params.min_tokens:
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        ids = [t for t in stops if 0 <= t < out.shape[0]]
+        if ids:
+            out[torch.tensor(ids, dtype=torch.long, device=out.device)] = float("-inf")
+    return out
 
 
 def apply_penalties(
@@ -266,12 +318,16 @@ class Sampler:
         seed: The generator's effective seed (`params.seed`, or the one drawn from the global RNG).
     """
 
-    def __init__(self, params: SamplingParams, *, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, params: SamplingParams, *, eos_token_ids: Sequence[int] = (), device: torch.device | str = "cpu"
+    ) -> None:
         """Args:
         params: The request's sampling parameters.
+        eos_token_ids: The model's end-of-sequence / end-of-turn ids (masked until `min_tokens`).
         device: Device of the generator. Probabilities are moved there for the draw.
         """
         self.params = params
+        self.eos_token_ids = tuple(eos_token_ids)
         if params.seed is not None:
             self.seed = params.seed
         else:
@@ -284,7 +340,7 @@ class Sampler:
     ) -> int:
         """Choose the next token for one sequence.
 
-        penalties (`apply_penalties`) -> argmax if `params.is_greedy` (no random numbers drawn;
+        logit bias and `min_tokens` mask -> penalties (`apply_penalties`) -> argmax if `params.is_greedy` (no random numbers drawn;
         the lowest id wins a tie) -> else `apply_temperature_and_truncation` -> softmax -> one
         draw with this sampler's generator (`torch.multinomial`). A temperature so small that
         logits / temperature overflows float32 is treated as greedy.
@@ -309,7 +365,11 @@ class Sampler:
         if not bool((logits > float("-inf")).any()):
             raise ValueError("logits are -inf for every token; nothing can be sampled")
 
-        x = apply_penalties(logits, self.params, prompt_ids, output_ids)
+        x = apply_logit_bias(logits, self.params)
+        x = mask_stop_tokens(x, self.params, len(output_ids), self.eos_token_ids)
+        if not bool((x > float("-inf")).any()):
+            raise ValueError("min_tokens masked every token that was not already -inf; nothing can be sampled")
+        x = apply_penalties(x, self.params, prompt_ids, output_ids)
         if self.params.is_greedy:
             return int(torch.argmax(x))
 

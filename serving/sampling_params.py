@@ -8,8 +8,9 @@ return it verbatim as an OpenAI-style 400 error.
 Which layer consumes which field:
 
 * `serving.sampler` (per decoding step): `temperature`, `top_p`, `top_k`, `min_p`, `seed`,
-  `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logprobs`.
-* The engine / scheduler: `n`, `max_tokens`, `stop_token_ids`, `ignore_eos`.
+  `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logprobs`, `logit_bias`,
+  `min_tokens` (with `stop_token_ids` and the model's EOS ids).
+* The engine / scheduler: `n`, `max_tokens`, `min_tokens`, `stop_token_ids`, `ignore_eos`.
 * The detokenizer / output processor: `stop`, `include_stop_str_in_output`, `skip_special_tokens`.
 """
 
@@ -25,6 +26,8 @@ from serving.errors import InvalidSamplingParamsError
 # OpenAI's `seed` is a signed 64-bit integer; `torch.Generator.manual_seed` accepts that range.
 _SEED_MIN = -(2**63)
 _SEED_MAX = 2**63 - 1
+# OpenAI's range for a `logit_bias` value.
+MAX_LOGIT_BIAS = 100.0
 # vLLM's default cap on `logprobs` (`max_logprobs`), also the OpenAI chat API's `top_logprobs` cap.
 MAX_LOGPROBS = 20
 
@@ -110,6 +113,16 @@ class SamplingParams:
             (vLLM extension). Default False, matching OpenAI.
         skip_special_tokens: Omit special tokens (BOS, EOS, chat-template markers) when decoding
             token ids to text (vLLM extension). Default True.
+        min_tokens: Generate at least this many tokens before EOS or a `stop_token_ids` entry can be
+            sampled (their logits are -inf until then) or a stop string can end the sequence (vLLM
+            extension). Integer >= 0, at most `max_tokens`.
+        logit_bias: Added to the model's logit of each listed token before sampling (OpenAI
+            `logit_bias`), in logit units in [-100, 100]: -100 in effect bans a token, 100 in effect
+            forces it. A mapping token id -> bias is accepted and stored as a tuple of (id, bias)
+            pairs sorted by id; ids must be >= 0 (the sampler checks them against the vocabulary).
+        guided_json: A JSON Schema, as JSON text, that the output must follow (`response_format`),
+            or None. Consumed by the engine, which samples through `serving.guided_decoding.JsonGuide`;
+            the schema subset is `serving.guided_json`'s.
     """
 
     n: int = 1
@@ -128,6 +141,9 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())
+    guided_json: str | None = None
 
     def __post_init__(self) -> None:
         # Normalize `stop` / `stop_token_ids` (str / int / list / None -> tuple) so the object is
@@ -157,6 +173,18 @@ class SamplingParams:
                     "stop_token_ids", self.stop_token_ids, "an int or a sequence of ints"
                 ) from None
         object.__setattr__(self, "stop_token_ids", ids)
+
+        bias = self.logit_bias
+        if bias is None:
+            bias = ()
+        elif isinstance(bias, dict):
+            bias = tuple(sorted(bias.items(), key=lambda item: item[0] if _is_int(item[0]) else -1))
+        else:
+            try:
+                bias = tuple(tuple(pair) for pair in bias)
+            except TypeError:
+                raise _fail("logit_bias", self.logit_bias, "a mapping of token ids to biases") from None
+        object.__setattr__(self, "logit_bias", bias)
 
         self._validate()
 
@@ -199,6 +227,17 @@ class SamplingParams:
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             raise _fail("logprobs", self.logprobs, f"None or an integer in [0, {MAX_LOGPROBS}]")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise _fail("min_tokens", self.min_tokens, "an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise _fail("min_tokens", self.min_tokens, f"at most max_tokens ({self.max_tokens})")
+        for pair in self.logit_bias:
+            ok = len(pair) == 2 and _is_int(pair[0]) and pair[0] >= 0 and _is_number(pair[1])
+            if not ok or math.isnan(pair[1]) or not -MAX_LOGIT_BIAS <= pair[1] <= MAX_LOGIT_BIAS:
+                raise _fail("logit_bias", dict(self.logit_bias) if ok else self.logit_bias,
+                            f"a mapping of token ids >= 0 to biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        if self.guided_json is not None and not isinstance(self.guided_json, str):
+            raise _fail("guided_json", self.guided_json, "None or a JSON Schema as JSON text")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "a bool")

@@ -10,6 +10,10 @@ Each step (Yu et al. 2022, "Orca", OSDI; Kwon et al. 2023, arXiv:2309.06180):
    token budget allow.
 Prefills are chunked: at most `max_num_batched_tokens` tokens run per step, so a long prompt does not
 stall the decodes of everyone else (Agrawal et al. 2024, "Sarathi-Serve", arXiv:2403.02310).
+
+A model with sliding-window layers may have a second pool (`SlidingBlockManager`) whose blocks are
+taken one step ahead: every scheduled chunk or decode token needs room in both pools, preemption
+frees both, and a continuing prefill can preempt like a decode when the sliding pool is full.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 
 from serving.block_manager import BlockManager
 from serving.sequence import Sequence, SequenceStatus
+from serving.sliding_block_manager import SlidingBlockManager, max_blocks_per_seq
 
 
 @dataclass(frozen=True)
@@ -39,10 +44,12 @@ class SchedulerConfig:
 
 @dataclass
 class SchedulerOutput:
-    """One step's plan: (sequence, number of new tokens) in batch order, KV blocks to copy first."""
+    """One step's plan: (sequence, number of new tokens) in batch order, KV blocks to copy first
+    ((src, dst) pairs of the global pool, and of the sliding-window pool)."""
 
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    sliding_block_copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -51,9 +58,26 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+    """Continuous batching over one global KV pool and, optionally, a sliding-window pool.
+
+    Raises:
+        ValueError: a sliding pool with prefix caching on (its KV of a cached prefix may be gone), or
+            one too small for a single sequence (fewer blocks than both the global pool and
+            `max_blocks_per_seq`).
+    """
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, sliding: SlidingBlockManager | None = None):
+        if sliding is not None:
+            if block_manager.enable_prefix_caching:
+                raise ValueError("prefix caching cannot be combined with a sliding-window pool")
+            # A sequence holds no more sliding blocks than global ones, nor than `max_blocks_per_seq`.
+            needed = min(block_manager.num_blocks,
+                         max_blocks_per_seq(sliding.sliding_window, sliding.block_size, config.max_num_batched_tokens))
+            if sliding.num_blocks < needed:
+                raise ValueError(f"the sliding-window pool has {sliding.num_blocks} blocks; one sequence may need {needed}")
         self.config = config
         self.block_manager = block_manager
+        self.sliding = sliding
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -84,7 +108,7 @@ class Scheduler:
             self.running.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -97,21 +121,17 @@ class Scheduler:
         while queue and budget > 0:
             seq = queue.pop(0)
             remaining = seq.num_tokens - seq.num_computed_tokens
-            if remaining > 1:  # still prefilling
-                num_new = min(remaining, budget)
-            else:
-                while not bm.can_append(seq):
-                    victim = queue.pop() if queue else None
-                    if victim is None:
-                        break
-                    self._preempt(victim, out)
-                if not bm.can_append(seq):
-                    self._preempt(seq, out)
-                    continue
+            num_new = min(remaining, budget) if remaining > 1 else 1  # a prefill chunk, or a decode
+            while not self._can_append(seq, num_new) and queue:
+                self._preempt(queue.pop(), out)
+            if not self._can_append(seq, num_new):
+                self._preempt(seq, out)
+                continue
+            if remaining == 1:
                 copy = bm.append_slot(seq)
                 if copy is not None:
                     out.block_copies.append(copy)
-                num_new = 1
+            self._append_sliding_slots(seq, num_new, out)
             out.scheduled.append((seq, num_new))
             kept.append(seq)
             budget -= num_new
@@ -122,19 +142,38 @@ class Scheduler:
             self.waiting.sort(key=lambda s: (s.priority, s.arrival_time))
             while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 seq = self.waiting[0]
-                if not bm.can_allocate(seq):
+                num_new = min(seq.num_tokens, budget)  # no prefix-cache hit is known yet: the most it takes
+                if not bm.can_allocate(seq) or (self.sliding is not None and not self.sliding.can_append_slots(seq, num_new)):
                     break
                 self.waiting.pop(0)
                 bm.allocate(seq)
                 seq.status = SequenceStatus.RUNNING
                 num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                self._append_sliding_slots(seq, num_new, out)
                 out.scheduled.append((seq, num_new))
                 self.running.append(seq)
                 budget -= num_new
         return out
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _can_append(self, seq: Sequence, num_new: int) -> bool:
+        """Whether both pools have room for `num_new` tokens of a running sequence (1 = a decode)."""
+        if num_new == seq.num_tokens - seq.num_computed_tokens == 1 and not self.block_manager.can_append(seq):
+            return False
+        return self.sliding is None or self.sliding.can_append_slots(seq, num_new)
+
+    def _append_sliding_slots(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
+        if self.sliding is not None:
+            copy = self.sliding.append_slots(seq, num_new)
+            if copy is not None:
+                out.sliding_block_copies.append(copy)
+
+    def _free(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        if self.sliding is not None:
+            self.sliding.free(seq)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self._free(seq)
         seq.status = SequenceStatus.PREEMPTED
         if seq in self.running:
             self.running.remove(seq)

@@ -33,6 +33,9 @@ class Sequence:
         status: the scheduler state.
         block_table: physical KV block ids in logical order; block i holds positions
             [i * block_size, (i + 1) * block_size). Empty while the sequence holds no blocks.
+        sliding_block_table: the same for the sliding-window layers' own pool, when the engine has one
+            (`serving.sliding_block_manager`): it covers the positions computed or scheduled so far,
+            and entries no future query can read point to the pool's null block.
         num_cached_tokens: leading tokens whose KV came from the prefix cache at allocation
             (a multiple of the block size, always below `num_tokens`). After a preemption by
             recomputation this may include earlier output tokens.
@@ -49,6 +52,7 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
+    sliding_block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_computed_tokens: int = 0
     priority: int = 0
@@ -58,6 +62,7 @@ class Sequence:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.output_token_ids = list(self.output_token_ids)
         self.block_table = list(self.block_table)
+        self.sliding_block_table = list(self.sliding_block_table)
         if not self.prompt_token_ids:
             raise ValueError(f"sequence {self.seq_id}: the prompt must hold at least one token")
         if not 0 <= self.num_cached_tokens <= self.num_computed_tokens <= self.num_tokens:

@@ -2,8 +2,11 @@
 
 Stop strings are matched on the detokenized text, so a stop string split across two or more tokens is
 caught (the text of all output tokens is searched, starting a stop string's length before the newly
-added characters). The matched string, and the text of a stop token (EOS or `stop_token_ids`), is
-cut from the text (vLLM's `include_stop_str_in_output` keeps it).
+added characters). The text holds complete characters only (`serving.detokenizer`), so a stop string
+ending in a multi-byte character (an emoji spread over several tokens) matches once its last byte
+arrives. The matched string, and the text of a stop token (EOS or `stop_token_ids`), is cut from the
+text (vLLM's `include_stop_str_in_output` keeps it). Before `min_tokens` output tokens nothing but the
+length stops a sequence (vLLM's `StopChecker`).
 """
 
 from __future__ import annotations
@@ -15,9 +18,20 @@ from serving.sampling_params import SamplingParams
 
 @dataclass
 class StopResult:
+    """Why a sequence stopped.
+
+    Attributes:
+        finish_reason: "stop" or "length".
+        stop_reason: the stop string or stop token id that matched; None for EOS or length.
+        text: the final text for a stop string; None otherwise: the text of the kept tokens (every
+            output token, less the stop token unless `include_stop_str_in_output`).
+        keeps_last_token_text: whether the last token's text belongs to the final text.
+    """
+
     finish_reason: str
     stop_reason: int | str | None
-    text: str
+    text: str | None = None
+    keeps_last_token_text: bool = True
 
 
 def check_stop(
@@ -34,26 +48,27 @@ def check_stop(
         params: the request's sampling parameters.
         token_id: the token just generated.
         num_output_tokens: output tokens so far, including `token_id`.
-        text: the detokenized output so far.
+        text: the detokenized output so far (complete characters only).
         previous_text_len: len(text) before `token_id` was added.
         eos_token_ids: the model's end-of-sequence and end-of-turn ids.
     Returns:
-        None to continue, else the finish reason, stop reason and the final text.
+        None to continue, else a `StopResult`.
     """
     # Like vLLM (v1 `IncrementalDetokenizer.update`), a stop token's own text (EOS rendered with
     # skip_special_tokens=False, or a non-special stop_token_ids entry) is left out of the text
     # unless include_stop_str_in_output; its id stays in the token ids.
-    stop_token_text = text if params.include_stop_str_in_output else text[:previous_text_len]
-    if not params.ignore_eos and token_id in eos_token_ids:
-        return StopResult("stop", None, stop_token_text)
-    if token_id in params.stop_token_ids:
-        return StopResult("stop", token_id, stop_token_text)
-    for stop in params.stop:
-        start = max(0, previous_text_len - len(stop) + 1)
-        pos = text.find(stop, start)
-        if pos >= 0:
-            end = pos + len(stop) if params.include_stop_str_in_output else pos
-            return StopResult("stop", stop, text[:end])
+    if num_output_tokens >= params.min_tokens:
+        keep = params.include_stop_str_in_output
+        if not params.ignore_eos and token_id in eos_token_ids:
+            return StopResult("stop", None, keeps_last_token_text=keep)
+        if token_id in params.stop_token_ids:
+            return StopResult("stop", token_id, keeps_last_token_text=keep)
+        for stop in params.stop:
+            start = max(0, previous_text_len - len(stop) + 1)
+            pos = text.find(stop, start)
+            if pos >= 0:
+                end = pos + len(stop) if params.include_stop_str_in_output else pos
+                return StopResult("stop", stop, text[:end])
     if params.max_tokens is not None and num_output_tokens >= params.max_tokens:
-        return StopResult("length", None, text)
+        return StopResult("length", None)
     return None

@@ -1,24 +1,30 @@
 """OpenAI request schemas (Chat Completions and legacy Completions) and the error object.
 
 Field names, defaults and ranges follow the OpenAI API reference; vLLM's extra sampling fields
-(`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`) are accepted too.
+(`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `min_tokens`) are accepted
+too. Types are strict (pydantic strict mode): "n": "2" or "max_tokens": 5.0 is a 400 naming the field,
+as with OpenAI; a float field still takes an integer.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from serving.sampling_params import MAX_LOGIT_BIAS
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str
     temperature: float | None = Field(None, ge=0, le=2)
@@ -38,6 +44,19 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(0, ge=0)
+    # OpenAI: token id (a string, JSON keys being strings) -> bias added to its logit, in [-100, 100].
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids_and_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"keys must be token ids (decimal strings), got {key!r}")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise ValueError(f"bias of token {key} must be in [-100, 100], got {value}")
+        return bias
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -47,6 +66,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
 
@@ -56,6 +76,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
 
 
 class ErrorBody(BaseModel):
@@ -72,27 +93,6 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
-
-
-def _token_logprob(tokenizer, token_id: int, logprob: float) -> dict:
-    text = tokenizer.decode([token_id], skip_special_tokens=False)
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-
-def chat_logprobs(token_ids: list[int], entries: list[dict], tokenizer, top_k: int) -> dict:
-    """Chat `choices[].logprobs`: for each generated token its logprob and the `top_k` most likely tokens.
-
-    Args:
-        token_ids: the generated ids.
-        entries: per token, {token id: Logprob} holding the chosen token and the top-k (engine output).
-    """
-    content = []
-    for token_id, entry in zip(token_ids, entries):
-        top = sorted((lp.rank, tid, lp.logprob) for tid, lp in entry.items() if lp.rank is not None and lp.rank <= top_k)
-        item = _token_logprob(tokenizer, token_id, entry[token_id].logprob)
-        item["top_logprobs"] = [_token_logprob(tokenizer, tid, lp) for _, tid, lp in top]
-        content.append(item)
-    return {"content": content}
 
 
 class ValidationProblem(Exception):

@@ -8,12 +8,15 @@ character) is held back too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, chat_logprobs, usage
+from serving.api.chat_tools import ToolStream, prepare_chat, tool_message
+from serving.api.logprobs import TextOffsets, chat_logprobs, completion_logprobs
+from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, usage
 from serving.errors import ContextLengthError
 from serving.model_loader import LoadedModel
 from serving.outputs import RequestOutput
@@ -33,6 +36,8 @@ class RequestPlan:
     include_usage: bool
     top_logprobs: int | None
     echo: bool = False
+    tools: list[dict] | None = None  # chat: the offered tools whose calls are parsed from the output
+    parallel_tool_calls: bool = True
     response_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -51,7 +56,8 @@ def _sampling(body, max_tokens: int, stop: tuple[str, ...], logprobs: int | None
         top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
         seed=body.seed, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty or 1.0, stop=stop, stop_token_ids=tuple(body.stop_token_ids or ()),
-        ignore_eos=body.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,
+        ignore_eos=body.ignore_eos, max_tokens=max_tokens, logprobs=logprobs, min_tokens=body.min_tokens,
+        logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
     )
 
 
@@ -81,27 +87,29 @@ def _max_tokens(requested: int | None, prompt_lens: list[int], ctx: int, default
 
 def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
     """Validate a chat request and render its messages with the model's chat format."""
-    if body.tools and body.tool_choice != "none":
-        raise ValidationProblem("tools are not supported by the standalone engine server; send tool calls through the gateway (`link serve`)", param="tools")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise ValidationProblem("response_format other than 'text' is not supported by the standalone engine server", param="response_format")
+    setup = prepare_chat(body)  # tools rendered into the messages (serving/toolcalls.py); response_format schema
     if body.top_logprobs is not None and not body.logprobs:
         raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")
     fmt = lm.chat_format
-    prompt = fmt.render(body.messages)
+    prompt = fmt.render(setup.messages)
     ids = lm.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_tokens = _max_tokens(requested, [len(ids)], max_model_len, None)
     stops = _stops(body) + tuple(s for s in fmt.stop if s not in (body.stop or ()))
     top = (body.top_logprobs or 0) if body.logprobs else None
-    return RequestPlan("chat", body.model, _sampling(body, max_tokens, stops, top), [ids], [prompt], body.stream,
-                       bool(body.stream_options and body.stream_options.include_usage), top)
+    params = dataclasses.replace(_sampling(body, max_tokens, stops, top), guided_json=setup.guided_json)
+    return RequestPlan("chat", body.model, params, [ids], [prompt], body.stream,
+                       bool(body.stream_options and body.stream_options.include_usage), top,
+                       tools=setup.tools, parallel_tool_calls=setup.parallel)
 
 
 def plan_completion(body: CompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
     """Validate a completion request; its prompt may be text, ids, or a list of either."""
     if body.suffix:
         raise ValidationProblem("suffix is not supported", param="suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise ValidationProblem(f"best_of (here {body.best_of}) is not supported by the standalone engine server "
+                                f"unless it equals n ({body.n}); request n samples instead", param="best_of")
     p = body.prompt
     if isinstance(p, str):
         texts, prompts = [p], [lm.tokenizer.encode(p)]
@@ -125,27 +133,18 @@ def plan_completion(body: CompletionRequest, lm: LoadedModel, max_model_len: int
                        body.stream, bool(body.stream_options and body.stream_options.include_usage), body.logprobs, echo=body.echo)
 
 
-def _completion_logprobs(token_ids, entries, tokenizer, k: int, offset: int) -> dict:
-    tokens, token_logprobs, top, offsets = [], [], [], []
-    for tid, entry in zip(token_ids, entries):
-        text = tokenizer.decode([tid], skip_special_tokens=False)
-        tokens.append(text)
-        token_logprobs.append(entry[tid].logprob)
-        top.append({tokenizer.decode([t], skip_special_tokens=False): lp.logprob for t, lp in entry.items() if lp.rank and lp.rank <= k})
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
-
-
 def _choice(plan: RequestPlan, state, prompt_index: int, completion, text: str, token_ids, entries, finish) -> dict:
     index = prompt_index * plan.params.n + completion.index
     if plan.kind == "chat":
         logprobs = chat_logprobs(token_ids, entries, state.loaded.tokenizer, plan.top_logprobs) if entries is not None else None
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}
+        message, finish = tool_message(text, finish, plan.tools, plan.parallel_tool_calls)
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     prefix = plan.prompt_texts[prompt_index] if plan.echo else ""
     logprobs = None
     if entries is not None:
-        logprobs = _completion_logprobs(token_ids, entries, state.loaded.tokenizer, plan.top_logprobs, len(prefix))
+        tokenizer = state.loaded.tokenizer
+        offsets = TextOffsets(tokenizer, plan.params.skip_special_tokens, len(prefix)).extend(token_ids)
+        logprobs = completion_logprobs(token_ids, entries, tokenizer, plan.top_logprobs, offsets)
     return {"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": finish}
 
 
@@ -211,8 +210,10 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
     holdback = max((len(s) for s in plan.params.stop), default=1) - 1
     sent_text: dict[int, int] = {}
     sent_tokens: dict[int, int] = {}
+    text_offsets: dict[int, TextOffsets] = {}  # completions logprobs: per choice, offsets of the tokens sent
     start = time.monotonic()
     completion_tokens = 0
+    tool_stream = ToolStream(plan.tools, plan.parallel_tool_calls) if plan.tools is not None else None
 
     def chunk(choices: list[dict]) -> dict:
         body = {"id": plan.id, "object": chunk_object, "created": plan.created, "model": plan.model, "choices": choices}
@@ -224,7 +225,7 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
         yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
                      for i in range(len(plan.prompts) * plan.params.n)])
     async for prompt_index, output in _merge(streams):
-        choices = []
+        choices, tool_chunks = [], []
         for c in output.outputs:
             index = prompt_index * plan.params.n + c.index
             done_text, done_tokens = sent_text.get(index, 0), sent_tokens.get(index, 0)
@@ -233,6 +234,8 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
             safe = len(c.text) if c.finish_reason else max(done_text, len(c.text) - holdback)
             while not c.finish_reason and safe > done_text and c.text[safe - 1] == "\ufffd":
                 safe -= 1
+            if tool_stream is not None and not c.finish_reason:
+                safe = min(safe, tool_stream.safe_length(c.text, done_text))
             delta = c.text[done_text:safe]
             new_ids = c.token_ids[done_tokens:]
             if not delta and not c.finish_reason:
@@ -240,12 +243,23 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
             entries = c.logprobs[done_tokens:] if c.logprobs is not None else None
             if plan.kind == "chat":
                 logprobs = chat_logprobs(new_ids, entries, state.loaded.tokenizer, plan.top_logprobs) if entries is not None else None
-                choices.append({"index": index, "delta": {"content": delta} if delta else {}, "logprobs": logprobs, "finish_reason": c.finish_reason})
+                if tool_stream is not None and c.finish_reason:  # the rest of the content, then the calls
+                    deltas, finish = tool_stream.final_deltas(c.text, done_text, c.finish_reason)
+                    tool_chunks += [{"index": index, "delta": d, "logprobs": logprobs if i == 0 else None, "finish_reason": None}
+                                    for i, d in enumerate(deltas[:-1])]
+                    choices.append({"index": index, "delta": deltas[-1], "logprobs": logprobs if len(deltas) == 1 else None,
+                                    "finish_reason": finish})
+                else:
+                    choices.append({"index": index, "delta": {"content": delta} if delta else {}, "logprobs": logprobs, "finish_reason": c.finish_reason})
             else:
                 prefix = plan.prompt_texts[prompt_index] if plan.echo and done_tokens == 0 else ""
                 logprobs = None
                 if entries is not None:
-                    logprobs = _completion_logprobs(new_ids, entries, state.loaded.tokenizer, plan.top_logprobs, done_text)
+                    if index not in text_offsets:
+                        start = len(plan.prompt_texts[prompt_index]) if plan.echo else 0
+                        text_offsets[index] = TextOffsets(state.loaded.tokenizer, plan.params.skip_special_tokens, start)
+                    offsets = text_offsets[index].extend(c.token_ids)
+                    logprobs = completion_logprobs(new_ids, entries, state.loaded.tokenizer, plan.top_logprobs, offsets)
                 choices.append({"index": index, "text": prefix + delta, "logprobs": logprobs, "finish_reason": c.finish_reason})
             sent_tokens[index] = len(c.token_ids)
             sent_text[index] = -1 if c.finish_reason else safe
@@ -253,6 +267,8 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
                 completion_tokens += len(c.token_ids)
         if output.finished:
             state.metrics.observe_finished(output, time.monotonic() - start)
+        for tool_chunk in tool_chunks:
+            yield chunk([tool_chunk])
         if choices:
             yield chunk(choices)
     if plan.include_usage:

@@ -1,13 +1,16 @@
 """The OpenAI-compatible server of one engine: `link engine serve --model NAME --port P`.
 
 Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events,
-`stream_options.include_usage` adding a final usage chunk), GET /v1/models, /health and /metrics
-(Prometheus). Errors are OpenAI error objects with a 4xx status; a bad request never disturbs the
-others. Several such servers, each with its own engine, are how the platform scales past one process.
+`stream_options.include_usage` adding a final usage chunk), GET /v1/models, /v1/models/{id}, /health
+and /metrics (Prometheus). Every error, unknown routes and wrong methods included, is an OpenAI error
+object with a 4xx status; a bad request never disturbs the others. A client that disconnects, streamed
+or not, aborts its engine requests, which free their KV blocks before the next engine step. Several
+such servers, each with its own engine, are how the platform scales past one process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -17,6 +20,7 @@ from typing import Annotated, AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.api.metrics import EngineMetrics
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, error_body
@@ -69,6 +73,18 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
     async def _problem(request: Request, exc: ValidationProblem):
         return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status_code)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own 4xx (unknown route, wrong method, a body it cannot read) as OpenAI error objects.
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        if exc.status_code == 404:
+            message = f"Unknown route {request.method} {request.url.path}."
+        elif exc.status_code == 405:
+            message = f"Method {request.method} is not allowed on {request.url.path}."
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(message, type_), status_code=exc.status_code, headers=exc.headers)
+
     @app.exception_handler(ServingError)
     async def _serving(request: Request, exc: ServingError):
         code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
@@ -82,10 +98,12 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
 
     @app.get("/v1/models")
     async def models(state: State):
-        return {"object": "list", "data": [{
-            "id": state.name, "object": "model", "created": state.created, "owned_by": "togetherlink",
-            "max_model_len": state.engine.engine.max_model_len,
-        }]}
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str, state: State):
+        _check_model(model_id, state)
+        return _model_card(state)
 
     @app.get("/metrics")
     async def metrics(state: State):
@@ -95,16 +113,21 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, state: State):
+    async def chat_completions(body: ChatCompletionRequest, state: State, request: Request):
         _check_model(body.model, state)
-        return await _serve(plan_chat(body, state.loaded, state.engine.engine.max_model_len), state)
+        return await _serve(plan_chat(body, state.loaded, state.engine.engine.max_model_len), state, request)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, state: State):
+    async def completions(body: CompletionRequest, state: State, request: Request):
         _check_model(body.model, state)
-        return await _serve(plan_completion(body, state.loaded, state.engine.engine.max_model_len), state)
+        return await _serve(plan_completion(body, state.loaded, state.engine.engine.max_model_len), state, request)
 
     return app
+
+
+def _model_card(state: EngineState) -> dict:
+    return {"id": state.name, "object": "model", "created": state.created, "owned_by": "togetherlink",
+            "max_model_len": state.engine.engine.max_model_len}
 
 
 def _check_model(name: str, state: EngineState) -> None:
@@ -113,15 +136,38 @@ def _check_model(name: str, state: EngineState) -> None:
                                 param="model", status_code=404, code="model_not_found", type_="not_found_error")
 
 
-async def _serve(plan: RequestPlan, state: EngineState):
+async def _serve(plan: RequestPlan, state: EngineState, request: Request):
     engine = state.engine
+    vocab = state.loaded.config.vocab_size
+    out_of_vocab = [tid for tid, _ in plan.params.logit_bias if tid >= vocab]
+    if out_of_vocab:
+        raise ValidationProblem(f"logit_bias token ids must be in [0, {vocab}); got {out_of_vocab[:5]}", param="logit_bias")
     for prompt_ids in plan.prompts:
         engine.engine.check_request(prompt_ids, plan.params)  # 400 before anything streams
     base_id = uuid.uuid4().hex
     streams = [engine.generate(f"{base_id}-{i}", ids, plan.params, priority=0) for i, ids in enumerate(plan.prompts)]
-    if plan.stream:
+    if plan.stream:  # Starlette stops iterating when the client leaves, which aborts the requests
         return StreamingResponse(_sse(stream_events(plan, streams, state)), media_type="text/event-stream")
-    return JSONResponse(await whole_response(plan, streams, state))
+    work = asyncio.ensure_future(whole_response(plan, streams, state))
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            # The client left (or this handler was cancelled): cancelling `work` closes each stream,
+            # and `AsyncLLMEngine.generate` aborts its request on the way out.
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled():
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    return JSONResponse(work.result())
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone: the body is already read, so the next ASGI message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:

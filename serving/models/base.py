@@ -34,10 +34,16 @@ class CausalLM(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
 
-    def allocate_cache(self, num_blocks: int, block_size: int) -> PagedKVCache:
-        """A zeroed paged KV cache of `num_blocks` blocks of `block_size` tokens, in the model dtype."""
+    def allocate_cache(self, num_blocks: int, block_size: int, num_sliding_blocks: int = 0) -> PagedKVCache:
+        """A zeroed paged KV cache of `num_blocks` blocks of `block_size` tokens, in the model dtype.
+
+        With `num_sliding_blocks` > 0 the sliding-window layers get their own pool of that many blocks
+        (`serving.sliding_block_manager`); with 0 every layer uses the one pool.
+        """
         cfg = self.config
-        return PagedKVCache.allocate(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim, self.embed_tokens.weight.dtype)
+        sliding = frozenset(i for i in range(cfg.num_layers) if cfg.is_sliding(i)) if num_sliding_blocks else frozenset()
+        return PagedKVCache.allocate(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                                     self.embed_tokens.weight.dtype, sliding, num_sliding_blocks)
 
     def forward(self, token_ids: torch.Tensor, batch: BatchMetadata, cache: PagedKVCache) -> torch.Tensor:
         """Run the batch's new tokens. token_ids: [N] int64. Returns final hidden states [N, E]."""

@@ -54,20 +54,26 @@ class Attention(nn.Module):
         """x: [N, E] hidden states of the batch's new tokens. Returns [N, E]."""
         num_tokens = x.shape[0]
         qkv = dispatch("linear", x, self.qkv_proj)
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q = dispatch("rotary", q, cos, sin)
-        k = dispatch("rotary", k, cos, sin)
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:  # q and k are adjacent in qkv: rotate them in one call
+            qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)
+            qk = dispatch("rotary", qk, cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        else:
+            q, k, _ = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+            q, k = dispatch("rotary", q, cos, sin), dispatch("rotary", k, cos, sin)
         # Every new token's K/V is written before any is read, so a sequence that shares a block
         # another sequence fills in this same step reads it complete.
-        cache.write(self.layer, batch.slot_mapping, k, v)
+        # A sliding-window layer with its own pool (only where the cache has one) uses that pool's slots
+        # and block tables, whose released entries lie outside every query's window.
+        sliding = cache.is_sliding(self.layer)
+        cache.write(self.layer, batch.sliding_slot_mapping if sliding else batch.slot_mapping, k, v)
         out = dispatch(
-            "paged_attention", q, cache.keys[self.layer], cache.values[self.layer], batch.block_tables,
+            "paged_attention", q, cache.keys[self.layer], cache.values[self.layer],
+            batch.sliding_block_tables if sliding else batch.block_tables,
             batch.seq_lens, batch.query_lens, scale=self.scale, sliding_window=self.sliding_window,
         )
         return dispatch("linear", out.reshape(num_tokens, self.q_size), self.o_proj)

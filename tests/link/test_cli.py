@@ -35,6 +35,13 @@ def test_unknown_model_is_a_clear_error():
     assert "unknown model 'gpt-17'" in result.output and "smollm2-135m-instruct" in result.output
 
 
+def test_engine_serve_unknown_model_is_a_clear_error():
+    result = runner.invoke(app, ["engine", "serve", "--model", "nope"])
+    assert result.exit_code == 2
+    assert "unknown model 'nope'; available: gemma-3-270m, smollm2-135m-instruct" in result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_engine_serve_starts_an_openai_server():
     import socket
     import subprocess

@@ -1,0 +1,131 @@
+"""Fast CPU implementations in plain PyTorch, installed over the references by default.
+
+The references in `ref.py` spell each formula out (grouped-query attention by repeating K/V heads,
+einsums over a padded gather); they are the ground truth for parity tests. The variants here compute
+the same values through `torch.nn.functional.scaled_dot_product_attention` (SDPA), whose CPU kernel
+handles grouped-query attention (`enable_gqa`, no K/V copy per query head) and fuses the softmax:
+about 10x faster than the reference for a batch of 16 decode tokens over 100-600 cached tokens.
+
+Parity against the references: `tests/kernels/test_cpu.py`. Timing: `benchmarks/bench_attention.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """Boolean mask of keys each query may attend to: causal, and within W positions when windowed."""
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask = mask & (q_pos - k_pos < sliding_window)
+    return mask
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    q_start: int,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Same contract as `ref.ref_attention`: q [T, H, D], k/v [S, K, D] -> [T, H, D].
+
+    Causal attention of T new queries (absolute positions q_start ... q_start + T - 1) over S keys, with
+    an optional sliding window W; H must be a multiple of K (grouped-query attention).
+    """
+    num_tokens, num_keys = q.shape[0], k.shape[0]
+    q_pos = torch.arange(q_start, q_start + num_tokens)[:, None]
+    mask = _visible(q_pos, torch.arange(num_keys)[None, :], sliding_window)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.transpose(0, 1)
+
+
+def sdpa_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: list[int],
+    query_lens: list[int],
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Same contract as `ref.ref_paged_attention` (PagedAttention, Kwon et al. 2023, arXiv:2309.06180).
+
+    Decode rows (query length 1) run as one SDPA call over keys gathered into [B, K, L, D] (L = the
+    longest sequence rounded up to a block) with a length mask; a sliding-window layer gathers only the
+    blocks that can still be inside the window. Prefill chunks run one sequence at a time.
+
+    Args:
+        q: [N, H, D]; k_cache, v_cache: [num_blocks, block_size, K, D]; block_tables: [B, max_blocks]
+        int64; seq_lens, query_lens: B ints. Returns [N, H, D].
+    """
+    decode = [b for b, n in enumerate(query_lens) if n == 1]
+    if len(decode) == len(query_lens):
+        return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window)
+    out = torch.empty_like(q)
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    if decode:
+        rows = torch.tensor([starts[b] for b in decode])
+        out[rows] = _decode(q[rows], k_cache, v_cache, block_tables[decode], [seq_lens[b] for b in decode], scale, sliding_window)
+    block_size = k_cache.shape[1]
+    for b, n in enumerate(query_lens):
+        if n == 1:
+            continue
+        first = 0 if sliding_window is None else max(0, seq_lens[b] - n - sliding_window + 1) // block_size
+        table = block_tables[b, first : -(-seq_lens[b] // block_size)]
+        k = k_cache[table].flatten(0, 1)[: seq_lens[b] - first * block_size]
+        v = v_cache[table].flatten(0, 1)[: seq_lens[b] - first * block_size]
+        out[starts[b] : starts[b + 1]] = sdpa_attention(
+            q[starts[b] : starts[b + 1]], k, v, scale=scale, q_start=seq_lens[b] - n - first * block_size,
+            sliding_window=sliding_window,
+        )
+    return out
+
+
+def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window):
+    """One new token per sequence: q [B, H, D] -> [B, H, D]."""
+    block_size = k_cache.shape[1]
+    if len(seq_lens) == 1:  # one sequence: slice its visible keys, no mask
+        length = seq_lens[0]
+        start = 0 if sliding_window is None else max(0, length - sliding_window)
+        table = block_tables[0, start // block_size : -(-length // block_size)]
+        offset = start - start // block_size * block_size
+        k = k_cache[table].flatten(0, 1)[offset : offset + length - start].transpose(0, 1)  # [K, S, D]
+        v = v_cache[table].flatten(0, 1)[offset : offset + length - start].transpose(0, 1)
+        return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, scale=scale, enable_gqa=True).transpose(0, 1)
+    lens = torch.tensor(seq_lens)
+    last_block = -(-max(seq_lens) // block_size)
+    first_block = 0
+    if sliding_window is not None:  # blocks wholly before every sequence's window are never read
+        first_block = max(0, min(seq_lens) - sliding_window) // block_size
+    table = block_tables[:, first_block:last_block]
+    k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, K, L, D]
+    v = v_cache[table].flatten(1, 2).transpose(1, 2)
+    k_pos = torch.arange(first_block * block_size, last_block * block_size)[None, :]
+    mask = _visible((lens - 1)[:, None], k_pos, sliding_window)  # [B, L]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True)
+    return out[:, :, 0, :]
+
+
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 0.0) -> torch.Tensor:
+    """Same contract as `ref.ref_rms_norm` (x [..., E], weight [E]), through `torch.rms_norm`.
+
+    float32 Llama norms are one fused call; otherwise the statistics are taken in float32 as in the
+    reference, and the weight is applied after the cast back (Llama) or before it (Gemma's offset).
+    """
+    size = (x.shape[-1],)
+    if offset:
+        return torch.rms_norm(x.float(), size, offset + weight.float(), eps).to(x.dtype)
+    if x.dtype == torch.float32:
+        return torch.rms_norm(x, size, weight, eps)
+    return torch.rms_norm(x.float(), size, None, eps).to(x.dtype) * weight

@@ -1,0 +1,75 @@
+"""The gateway: one OpenAI-compatible API over local and provider models (`link serve` runs it).
+
+    app = create_app()                                  # Settings from LINK_* variables, config from LINK_CONFIG
+    app = create_app(get_settings(database_url=...), load_config(Path("link.yaml")))
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+The lifespan builds everything (link/state.py): the database engine (migrated to the newest schema),
+the request-log writer, the rate limiter, the budget ledger, the local engine pool and one deployment
+pool per model name with its health checks; shutdown closes them all and drains the log writer.
+Routes: link/routes/ (openai: /v1/*, policies: /api/policies, requests: /api/requests, system:
+/health and /metrics). Every error is an OpenAI error object.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from link.config import LinkConfig, load_config
+from link.routes import openai, policies, requests, system
+from link.schemas import OpenAIError, error_body
+from link.settings import Settings, get_settings
+from link.state import close_gateway, open_gateway
+
+
+def create_app(settings: Settings | None = None, config: LinkConfig | None = None) -> FastAPI:
+    """Build the gateway app; nothing starts until the ASGI server runs its lifespan.
+
+    Args:
+        settings: process settings (default: `get_settings()`, i.e. the LINK_* environment).
+        config: models and policies (default: `load_config(settings.config)`; the embedded default without one).
+    Raises:
+        pydantic.ValidationError: invalid LINK_* settings. link.config.ConfigError: an invalid config file.
+    """
+    settings = settings or get_settings()
+    config = config or load_config(settings.config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.gateway = await open_gateway(settings, config)
+        try:
+            yield
+        finally:
+            await close_gateway(app.state.gateway)
+
+    app = FastAPI(title="TogetherLink gateway", lifespan=lifespan)
+    for module in (openai, policies, requests, system):
+        app.include_router(module.router)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError):
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers or None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ())]
+        param = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path") else loc) or None
+        return JSONResponse(error_body(f"{param or 'body'}: {first.get('msg', 'invalid request')}", param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            message, type_ = f"Unknown route {request.method} {request.url.path}.", "not_found_error"
+        elif exc.status_code == 405:
+            message, type_ = f"Method {request.method} is not allowed on {request.url.path}.", "invalid_request_error"
+        else:
+            message, type_ = str(exc.detail), "invalid_request_error"
+        return JSONResponse(error_body(message, type_), status_code=exc.status_code, headers=exc.headers)
+
+    return app

@@ -1,0 +1,99 @@
+"""Who is calling: `Authorization: Bearer <key>` checked against the master key and the stored API keys.
+
+The master key (`LINK_MASTER_KEY`) always works and is the admin (management API). Stored keys
+(`link keys create`) are checked by their sha256; a verified key is remembered for `ttl_s` seconds
+(so a revocation takes effect within that time in every gateway).
+
+Open mode, for trying the gateway out: when `LINK_ENVIRONMENT=development` (the default), no master key
+is set and the database holds no API key at all, every request is let in as the anonymous admin,
+whatever key it sends (the `openai` client insists on one). Creating the first key, or setting a master
+key, ends open mode; in production it never applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from sqlalchemy import Engine, select
+from sqlmodel import Session
+
+from link.db.models import ApiKey
+from link.keys import KeyIdentity, hash_key, verify_key
+from link.schemas import OpenAIError
+from link.settings import Settings
+
+ANONYMOUS = KeyIdentity(key_id=None, name="anonymous")
+
+
+def unauthorized(message: str) -> OpenAIError:
+    return OpenAIError(401, message, type_="authentication_error", code="invalid_api_key", log_status="unauthorized")
+
+
+class Authenticator:
+    """Maps an Authorization header to a `KeyIdentity`.
+
+    Args:
+        engine: the database holding the API keys.
+        settings: master key and environment.
+        ttl_s: seconds a verified key (and the open-mode check) is cached.
+    """
+
+    def __init__(self, engine: Engine, settings: Settings, *, ttl_s: float = 2.0):
+        self.engine, self.settings, self.ttl_s = engine, settings, ttl_s
+        self._cache: dict[str, tuple[KeyIdentity, float]] = {}
+        self._open_until = 0.0
+
+    def _is_open(self) -> bool:
+        with Session(self.engine) as session:
+            return session.exec(select(ApiKey.id).limit(1)).first() is None
+
+    async def is_open_mode(self) -> bool:
+        """True in development with no master key and no stored key (cached for `ttl_s`)."""
+        if self.settings.is_production or self.settings.master_key is not None:
+            return False
+        now = time.monotonic()
+        if now < self._open_until:
+            return True
+        if await asyncio.to_thread(self._is_open):
+            self._open_until = now + self.ttl_s
+            return True
+        return False
+
+    async def identify(self, authorization: str | None) -> KeyIdentity:
+        """The caller's identity.
+
+        Raises:
+            OpenAIError: 401 (`invalid_api_key`) for a missing, unknown or revoked key outside open mode.
+        """
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        if token:
+            digest = hash_key(token)
+            cached = self._cache.get(digest)
+            if cached is not None and cached[1] > time.monotonic():
+                return cached[0]
+            identity = await asyncio.to_thread(self._verify, token)
+            if identity is not None:
+                if len(self._cache) > 10_000:
+                    self._cache.clear()
+                self._cache[digest] = (identity, time.monotonic() + self.ttl_s)
+                return identity
+        if await self.is_open_mode():
+            return ANONYMOUS
+        if not token:
+            raise unauthorized("You didn't provide an API key: send `Authorization: Bearer <key>` "
+                               "(create one with `link keys create NAME`, or use the master key).")
+        raise unauthorized("Incorrect API key provided (unknown or revoked).")
+
+    def _verify(self, token: str) -> KeyIdentity | None:
+        with Session(self.engine) as session:
+            return verify_key(session, token, self.settings.master_key)
+
+    async def require_admin(self, authorization: str | None) -> KeyIdentity:
+        """The caller, who must hold the master key (or be in open mode). Raises OpenAIError 401/403."""
+        identity = await self.identify(authorization)
+        if not identity.is_master:
+            raise OpenAIError(403, "This route needs the master key (LINK_MASTER_KEY).", type_="permission_error",
+                              code="master_key_required", log_status="unauthorized")
+        return identity

@@ -1,0 +1,200 @@
+"""`LocalBackend`: our engine in-process, and `EnginePool`, which owns one engine per local model.
+
+The pool loads a model on its first request (in a worker thread, so the event loop keeps serving),
+starts one `AsyncLLMEngine` for it and shares it between every deployment naming the same model. The
+request path is the standalone server's (`serving/api/responses.py`: `plan_chat`/`plan_completion`,
+`whole_response`, `stream_events`), so a local answer through the gateway equals `link engine serve`'s.
+The first-chunk and whole-request timeouts start once the model is loaded.
+
+    pool = EnginePool()                       # owned by the app; `await pool.aclose()` in its lifespan
+    backend = make_backend(deployment, engine_pool=pool)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from typing import AsyncIterator
+
+from pydantic import ValidationError
+
+from link.backends.base import Backend, BackendError, BackendUnavailable, Endpoint, guard_stream, with_timeout
+from link.config import ModelDeployment
+from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem
+from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
+from serving.errors import ContextLengthError, ServingError
+from serving.registry import ModelRegistry, ModelSpec, default_registry
+
+# A local file's context when the config gives none: large, so the file's own value caps it.
+_UNCAPPED_CONTEXT = 1 << 20
+
+
+class EnginePool:
+    """Local model name (or file path) -> a loaded model and its running `AsyncLLMEngine`, created on first use.
+
+    Args:
+        registry: where registry names resolve (default: `serving.registry.default_registry()`).
+        dtype: weights dtype, "float32" or "bfloat16".
+        engine_config: `serving.llm_engine.EngineConfig` for every engine (default: its defaults).
+    """
+
+    def __init__(self, registry: ModelRegistry | None = None, *, dtype: str = "float32", engine_config=None):
+        self.registry = registry or default_registry()
+        self.dtype = dtype
+        self.engine_config = engine_config
+        self._states: dict[str, object] = {}  # key -> serving.api.server.EngineState
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.load_errors: dict[str, str] = {}
+
+    def spec_for(self, deployment: ModelDeployment) -> ModelSpec:
+        """The `ModelSpec` of a local deployment, its `context_length` applied as a cap.
+
+        Raises:
+            UnknownModelError: `local` is neither a registry name nor a file path.
+        """
+        if deployment.is_local_path:
+            spec = ModelSpec(name=deployment.name, source=deployment.local, architecture=deployment.architecture,
+                             chat_format=deployment.chat_format or "template",
+                             context_length=deployment.context_length or _UNCAPPED_CONTEXT)
+        else:
+            spec = self.registry.get(deployment.local)
+        if deployment.context_length and deployment.context_length < spec.context_length:
+            spec = dataclasses.replace(spec, context_length=deployment.context_length)
+        return spec
+
+    def add_loaded(self, key: str, loaded) -> None:
+        """Serve an already loaded model (`serving.model_loader.LoadedModel`) under `key` (a `local` value)."""
+        self._states[key] = self._make_state(key, loaded)
+
+    def _make_state(self, key: str, loaded):
+        from serving.api.server import EngineState
+        from serving.async_engine import AsyncLLMEngine
+        from serving.llm_engine import EngineConfig, LLMEngine
+
+        return EngineState(key, loaded, AsyncLLMEngine(LLMEngine(loaded, self.engine_config or EngineConfig())))
+
+    async def get(self, deployment: ModelDeployment):
+        """The running engine state of a local deployment, loading the model on first use.
+
+        Raises:
+            BackendError: the model cannot be loaded (unknown name, missing or corrupt file); status 500.
+        """
+        key = deployment.local
+        state = self._states.get(key)
+        if state is None:
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                state = self._states.get(key)
+                if state is None:
+                    state = await self._load(key, deployment)
+        state.engine.start()
+        return state
+
+    async def _load(self, key: str, deployment: ModelDeployment):
+        from serving.model_loader import load_model
+
+        try:
+            loaded = await asyncio.to_thread(load_model, self.spec_for(deployment), self.dtype)
+        except ServingError as exc:
+            self.load_errors[key] = str(exc)
+            raise BackendError(f"{deployment.name}: cannot load local model {key!r}: {exc}", status_code=500,
+                               retryable=True, code="model_load_failed") from exc
+        self.load_errors.pop(key, None)
+        state = self._states[key] = self._make_state(key, loaded)
+        return state
+
+    def is_healthy(self, key: str) -> bool:
+        """False when the model failed to load or its engine loop died; True when loaded and fine, or not loaded yet."""
+        state = self._states.get(key)
+        if state is None:
+            return key not in self.load_errors
+        return state.engine.errored is None
+
+    async def aclose(self) -> None:
+        """Stop every engine loop."""
+        for state in self._states.values():
+            await state.engine.shutdown()
+
+
+def _problem(exc: Exception, name: str) -> BackendError:
+    """A request the engine refuses -> a 4xx BackendError carrying an OpenAI error object."""
+    if isinstance(exc, ValidationProblem):
+        error = {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}
+        return BackendError(exc.message, status_code=exc.status_code, code=exc.code, error=error)
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
+        return BackendError(message, status_code=400, error={"message": message, "type": "invalid_request_error", "param": param, "code": None})
+    code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+    return BackendError(str(exc), status_code=400, code=code,
+                        error={"message": str(exc), "type": "invalid_request_error", "param": "messages", "code": code})
+
+
+async def _close(streams: list) -> None:
+    """Close engine streams now, which aborts unfinished requests and frees their KV blocks."""
+    for s in streams:
+        try:
+            await s.aclose()
+        except RuntimeError:  # still being iterated by a task that is being cancelled; it aborts on its own
+            pass
+
+
+class LocalBackend(Backend):
+    """A local model served by the shared `EnginePool` (kind "local")."""
+
+    needs = ("engine_pool",)
+
+    def __init__(self, deployment: ModelDeployment, engine_pool: EnginePool):
+        super().__init__(deployment)
+        self.pool = engine_pool
+
+    async def _start(self, endpoint: Endpoint, body: dict):
+        """Load the model if needed, plan the request and queue it: (plan, engine streams, state)."""
+        state = await self.pool.get(self.deployment)
+        engine = state.engine
+        try:
+            if endpoint == "chat":
+                plan: RequestPlan = plan_chat(ChatCompletionRequest.model_validate(body), state.loaded, engine.engine.max_model_len)
+            else:
+                plan = plan_completion(CompletionRequest.model_validate(body), state.loaded, engine.engine.max_model_len)
+            vocab = state.loaded.config.vocab_size  # as serving/api/server.py checks it, for equal 400s
+            out_of_vocab = [tid for tid, _ in plan.params.logit_bias if tid >= vocab]
+            if out_of_vocab:
+                raise ValidationProblem(f"logit_bias token ids must be in [0, {vocab}); got {out_of_vocab[:5]}", param="logit_bias")
+            for ids in plan.prompts:
+                engine.engine.check_request(ids, plan.params)
+        except (ValidationProblem, ValidationError, ServingError) as exc:
+            raise _problem(exc, self.deployment.name) from exc
+        if engine.errored is not None:
+            raise BackendUnavailable(f"{self.deployment.name}: the engine loop failed: {engine.errored}")
+        base_id = uuid.uuid4().hex
+        streams = [engine.generate(f"{base_id}-{i}", ids, plan.params) for i, ids in enumerate(plan.prompts)]
+        return plan, streams, state
+
+    async def complete(self, endpoint: Endpoint, body: dict) -> dict:
+        """The whole response, exactly as `link engine serve` answers. Raises BackendError (see `Backend`)."""
+        plan, streams, state = await self._start(endpoint, body)
+        try:
+            return await with_timeout(whole_response(plan, streams, state), self.deployment)
+        except RuntimeError as exc:  # the engine loop died
+            raise BackendUnavailable(f"{self.deployment.name}: {exc}") from exc
+        finally:
+            await _close(streams)
+
+    async def stream(self, endpoint: Endpoint, body: dict) -> AsyncIterator[dict]:
+        """The chunks `link engine serve` streams (a usage chunk last when asked). Raises BackendError."""
+        plan, streams, state = await self._start(endpoint, body)
+        num_chunks = 0
+        try:
+            async for chunk in guard_stream(stream_events(plan, streams, state), self.deployment):
+                num_chunks += 1
+                yield chunk
+        except RuntimeError as exc:
+            raise BackendUnavailable(f"{self.deployment.name}: the engine failed after {num_chunks} chunks: {exc}") from exc
+        finally:
+            await _close(streams)
+
+    async def health(self) -> bool:
+        """True unless the model failed to load or its engine loop died."""
+        return self.pool.is_healthy(self.deployment.local)

@@ -1,0 +1,259 @@
+"""The gateway's YAML config (`link.yaml`): the models it serves and the policies over them.
+
+    config = load_config(Path("link.yaml"))   # or load_config(None) for the embedded default
+    config.deployments("smollm2-135m-instruct")  # the replicas of one public model name
+
+Each entry of `models` is one deployment; several entries with the same `name` are replicas of one
+model that the gateway balances across. `kind` says how to reach it: "local" (our in-process engine),
+"litellm" (any provider LiteLLM supports, by its model string) or "openai" (an OpenAI-compatible
+server such as `link engine serve`, vLLM or SGLang, through the official `openai` client). Keys are
+never written in the file: `api_key_env` names the environment variable holding the key. See
+`link.example.yaml` at the repository root for a commented example.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+BackendKind = Literal["local", "litellm", "openai"]
+PolicyType = Literal["fixed", "fallback", "router", "moa"]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+
+
+class ConfigError(ValueError):
+    """An unreadable or invalid config; the message names the file, the entry and the field to fix."""
+
+
+class ModelDeployment(BaseModel):
+    """One deployment (replica) of a public model name.
+
+    Attributes:
+        name: the public model name clients send in `model`.
+        kind: "local", "litellm" or "openai".
+        local: kind local: a registry name (`link models`) or a path to a .gguf file / safetensors folder.
+        architecture, chat_format: kind local with a file path: "llama"/"gemma3", "template"/"in-context".
+        model: the provider's model string ("openai/gpt-4o-mini" for litellm; the remote model id for
+            openai, default `name`).
+        api_base: the provider's base URL, e.g. "http://127.0.0.1:8001/v1" (required for kind openai).
+        api_key_env: NAME of the environment variable that holds the key (never the key).
+        input_cost_per_million, output_cost_per_million: USD per 1e6 prompt / completion tokens.
+        context_length: tokens of prompt plus output; None = the model's own.
+        timeout_s: seconds for a whole request (or a whole stream).
+        first_token_timeout_s: seconds until a stream's first chunk.
+        max_connections: size of the HTTP connection pool to this deployment (remote kinds).
+        deployment_id: derived, "{name}#{index among replicas}".
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    kind: BackendKind
+    local: str | None = None
+    architecture: Literal["llama", "gemma3"] | None = None
+    chat_format: Literal["template", "in-context"] | None = None
+    model: str | None = None
+    api_base: str | None = None
+    api_key_env: str | None = None
+    input_cost_per_million: float = Field(0.0, ge=0)
+    output_cost_per_million: float = Field(0.0, ge=0)
+    context_length: int | None = Field(None, ge=1)
+    timeout_s: float = Field(600.0, gt=0)
+    first_token_timeout_s: float = Field(60.0, gt=0)
+    max_connections: int = Field(256, ge=1)
+    deployment_id: str = ""
+
+    @model_validator(mode="after")
+    def _check_kind(self) -> ModelDeployment:
+        if not _NAME.match(self.name):
+            raise ValueError(f"name {self.name!r}: use letters, digits and . _ - / : @ + only, no spaces")
+        if self.first_token_timeout_s > self.timeout_s:
+            raise ValueError(f"first_token_timeout_s ({self.first_token_timeout_s}) exceeds timeout_s ({self.timeout_s}); "
+                             "lower it or raise timeout_s")
+        if self.api_key_env is not None:
+            if self.api_key_env.lower().startswith("sk-") or not _ENV_NAME.match(self.api_key_env):
+                raise ValueError("api_key_env must be the NAME of an environment variable (e.g. OPENAI_API_KEY), "
+                                 "never the key itself")
+        if self.kind == "local":
+            if not self.local:
+                raise ValueError("kind 'local' needs `local`: a registry name (see `link models`) or a model file path")
+            for field in ("model", "api_base", "api_key_env"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"`{field}` does not apply to kind 'local'; remove it (use `local` to name the model)")
+            if self.is_local_path and self.architecture is None:
+                raise ValueError(f"local model file {self.local!r} needs `architecture` ('llama' or 'gemma3') and "
+                                 "`chat_format` ('template' or 'in-context')")
+        else:
+            if self.local is not None:
+                raise ValueError(f"`local` applies only to kind 'local', not {self.kind!r}; use `model`")
+            if self.kind == "litellm" and not self.model:
+                raise ValueError("kind 'litellm' needs `model`: a LiteLLM model string such as 'openai/gpt-4o-mini'")
+            if self.kind == "openai" and not self.api_base:
+                raise ValueError("kind 'openai' needs `api_base`, e.g. 'http://127.0.0.1:8001/v1'")
+            if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
+                raise ValueError(f"api_base {self.api_base!r} must start with http:// or https://")
+        return self
+
+    @property
+    def is_local_path(self) -> bool:
+        """kind local: `local` is a file path rather than a registry name."""
+        return bool(self.local) and ("/" in self.local or self.local.endswith(".gguf"))
+
+    @property
+    def provider_model(self) -> str:
+        """The model string the backend sends (`model`, else the public name)."""
+        return self.model or self.name
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """USD cost of a request: tokens times the per-million prices."""
+        return (prompt_tokens * self.input_cost_per_million + completion_tokens * self.output_cost_per_million) / 1e6
+
+
+class PolicyConfig(BaseModel):
+    """A named policy over model names.
+
+    Attributes:
+        name: the name clients send in `model` (must differ from every model name).
+        type: "fixed" (exactly one model), "fallback" (ordered list, at least two), "router", "moa".
+        models: public model names from `models`.
+        options: type-specific settings (e.g. a router's path and cost penalty).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    type: PolicyType
+    models: list[str] = Field(min_length=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_type(self) -> PolicyConfig:
+        if self.type == "fixed" and len(self.models) != 1:
+            raise ValueError(f"a 'fixed' policy names exactly one model, got {len(self.models)}; use 'fallback' for an ordered list")
+        if self.type == "fallback" and len(self.models) < 2:
+            raise ValueError("a 'fallback' policy needs at least two models in order of preference; use 'fixed' for one")
+        return self
+
+
+class LinkConfig(BaseModel):
+    """The whole config: deployments and policies. Use `load_config` to read one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[ModelDeployment] = Field(default_factory=list)
+    policies: list[PolicyConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> LinkConfig:
+        seen: dict[str, int] = {}
+        for i, dep in enumerate(self.models):
+            index = seen.get(dep.name, 0)
+            seen[dep.name] = index + 1
+            self.models[i] = dep.model_copy(update={"deployment_id": f"{dep.name}#{index}"})
+        names = set(seen)
+        policy_names: set[str] = set()
+        for policy in self.policies:
+            if policy.name in names:
+                raise ValueError(f"policies: {policy.name!r} is also a model name; rename the policy")
+            if policy.name in policy_names:
+                raise ValueError(f"policies: {policy.name!r} is defined twice; keep one")
+            policy_names.add(policy.name)
+            unknown = [m for m in policy.models if m not in names]
+            if unknown:
+                raise ValueError(f"policy {policy.name!r}: unknown model(s) {unknown}; known: {sorted(names)}")
+        return self
+
+    @property
+    def model_names(self) -> list[str]:
+        """Public model names in config order, each once."""
+        return list(dict.fromkeys(d.name for d in self.models))
+
+    def deployments(self, name: str) -> list[ModelDeployment]:
+        """The replicas of public model `name` (empty when unknown)."""
+        return [d for d in self.models if d.name == name]
+
+    def policy(self, name: str) -> PolicyConfig | None:
+        return next((p for p in self.policies if p.name == name), None)
+
+
+# The embedded default: the two local models; each model name is also a fixed policy of itself.
+DEFAULT_CONFIG_YAML = """
+models:
+  - name: smollm2-135m-instruct
+    kind: local
+    local: smollm2-135m-instruct
+    context_length: 8192
+    first_token_timeout_s: 120
+  - name: gemma-3-270m
+    kind: local
+    local: gemma-3-270m
+    context_length: 32768
+    first_token_timeout_s: 120
+policies: []
+"""
+
+
+def _describe(error: dict, raw: Any) -> str:
+    """One pydantic error as "models[1] (name 'x'): kind: <message>"."""
+    loc = list(error.get("loc", ()))
+    where = ""
+    if len(loc) >= 2 and loc[0] in ("models", "policies") and isinstance(loc[1], int):
+        where = f"{loc[0]}[{loc[1]}]"
+        try:
+            entry_name = raw[loc[0]][loc[1]].get("name")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            entry_name = None
+        if entry_name:
+            where += f" (name {entry_name!r})"
+        loc = loc[2:]
+    field = ".".join(str(p) for p in loc)
+    message = error.get("msg", "invalid").removeprefix("Value error, ")
+    if error.get("type") == "extra_forbidden":
+        message = "unknown field; check its spelling against link.example.yaml"
+    elif error.get("type") == "missing":
+        message = "required field is missing"
+    return ": ".join(p for p in (where, field, message) if p)
+
+
+def parse_config(data: Any, source: str = "link.yaml") -> LinkConfig:
+    """Validate already-parsed YAML/JSON data.
+
+    Raises:
+        ConfigError: listing every invalid field as "{source}: models[i] (name 'x'): field: what to fix".
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with `models` and `policies`")
+    try:
+        return LinkConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: {_describe(e, data)}" for e in exc.errors()]
+        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: Path | str | None = None) -> LinkConfig:
+    """Read `link.yaml` at `path`; None gives the embedded default (the two local models).
+
+    Raises:
+        ConfigError: a missing file, a YAML syntax error (with its line), or invalid fields.
+    """
+    if path is None:
+        return parse_config(yaml.safe_load(DEFAULT_CONFIG_YAML), "embedded default")
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: YAML syntax error{at}: {getattr(exc, 'problem', None) or exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,10 @@
+"""Persistence: the database engine (SQLite or PostgreSQL), the SQLModel tables and Alembic migrations.
+
+    engine = make_db_engine(settings.database_url)
+    upgrade(settings.database_url)           # schema to head; idempotent, safe across processes
+"""
+
+from link.db.engine import make_db_engine, normalize_url
+from link.db.migrate import upgrade
+
+__all__ = ["make_db_engine", "normalize_url", "upgrade"]

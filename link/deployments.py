@@ -1,0 +1,200 @@
+"""`DeploymentPool`: the replicas of one public model name, balanced by outstanding requests.
+
+    pool = DeploymentPool("smollm2", [backend_a, backend_b])
+    pool.start()                                   # background health checks (in the app's lifespan)
+    async with pool.acquire() as replica:          # the healthy replica with the fewest requests in flight
+        answer = await replica.backend.complete("chat", body)
+    await pool.aclose()
+
+A replica is ejected for `cooldown_s` after `failures_to_eject` consecutive failures (a connection
+error, a timeout or a 5xx; a 4xx is the request's fault, not the replica's) or a failed health check.
+When its cool-down is over, the health check probes it and readmits it once it answers; a failed
+probe starts another cool-down. Failures escaping `acquire()` are reported automatically. When every
+replica is ejected, `acquire` raises `BackendUnavailable` at once, so a fallback policy moves on
+instead of waiting on a dead deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from link.backends.base import Backend, BackendError, BackendTimeout, BackendUnavailable
+
+
+def is_replica_failure(exc: BaseException) -> bool:
+    """True for errors that say the replica (not the request) is at fault: timeouts, connection errors, 5xx."""
+    return isinstance(exc, (BackendTimeout, BackendUnavailable)) or (isinstance(exc, BackendError) and exc.status_code >= 500)
+
+
+@dataclass
+class Replica:
+    """One deployment in a pool and its balancing state.
+
+    Attributes:
+        backend: the deployment's backend.
+        num_outstanding: requests acquired and not yet released.
+        num_failures: consecutive failures since the last success.
+        ejected_until: clock time (s) when the cool-down ends; None while in rotation.
+    """
+
+    backend: Backend
+    num_outstanding: int = 0
+    num_failures: int = 0
+    ejected_until: float | None = None
+    num_served: int = 0
+
+    @property
+    def deployment_id(self) -> str:
+        return self.backend.deployment.deployment_id or self.backend.deployment.name
+
+    @property
+    def is_ejected(self) -> bool:
+        return self.ejected_until is not None
+
+
+class DeploymentPool:
+    """The replicas of one public model name.
+
+    Args:
+        name: the public model name.
+        backends: one backend per replica (at least one).
+        cooldown_s: seconds an ejected replica stays out before it is probed again.
+        health_interval_s: seconds between health-check rounds of the background task.
+        health_timeout_s: a health check slower than this counts as failed.
+        failures_to_eject: consecutive failures that eject a replica.
+        clock: monotonic time in seconds (injectable for tests).
+    Raises:
+        ValueError: no backends, or non-positive intervals.
+    """
+
+    def __init__(self, name: str, backends: list[Backend], *, cooldown_s: float = 10.0, health_interval_s: float = 5.0,
+                 health_timeout_s: float = 5.0, failures_to_eject: int = 1, clock: Callable[[], float] = time.monotonic):
+        if not backends:
+            raise ValueError(f"model {name!r} needs at least one deployment")
+        if cooldown_s < 0 or health_interval_s <= 0 or health_timeout_s <= 0 or failures_to_eject < 1:
+            raise ValueError("cooldown_s >= 0, health_interval_s > 0, health_timeout_s > 0 and failures_to_eject >= 1 are required")
+        self.name = name
+        self.replicas = [Replica(b) for b in backends]
+        self.cooldown_s, self.health_interval_s, self.health_timeout_s = cooldown_s, health_interval_s, health_timeout_s
+        self.failures_to_eject = failures_to_eject
+        self.clock = clock
+        self._turn = itertools.count()  # rotates ties, so equal load spreads over replicas
+        self._task: asyncio.Task | None = None
+
+    @property
+    def healthy_replicas(self) -> list[Replica]:
+        return [r for r in self.replicas if not r.is_ejected]
+
+    @property
+    def num_outstanding(self) -> int:
+        return sum(r.num_outstanding for r in self.replicas)
+
+    def pick(self) -> Replica:
+        """The replica in rotation with the fewest outstanding requests (ties taken in turn).
+
+        Raises:
+            BackendUnavailable: every replica is ejected.
+        """
+        healthy = self.healthy_replicas
+        if not healthy:
+            soonest = min(r.ejected_until for r in self.replicas) - self.clock()
+            raise BackendUnavailable(f"{self.name}: all {len(self.replicas)} deployments are ejected after failures; "
+                                     f"the next health probe is in {max(soonest, 0):.1f} s", code="no_healthy_deployment")
+        start = next(self._turn) % len(healthy)
+        rotated = healthy[start:] + healthy[:start]
+        return min(rotated, key=lambda r: r.num_outstanding)
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Replica]:
+        """Pick a replica and count the request as outstanding on it until the block exits.
+
+        A replica failure (see `is_replica_failure`) escaping the block is reported; a clean exit reports success.
+        Raises:
+            BackendUnavailable: every replica is ejected.
+        """
+        replica = self.pick()
+        replica.num_outstanding += 1
+        try:
+            yield replica
+        except BaseException as exc:
+            if is_replica_failure(exc):
+                self.report_failure(replica)
+            raise
+        else:
+            self.report_success(replica)
+        finally:
+            replica.num_outstanding -= 1
+
+    def report_failure(self, replica: Replica) -> None:
+        """Count a failure; eject the replica for `cooldown_s` once `failures_to_eject` are consecutive."""
+        replica.num_failures += 1
+        if replica.num_failures >= self.failures_to_eject:
+            self._eject(replica)
+
+    def report_success(self, replica: Replica) -> None:
+        replica.num_failures = 0
+        replica.num_served += 1
+
+    def _eject(self, replica: Replica) -> None:
+        replica.ejected_until = self.clock() + self.cooldown_s
+
+    def _readmit(self, replica: Replica) -> None:
+        replica.ejected_until = None
+        replica.num_failures = 0
+
+    async def _probe(self, replica: Replica) -> bool:
+        try:
+            async with asyncio.timeout(self.health_timeout_s):
+                return bool(await replica.backend.health())
+        except Exception:  # a health check never takes the pool down
+            return False
+
+    async def check_health(self) -> None:
+        """One round: probe replicas in rotation (eject on failure) and ejected ones whose cool-down is over
+        (readmit on success, else another cool-down)."""
+        now = self.clock()
+        due = [r for r in self.replicas if not r.is_ejected or r.ejected_until <= now]
+        results = await asyncio.gather(*(self._probe(r) for r in due))
+        for replica, ok in zip(due, results):
+            if ok and replica.is_ejected:
+                self._readmit(replica)
+            elif not ok:
+                self._eject(replica)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await self.check_health()
+            await asyncio.sleep(self.health_interval_s)
+
+    def start(self) -> None:
+        """Start the background health checks on the running loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._health_loop(), name=f"health-{self.name}")
+
+    async def stop(self) -> None:
+        """Stop the background health checks."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def aclose(self) -> None:
+        """Stop health checks and close every backend."""
+        await self.stop()
+        for replica in self.replicas:
+            await replica.backend.aclose()
+
+    def status(self) -> list[dict]:
+        """Per replica: deployment id, in rotation or not, outstanding and served counts (for /api/models)."""
+        now = self.clock()
+        return [{"deployment_id": r.deployment_id, "healthy": not r.is_ejected, "outstanding": r.num_outstanding,
+                 "served": r.num_served, "ejected_for_s": max(r.ejected_until - now, 0.0) if r.is_ejected else 0.0}
+                for r in self.replicas]

@@ -1,0 +1,195 @@
+"""Running a plan against the backends: candidates in order, replicas within each, until one answers.
+
+    response = await complete(pools, plan, record, "chat", body)          # a whole answer
+    live = await open_stream(pools, plan, record, "chat", body)           # the first chunk is in hand
+    async for frame in sse_frames(live, record, include_usage=False): ...  # SSE bytes, `data: [DONE]` last
+
+Retries happen only before the first byte reaches the client: a retryable failure (connection refused,
+timeout, 5xx, a dropped connection) moves on to the model's next replica, then to the plan's next
+model; a provider's 4xx goes straight back to the client. A stream is opened by waiting for its first
+chunk, so the client's 200 and headers go out only once a backend is actually answering. A stream that
+fails after that ends with one OpenAI error event `data: {"error": {...}}` and `data: [DONE]`.
+
+The backend is always asked for stream usage (`stream_options.include_usage`) so every stream is
+accounted; the usage chunk is passed on only when the client asked for it. `model` in every answer is
+the public name of the model that served it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+
+from link.accounting import RequestRecord
+from link.backends import Backend, BackendError, BackendUnavailable
+from link.config import ModelDeployment
+from link.deployments import DeploymentPool
+from link.policies import Plan
+
+DONE = b"data: [DONE]\n\n"
+_NOT_SENT = ("stream", "stream_options")
+
+
+def frame(payload: dict) -> bytes:
+    """One server-sent event carrying `payload` as compact JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _first_answer(pools: dict[str, DeploymentPool], plan: Plan, record: RequestRecord,
+                        call: Callable[[Backend, ModelDeployment], Awaitable[Any]]) -> tuple[Any, Any]:
+    """Try `call` on the plan's models (each model's replicas first) until one succeeds.
+
+    Returns (call's result, the open `acquire()` lease, which the caller must exit). Sets record.model
+    and record.deployment, and appends each failed attempt to record.decision["attempts"].
+    Raises:
+        BackendError: a non-retryable failure (a provider 4xx), or the last failure when all failed.
+    """
+    attempts = record.decision.setdefault("attempts", [])
+    last: BackendError | None = None
+    for model in plan.models:
+        pool = pools[model]
+        for _ in range(len(pool.replicas)):
+            lease = pool.acquire()
+            try:
+                replica = await lease.__aenter__()
+            except BackendError as exc:  # every replica of this model is ejected: next model
+                attempts.append({"model": model, "deployment": None, "error": exc.message, "code": exc.code})
+                last = exc
+                break
+            deployment = replica.backend.deployment
+            try:
+                result = await call(replica.backend, deployment)
+            except BaseException as exc:
+                await lease.__aexit__(type(exc), exc, exc.__traceback__)  # reports a replica failure
+                if not isinstance(exc, BackendError):
+                    raise
+                attempts.append({"model": model, "deployment": deployment.deployment_id, "error": exc.message, "code": exc.code})
+                if not exc.retryable:
+                    raise
+                last = exc
+                continue
+            record.model, record.deployment = model, deployment
+            if not attempts:
+                record.decision.pop("attempts")
+            return result, lease
+    raise last or BackendUnavailable(f"policy {plan.policy!r}: no deployment to try")
+
+
+async def complete(pools: dict[str, DeploymentPool], plan: Plan, record: RequestRecord, endpoint: str,
+                   body: dict[str, Any]) -> dict:
+    """The whole answer of the first candidate that gives one (see `_first_answer`). Raises BackendError."""
+    sent = {k: v for k, v in body.items() if k not in _NOT_SENT}
+
+    async def call(backend: Backend, deployment: ModelDeployment) -> dict:
+        return await backend.complete(endpoint, {**sent, "model": deployment.provider_model})
+
+    response, lease = await _first_answer(pools, plan, record, call)
+    await lease.__aexit__(None, None, None)
+    record.add_usage(response.get("usage"))
+    response["model"] = record.model
+    return response
+
+
+@dataclass
+class LiveStream:
+    """A backend stream whose first chunk has arrived; `lease` holds its replica until the stream ends."""
+
+    chunks: AsyncIterator[dict]
+    first: dict
+    lease: Any
+    is_closed: bool = False
+
+    async def close(self, failure: BaseException | None = None) -> None:
+        """Close the backend stream (aborting it if unfinished) and release the replica; idempotent.
+        A replica failure in `failure` is reported to its pool."""
+        if self.is_closed:
+            return
+        self.is_closed = True
+        with anyio.CancelScope(shield=True):
+            await self.chunks.aclose()
+            if failure is None:
+                await self.lease.__aexit__(None, None, None)
+            else:
+                await self.lease.__aexit__(type(failure), failure, failure.__traceback__)
+
+
+async def open_stream(pools: dict[str, DeploymentPool], plan: Plan, record: RequestRecord, endpoint: str,
+                      body: dict[str, Any]) -> LiveStream:
+    """Start streaming from the first candidate that yields a first chunk. Raises BackendError."""
+    sent = {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+
+    async def call(backend: Backend, deployment: ModelDeployment):
+        chunks = backend.stream(endpoint, {**sent, "model": deployment.provider_model})
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            raise BackendUnavailable(f"{deployment.name}: the stream ended before its first chunk") from None
+        except BaseException:
+            await chunks.aclose()
+            raise
+        return chunks, first
+
+    (chunks, first), lease = await _first_answer(pools, plan, record, call)
+    return LiveStream(chunks, first, lease)
+
+
+def _has_output(chunk: dict) -> bool:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("tool_calls") or delta.get("refusal"):
+            return True
+    return False
+
+
+async def sse_frames(live: LiveStream, record: RequestRecord, include_usage: bool) -> AsyncIterator[bytes]:
+    """The client's SSE bytes: the backend's chunks (model renamed, usage per the client's wish), then `[DONE]`.
+
+    Sets record.status: "ok", "error"/"timeout" (the backend failed midway: one error event is sent)
+    or "client_disconnected" (the client left: the backend stream is closed, which aborts it).
+    """
+    failure: BaseException | None = None
+    pending_usage: dict | None = None  # usage that came on a chunk with choices, re-sent as its own chunk
+    chunk: dict | None = live.first
+    try:
+        while chunk is not None:
+            usage = chunk.get("usage")
+            record.add_usage(usage)
+            chunk["model"] = record.model
+            if chunk.get("choices"):
+                if _has_output(chunk):
+                    record.num_content_chunks += 1
+                    record.mark_first_token()
+                if usage is not None:
+                    chunk["usage"] = None
+                    pending_usage = usage
+                if not include_usage:
+                    chunk.pop("usage", None)
+                yield frame(chunk)
+            elif usage is not None and include_usage:  # the usage chunk: empty choices
+                pending_usage = None
+                yield frame(chunk)
+            try:
+                chunk = await anext(live.chunks)
+            except StopAsyncIteration:
+                chunk = None
+        if include_usage and pending_usage is not None:
+            yield frame({"id": live.first.get("id"), "object": live.first.get("object"), "created": live.first.get("created"),
+                         "model": record.model, "choices": [], "usage": pending_usage})
+        record.status, record.http_status = "ok", 200
+        yield DONE
+    except BackendError as exc:
+        failure = exc
+        record.fail(exc)
+        record.error = f"after the first byte: {exc.message}"
+        yield frame(exc.to_openai())
+        yield DONE
+    except BaseException as exc:  # cancelled or closed: the client went away
+        failure = exc
+        if record.status != "ok":
+            record.status, record.http_status, record.error = "client_disconnected", 499, "the client disconnected mid-stream"
+        raise
+    finally:
+        await live.close(failure)

@@ -1,0 +1,208 @@
+"""The request log: one row per gateway request, written off the event loop; queries for /api/requests.
+
+    writer = RequestLogWriter(engine)          # starts its flusher thread
+    writer.write(RequestLogCreate(id=request_id, status="ok", ...))   # never blocks on the database
+    writer.close()                             # at shutdown: writes every queued row, then stops
+
+`write` only appends to an in-memory queue; one background thread inserts the queued rows in batches
+(one transaction per batch). When the database is unavailable the thread keeps the rows and retries with
+backoff, so a row is lost only if the process is killed (SIGKILL, power loss) with rows still queued
+(at most `flush_interval_s` worth under normal load) or if a row can never be stored (it is then logged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from datetime import datetime
+
+from sqlalchemy import Engine, insert
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, StatementError
+from sqlmodel import Session, select
+
+from link.db.models import RequestLog, RequestLogCreate, RequestLogPublic
+
+logger = logging.getLogger(__name__)
+_STOP = object()
+
+
+class RequestLogWriter:
+    """Writes request-log rows in batches from a background thread.
+
+    Args:
+        engine: the gateway's database engine.
+        batch_size: rows per INSERT transaction at most.
+        flush_interval_s: how long the thread waits to gather a batch after the first queued row (seconds).
+        max_retry_delay_s: longest backoff between retries while the database is unavailable (seconds).
+    """
+
+    def __init__(self, engine: Engine, *, batch_size: int = 256, flush_interval_s: float = 0.05,
+                 max_retry_delay_s: float = 5.0):
+        self.engine = engine
+        self.batch_size = batch_size
+        self.flush_interval_s = flush_interval_s
+        self.max_retry_delay_s = max_retry_delay_s
+        self.num_written = 0
+        self.num_failed = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._is_closed = False
+        self._thread = threading.Thread(target=self._run, name="request-log-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_pending(self) -> int:
+        """Rows queued and not yet written (approximate)."""
+        return self._queue.unfinished_tasks
+
+    def write(self, entry: RequestLogCreate) -> None:
+        """Queue one row; returns at once (safe to call from the event loop and from any thread).
+
+        Raises:
+            RuntimeError: the writer is closed.
+        """
+        if self._is_closed:
+            raise RuntimeError("RequestLogWriter is closed")
+        values = entry.model_dump()
+        values["metadata"] = values.pop("request_metadata")  # the column's name
+        self._queue.put(values)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every row queued so far is written (or failed for good); False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop accepting rows, write every queued row, stop the thread. With `timeout_s`, give up waiting
+        after that long (the daemon thread keeps writing until the process exits)."""
+        if self._is_closed:
+            return
+        self._is_closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                self._queue.task_done()
+                return
+            batch, stop = [first], False
+            deadline = time.monotonic() + self.flush_interval_s
+            while len(batch) < self.batch_size:
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True
+                    self._queue.task_done()
+                    break
+                batch.append(item)
+            self._write_with_retries(batch)
+            for _ in batch:
+                self._queue.task_done()
+            if stop:
+                self._drain()
+                return
+
+    def _drain(self) -> None:
+        # Rows queued before close() but behind the stop marker (only from racing writers).
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            self._write_with_retries([item])
+            self._queue.task_done()
+
+    def _write_with_retries(self, batch: list[dict]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                self._insert(batch)
+                self.num_written += len(batch)
+                return
+            except (IntegrityError, DataError):  # the rows themselves: write them one by one
+                self._write_one_by_one(batch)
+                return
+            except DBAPIError as exc:  # unreachable, locked, schema not migrated yet: keep the rows, retry
+                logger.warning("request log: database unavailable (%s); retrying %d rows in %.2fs",
+                               str(exc.orig).splitlines()[0], len(batch), delay)
+                time.sleep(delay)
+                delay = min(2 * delay, self.max_retry_delay_s)
+            except StatementError:  # a value that cannot be bound (a row problem)
+                self._write_one_by_one(batch)
+                return
+
+    def _write_one_by_one(self, batch: list[dict]) -> None:
+        if len(batch) == 1:
+            self._insert_repaired(batch[0])
+            return
+        for values in batch:
+            self._write_with_retries([values])
+
+    def _insert(self, batch: list[dict]) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(insert(RequestLog.__table__), [_json_safe(values) for values in batch])
+
+    def _insert_repaired(self, values: dict) -> None:
+        """Last resort for a row the database refuses: drop the key reference (a deleted key), then try once more."""
+        repaired = dict(values, api_key_id=None)
+        if values["api_key_id"] is not None:
+            repaired["error"] = f"{values['error'] or ''} [api_key_id {values['api_key_id']} dropped]".strip()
+        try:
+            self._insert([repaired])
+            self.num_written += 1
+        except StatementError as exc:
+            self.num_failed += 1
+            logger.error("request log: row %s could not be stored: %s; row: %r", values["id"], exc, values)
+
+
+def _json_safe(values: dict) -> dict:
+    """Make the JSON columns serializable (datetimes, sets, ... become strings) so no driver chokes on them."""
+    for name in ("decision", "metadata"):
+        try:
+            json.dumps(values[name])
+        except (TypeError, ValueError):
+            values = dict(values, **{name: json.loads(json.dumps(values[name], default=str))})
+    return values
+
+
+def query_requests(session: Session, *, limit: int = 100, offset: int = 0, api_key_id: int | None = None,
+                   model: str | None = None, policy: str | None = None, status: str | None = None,
+                   since: datetime | None = None, until: datetime | None = None) -> list[RequestLogPublic]:
+    """Request-log rows, newest first, filtered by any of key, model, policy, status and a time range.
+
+    Args:
+        limit: rows at most (1..1000); offset: rows to skip (paging).
+        since, until: UTC datetimes; rows with since <= created_at < until.
+
+    Raises:
+        ValueError: a limit outside 1..1000 or a negative offset.
+    """
+    if not 1 <= limit <= 1000 or offset < 0:
+        raise ValueError(f"limit must be in 1..1000 and offset >= 0, got limit={limit}, offset={offset}")
+    query = select(RequestLog)
+    for column, value in ((RequestLog.api_key_id, api_key_id), (RequestLog.model, model),
+                          (RequestLog.policy, policy), (RequestLog.status, status)):
+        if value is not None:
+            query = query.where(column == value)
+    if since is not None:
+        query = query.where(RequestLog.created_at >= since)
+    if until is not None:
+        query = query.where(RequestLog.created_at < until)
+    query = query.order_by(RequestLog.created_at.desc(), RequestLog.id.desc()).offset(offset).limit(limit)
+    return [RequestLogPublic.from_row(row) for row in session.exec(query)]
+
+
+def get_request(session: Session, request_id: str) -> RequestLogPublic | None:
+    """One request-log row by its request id, or None."""
+    row = session.get(RequestLog, request_id)
+    return None if row is None else RequestLogPublic.from_row(row)

@@ -1,0 +1,96 @@
+"""Gateway settings: one pydantic-settings class read from `LINK_*` environment variables.
+
+    settings = get_settings()                 # LINK_HOME, LINK_CONFIG, LINK_DATABASE_URL, ...
+    settings = get_settings(port=9000)        # explicit values win over the environment
+
+Nothing is read at import time; the app builds one `Settings` in its lifespan (or the CLI does and
+passes it down). Outside `environment="development"` a placeholder master key ("changeme",
+"sk-1234", ...) or a short one is refused, so a demo key never guards a real deployment.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Lower-cased master keys that are copied from examples and tutorials; refused outside development.
+PLACEHOLDER_KEYS = frozenset({
+    "changeme", "change-me", "change_me", "secret", "password", "admin", "master", "masterkey", "master-key",
+    "test", "example", "sk-test", "sk-master", "sk-admin", "sk-changeme", "your-key", "your-master-key",
+})
+_PLACEHOLDER_PATTERN = re.compile(r"^(sk-)?(1234\d*|0+|x+|123456789\d*|abc\d*)$")
+MIN_MASTER_KEY_LENGTH = 16
+
+
+def is_placeholder_key(key: str) -> bool:
+    """True for keys like "changeme", "sk-1234", "sk-xxxx" or any key shorter than 16 characters."""
+    k = key.strip().lower()
+    return k in PLACEHOLDER_KEYS or bool(_PLACEHOLDER_PATTERN.match(k)) or len(k) < MIN_MASTER_KEY_LENGTH
+
+
+class Settings(BaseSettings):
+    """Process settings of the gateway (`link serve`); every field reads `LINK_<FIELD>` from the environment.
+
+    Attributes:
+        home: state directory (database, caches, trained routers); `LINK_HOME`, default `~/.link`.
+        config: path of `link.yaml`; None serves the embedded default (`LINK_CONFIG`).
+        database_url: SQLAlchemy URL; default `sqlite:///{home}/link.db` (`LINK_DATABASE_URL`).
+        redis_url: Redis for rate-limit counters shared by gateway replicas; None keeps them in the database.
+        master_key: the admin key (`LINK_MASTER_KEY`); placeholders are refused outside development.
+        environment: "development" or "production".
+        host, port: where `link serve` listens.
+        request_log: write one request-log row per request.
+        budgets: enforce per-key budgets.
+        datasets_dir: benchmark and routing data; default `{home}/datasets` (`LINK_DATASETS_DIR`).
+        health_interval_s: seconds between health checks of every deployment.
+        eject_cooldown_s: seconds a failing deployment stays out of rotation before it is probed again.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LINK_", extra="ignore", validate_default=True)
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".link")
+    config: Path | None = None
+    database_url: str | None = None
+    redis_url: str | None = None
+    master_key: SecretStr | None = None
+    environment: Literal["development", "production"] = "development"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    request_log: bool = True
+    budgets: bool = True
+    datasets_dir: Path | None = None
+    health_interval_s: float = Field(5.0, gt=0)
+    eject_cooldown_s: float = Field(10.0, ge=0)
+
+    @model_validator(mode="after")
+    def _derive_and_check(self) -> Settings:
+        self.home = self.home.expanduser()
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{self.home / 'link.db'}"
+        if self.datasets_dir is None:
+            self.datasets_dir = self.home / "datasets"
+        if self.master_key is not None and self.environment != "development":
+            if is_placeholder_key(self.master_key.get_secret_value()):
+                raise ValueError(
+                    f"LINK_MASTER_KEY looks like a placeholder (or is shorter than {MIN_MASTER_KEY_LENGTH} characters); "
+                    "set a random key, e.g. `python -c 'import secrets; print(\"sk-\" + secrets.token_urlsafe(32))'`, "
+                    "or set LINK_ENVIRONMENT=development for local testing"
+                )
+        return self
+
+    @property
+    def is_production(self) -> bool:
+        return self.environment == "production"
+
+
+def get_settings(**overrides) -> Settings:
+    """Build the settings from `LINK_*` variables; keyword arguments override them.
+
+    Raises:
+        pydantic.ValidationError: an invalid value, or a placeholder master key outside development.
+    """
+    return Settings(**overrides)

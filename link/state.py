@@ -1,0 +1,108 @@
+"""The gateway's runtime state, built in the app's lifespan and handed to routes (no module-level state).
+
+    state = await open_gateway(settings, config)   # DB engine (migrated), writers, limiters, pools, policies
+    ...
+    await close_gateway(state)                     # health checks, backends, engines, log writer (drained)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from link.accounting import Accounting
+from link.auth import Authenticator
+from link.backends import make_backend
+from link.config import LinkConfig
+from link.db import make_db_engine, upgrade
+from link.deployments import DeploymentPool
+from link.limits import BudgetLedger, RateLimiter
+from link.metrics import GatewayMetrics
+from link.policies.store import PolicyStore
+from link.request_log import RequestLogWriter
+from link.settings import Settings
+
+logger = logging.getLogger(__name__)
+LOG_DRAIN_TIMEOUT_S = 10.0
+
+
+@dataclass
+class GatewayState:
+    """What the routes use. `pools` maps each public model name to its replicas."""
+
+    settings: Settings
+    config: LinkConfig
+    db: Engine
+    auth: Authenticator
+    policies: PolicyStore
+    pools: dict[str, DeploymentPool]
+    metrics: GatewayMetrics
+    accounting: Accounting
+    limiter: RateLimiter
+    log_writer: RequestLogWriter | None
+    engine_pool: object | None  # link.backends.local.EnginePool when a local model is configured
+    created: int
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.policies.model_names
+
+
+async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
+    """Migrate the database and build every long-lived object; health checks start on the running loop.
+
+    Raises:
+        link.policies.base.PolicyError: a config policy of an unknown type or over unknown models.
+        sqlalchemy.exc.OperationalError: the database is unreachable.
+    """
+    await asyncio.to_thread(upgrade, settings.database_url)
+    db = make_db_engine(settings.database_url)
+    log_writer = RequestLogWriter(db) if settings.request_log else None
+    limiter = RateLimiter(db, settings.redis_url)
+    engine_pool = None
+    pools: dict[str, DeploymentPool] = {}
+    try:
+        policies = PolicyStore(db, config)
+        await asyncio.to_thread(policies.reload)
+        if any(d.kind == "local" for d in config.models):
+            from link.backends.local import EnginePool  # imports torch: only when a local model is configured
+
+            engine_pool = EnginePool()
+        for name in config.model_names:
+            backends = [make_backend(d, engine_pool=engine_pool) for d in config.deployments(name)]
+            pools[name] = DeploymentPool(name, backends, cooldown_s=settings.eject_cooldown_s,
+                                         health_interval_s=settings.health_interval_s)
+            pools[name].start()
+    except BaseException:
+        await _close_parts(pools, engine_pool, limiter, log_writer, db)
+        raise
+    metrics = GatewayMetrics()
+    ledger = BudgetLedger(db) if settings.budgets else None
+    return GatewayState(settings=settings, config=config, db=db, auth=Authenticator(db, settings), policies=policies,
+                        pools=pools, metrics=metrics, accounting=Accounting(metrics, log_writer, ledger, limiter),
+                        limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()))
+
+
+async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
+    for pool in pools.values():
+        try:
+            await pool.aclose()
+        except Exception:
+            logger.exception("closing the deployments of %s failed", pool.name)
+    if engine_pool is not None:
+        await engine_pool.aclose()
+    if log_writer is not None:
+        await asyncio.to_thread(log_writer.close, log_timeout_s)
+        if log_writer.num_pending:
+            logger.warning("request log: %d rows still unwritten after %.0f s", log_writer.num_pending, log_timeout_s)
+    limiter.close()
+    db.dispose()
+
+
+async def close_gateway(state: GatewayState, *, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
+    """Stop health checks, close backends and engines, drain the request log (at most `log_timeout_s` s)."""
+    await _close_parts(state.pools, state.engine_pool, state.limiter, state.log_writer, state.db, log_timeout_s)

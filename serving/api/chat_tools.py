@@ -1,0 +1,107 @@
+"""Tools and `response_format` on the chat endpoint: request -> messages and constraint, output -> message.
+
+- `prepare_chat`: renders `tools` into the messages (`serving.toolcalls`) and turns `response_format`
+  into the JSON Schema the engine enforces (`serving.guided_json`), with 400s naming the field.
+- `tool_message`: a finished output -> the OpenAI assistant message and finish reason
+  (`tool_calls` and finish_reason "tool_calls" when the model called functions).
+- `ToolStream`: the streamed form: content is held back from where a `<tool_call>` tag may start, and
+  the calls are sent at the end as `delta.tool_calls` chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from serving.api.protocol import ChatCompletionRequest, ValidationProblem
+from serving.guided_json import UnsupportedSchemaError, response_format_schema
+from serving.toolcalls import ParsedOutput, ToolFormatError, parse_tool_calls, render_messages, streamable_length, with_system_text
+
+
+@dataclass(frozen=True)
+class ChatSetup:
+    """messages: for the chat template; guided_json: the schema as JSON text or None; tools: the tools
+    whose calls are parsed from the output (None: no parsing); parallel: several calls allowed."""
+
+    messages: list[dict]
+    guided_json: str | None
+    tools: list[dict] | None
+    parallel: bool = True
+
+
+def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
+    """Raises:
+        ValidationProblem: malformed tools/tool_choice, an unsupported response_format or schema keyword,
+            or response_format json together with active tools or with `stop`.
+    """
+    tools = body.tools or None
+    active = bool(tools) and body.tool_choice != "none"
+    parallel = body.parallel_tool_calls is not False
+    messages = body.messages
+    try:
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages if isinstance(m, dict)):
+            messages = render_messages(messages, tools, body.tool_choice or "auto", parallel)
+    except ToolFormatError as exc:
+        param = "tool_choice" if "tool_choice" in str(exc) else "messages" if "messages[" in str(exc) else "tools"
+        raise ValidationProblem(str(exc), param=param) from None
+    try:
+        schema = response_format_schema(body.response_format) if body.response_format else None
+    except UnsupportedSchemaError as exc:
+        raise ValidationProblem(str(exc), param="response_format") from None
+    if schema is not None:
+        if active:
+            raise ValidationProblem("response_format json_object/json_schema cannot be combined with tools on a local model "
+                                    "unless tool_choice is 'none'", param="response_format")
+        if body.stop:
+            raise ValidationProblem("stop cannot be combined with response_format json_object/json_schema: a stop sequence "
+                                    "could cut the JSON", param="stop")
+        hint = "Reply with one JSON object and nothing else."
+        if schema != {"type": "object"}:
+            hint += f" It must follow this JSON Schema:\n{json.dumps(schema, ensure_ascii=False)}"
+        messages = with_system_text(messages, hint)
+    return ChatSetup(messages, None if schema is None else json.dumps(schema), list(tools) if active else None, parallel)
+
+
+def _parse(text: str, tools: list[dict], parallel: bool) -> ParsedOutput:
+    parsed = parse_tool_calls(text, tools)
+    if not parallel:
+        parsed.tool_calls = parsed.tool_calls[:1]
+    return parsed
+
+
+def tool_message(text: str, finish: str | None, tools: list[dict] | None, parallel: bool = True) -> tuple[dict, str | None]:
+    """The assistant message of a whole response and its finish reason ("tool_calls" after calls)."""
+    if tools is None:
+        return {"role": "assistant", "content": text}, finish
+    parsed = _parse(text, tools, parallel)
+    message = {"role": "assistant", "content": parsed.content}
+    if not parsed.tool_calls:
+        return message, finish
+    message["tool_calls"] = parsed.tool_calls
+    return message, "tool_calls" if finish == "stop" else finish
+
+
+class ToolStream:
+    """Per-choice streaming of a chat output whose tool calls are parsed (see the module docstring)."""
+
+    def __init__(self, tools: list[dict], parallel: bool = True):
+        self.tools, self.parallel = tools, parallel
+
+    @staticmethod
+    def safe_length(text: str, sent: int) -> int:
+        """Characters of `text` that may be sent as content before the output ends."""
+        return max(sent, streamable_length(text))
+
+    def final_deltas(self, text: str, sent: int, finish: str | None) -> tuple[list[dict], str | None]:
+        """The deltas that finish a choice (the rest of the content, then one per tool call) and its
+        finish reason; the last delta is the one to carry the finish reason."""
+        parsed = _parse(text, self.tools, self.parallel)
+        rest = (parsed.content or "")[sent:] if parsed.tool_calls else text[sent:]
+        deltas = [{"content": rest}] if rest else []
+        for i, call in enumerate(parsed.tool_calls):
+            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}]})
+        if not parsed.tool_calls:
+            return deltas or [{}], finish
+        deltas.append({})
+        return deltas, "tool_calls" if finish == "stop" else finish

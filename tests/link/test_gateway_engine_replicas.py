@@ -1,0 +1,84 @@
+"""Replicas with real engines: two `link engine serve` processes (SmolLM2-135M) behind one model name.
+
+Both serve requests (fewest outstanding requests first); SIGKILLing one mid-run loses no request that had
+not started streaming (the gateway retries it on the other replica before the first byte); the dead one
+is ejected by the health check and readmitted once an engine answers on its port again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+
+import httpx
+import pytest
+
+from link.bench.processes import ServerProcess, free_port, python_env
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, start_gateway_thread
+from tests.link.test_gateway_replicas import load, replica_health, wait_for
+
+pytestmark = pytest.mark.slow
+MODEL = "smollm2-135m-instruct"
+AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
+
+
+def start_engine(port: int) -> ServerProcess:
+    cmd = [sys.executable, "-m", "link.cli", "engine", "serve", "--model", MODEL, "--port", str(port), "--kv-cache-mb", "64"]
+    server = ServerProcess(cmd, port, env=python_env())
+    server.wait_healthy(timeout_s=300)
+    return server
+
+
+def num_finished(server: ServerProcess) -> float:
+    """Finished requests counted by the engine's own /metrics (link_engine_requests_total, any reason)."""
+    text = httpx.get(server.url + "/metrics").text
+    return sum(float(v) for v in re.findall(r'^link_engine_requests_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
+
+
+@pytest.fixture
+def engines():
+    servers = [start_engine(free_port()) for _ in range(2)]
+    yield servers
+    for server in servers:
+        server.stop(timeout_s=5)
+
+
+def test_two_engine_servers_share_load_survive_a_kill_and_are_readmitted(engines, new_database_url, tmp_path, monkeypatch):
+    from link.config import parse_config
+
+    import tests.link.test_gateway_replicas as replicas_module
+
+    body = {"model": "rep", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6, "temperature": 0}
+    monkeypatch.setattr(replicas_module, "BODY", body)  # `load` posts this body
+    deployments = [{"name": "rep", "kind": "openai", "model": MODEL, "api_base": server.url + "/v1", "timeout_s": 120,
+                    "first_token_timeout_s": 60, "input_cost_per_million": 0.0, "output_cost_per_million": 0.0}
+                   for server in engines]
+    settings = gateway_settings(new_database_url("sqlite"), tmp_path, health_interval_s=0.3, eject_cooldown_s=1.0)
+    with start_gateway_thread(settings, parse_config({"models": deployments})) as gateway:
+        responses = asyncio.run(load(gateway.url, 12, 4))
+        assert [r.status_code for r in responses] == [200] * 12
+        answers = {r.json()["choices"][0]["message"]["content"] for r in responses}
+        assert len(answers) == 1  # greedy: every replica gives the same answer
+        served = [num_finished(server) for server in engines]
+        assert min(served) >= 1 and sum(served) == 12, served
+
+        victim, killed = engines[0], []
+
+        def kill_midway(i: int) -> None:
+            if i == 4 and not killed:
+                victim.proc.kill()
+                killed.append(i)
+
+        responses = asyncio.run(load(gateway.url, 16, 4, kill_midway))
+        assert killed and [r.status_code for r in responses] == [200] * 16  # no request lost
+        assert {r.json()["choices"][0]["message"]["content"] for r in responses} == answers
+        assert wait_for(lambda: replica_health(gateway) == [False, True], timeout_s=30)  # ejected
+
+        port = int(victim.url.rsplit(":", 1)[1])
+        victim.stop(timeout_s=1)
+        engines[0] = start_engine(port)
+        assert wait_for(lambda: replica_health(gateway) == [True, True], timeout_s=60)  # readmitted
+        asyncio.run(load(gateway.url, 8, 4))
+        assert num_finished(engines[0]) >= 1
+        gateway.flush_log()

@@ -1,0 +1,159 @@
+"""`link.settings` (LINK_* variables, placeholder master keys) and `link.config` (link.yaml parsing and errors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from link.config import ConfigError, LinkConfig, load_config, parse_config
+from link.settings import Settings, get_settings, is_placeholder_key
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for name in ("LINK_CONFIG", "LINK_DATABASE_URL", "LINK_REDIS_URL", "LINK_MASTER_KEY", "LINK_ENVIRONMENT", "LINK_PORT",
+                 "LINK_HOST", "LINK_REQUEST_LOG", "LINK_BUDGETS", "LINK_DATASETS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LINK_HOME", str(tmp_path))
+    return monkeypatch
+
+
+def test_settings_defaults_derive_from_home(clean_env, tmp_path):
+    s = get_settings()
+    assert s.home == tmp_path and s.config is None and s.environment == "development"
+    assert s.database_url == f"sqlite:///{tmp_path / 'link.db'}"
+    assert s.datasets_dir == tmp_path / "datasets"
+    assert (s.host, s.port, s.request_log, s.budgets, s.redis_url, s.master_key) == ("127.0.0.1", 8000, True, True, None, None)
+
+
+def test_settings_read_link_variables_and_explicit_values_win(clean_env):
+    clean_env.setenv("LINK_PORT", "9100")
+    clean_env.setenv("LINK_REQUEST_LOG", "false")
+    clean_env.setenv("LINK_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/link")
+    clean_env.setenv("LINK_CONFIG", "/etc/link.yaml")
+    s = get_settings()
+    assert s.port == 9100 and s.request_log is False and s.config == Path("/etc/link.yaml")
+    assert s.database_url == "postgresql://postgres@127.0.0.1:5432/link"
+    assert get_settings(port=9200).port == 9200
+    clean_env.setenv("LINK_PORT", "not-a-port")
+    with pytest.raises(ValidationError, match="port"):
+        get_settings()
+
+
+@pytest.mark.parametrize("key", ["changeme", "sk-1234", "SK-1234", "sk-xxxx", "password", "short-key"])
+def test_placeholder_master_keys_are_refused_outside_development(clean_env, key):
+    assert is_placeholder_key(key)
+    clean_env.setenv("LINK_ENVIRONMENT", "production")
+    clean_env.setenv("LINK_MASTER_KEY", key)
+    with pytest.raises(ValidationError, match="LINK_MASTER_KEY looks like a placeholder"):
+        get_settings()
+    clean_env.setenv("LINK_ENVIRONMENT", "development")
+    assert get_settings().master_key.get_secret_value() == key
+
+
+def test_a_real_master_key_is_accepted_in_production_and_never_printed(clean_env):
+    key = "sk-3b9f1c0e7d2a4c58a1e6f0b2c9d7e4a1"
+    s = Settings(environment="production", master_key=key)
+    assert s.is_production and s.master_key.get_secret_value() == key
+    assert key not in repr(s) and key not in str(s.model_dump())
+
+
+def test_embedded_default_serves_the_two_local_models():
+    config = load_config(None)
+    assert config.model_names == ["smollm2-135m-instruct", "gemma-3-270m"]
+    smol = config.deployments("smollm2-135m-instruct")
+    assert len(smol) == 1 and smol[0].kind == "local" and smol[0].local == "smollm2-135m-instruct"
+    assert smol[0].deployment_id == "smollm2-135m-instruct#0" and smol[0].provider_model == "smollm2-135m-instruct"
+    assert config.deployments("gemma-3-270m")[0].context_length == 32768
+    assert config.policies == [] and config.deployments("nope") == []
+
+
+def test_example_config_parses_and_equals_the_default_models():
+    example = load_config(ROOT / "link.example.yaml")
+    assert example.model_names == load_config(None).model_names
+
+
+def test_replicas_prices_timeouts_and_policies(tmp_path, monkeypatch):
+    path = tmp_path / "link.yaml"
+    path.write_text("""
+models:
+  - {name: smol, kind: openai, model: smollm2-135m-instruct, api_base: "http://127.0.0.1:8001/v1"}
+  - {name: smol, kind: openai, model: smollm2-135m-instruct, api_base: "http://127.0.0.1:8002/v1", max_connections: 8}
+  - name: gpt-4o-mini
+    kind: litellm
+    model: openai/gpt-4o-mini
+    api_key_env: OPENAI_API_KEY
+    input_cost_per_million: 0.15
+    output_cost_per_million: 0.6
+    timeout_s: 30
+    first_token_timeout_s: 5
+policies:
+  - {name: cheap-first, type: fallback, models: [gpt-4o-mini, smol]}
+  - {name: just-smol, type: fixed, models: [smol]}
+""")
+    config = load_config(path)
+    assert [d.deployment_id for d in config.deployments("smol")] == ["smol#0", "smol#1"]
+    gpt = config.deployments("gpt-4o-mini")[0]
+    assert (gpt.timeout_s, gpt.first_token_timeout_s, gpt.api_key_env) == (30, 5, "OPENAI_API_KEY")
+    assert gpt.cost_usd(1_000_000, 500_000) == pytest.approx(0.15 + 0.3)
+    assert config.policy("cheap-first").models == ["gpt-4o-mini", "smol"] and config.policy("nope") is None
+    monkeypatch.setenv("LINK_CONFIG", str(path))
+    assert get_settings().config == path
+
+
+@pytest.mark.parametrize("entry, expected", [
+    ({"name": "a", "kind": "local"}, "models[0] (name 'a'): kind 'local' needs `local`"),
+    ({"name": "a", "kind": "litellm"}, "models[0] (name 'a'): kind 'litellm' needs `model`"),
+    ({"name": "a", "kind": "openai", "model": "m"}, "models[0] (name 'a'): kind 'openai' needs `api_base`"),
+    ({"name": "a", "kind": "vllm"}, "models[0] (name 'a'): kind: Input should be 'local', 'litellm' or 'openai'"),
+    ({"name": "a", "kind": "openai", "api_base": "127.0.0.1:8001"}, "must start with http:// or https://"),
+    ({"name": "a", "kind": "litellm", "model": "openai/x", "api_key_env": "sk-live-123"}, "NAME of an environment variable"),
+    ({"name": "a", "kind": "litellm", "model": "openai/x", "api_bse": "http://x"}, "models[0] (name 'a'): api_bse: unknown field"),
+    ({"name": "a", "kind": "litellm", "model": "openai/x", "input_cost_per_million": -1},
+     "models[0] (name 'a'): input_cost_per_million: Input should be greater than or equal to 0"),
+    ({"name": "a", "kind": "litellm", "model": "openai/x", "timeout_s": 5, "first_token_timeout_s": 10},
+     "first_token_timeout_s (10.0) exceeds timeout_s (5.0)"),
+    ({"name": "a", "kind": "local", "local": "/models/x.gguf"}, "needs `architecture`"),
+    ({"name": "a", "kind": "local", "local": "smol", "api_base": "http://x"}, "`api_base` does not apply to kind 'local'"),
+    ({"name": "my model", "kind": "local", "local": "smol"}, "no spaces"),
+    ({"kind": "local", "local": "smol"}, "models[0]: name: required field is missing"),
+])
+def test_model_errors_name_the_entry_the_field_and_the_fix(entry, expected):
+    with pytest.raises(ConfigError) as info:
+        parse_config({"models": [entry]}, "link.yaml")
+    assert expected in str(info.value) and "link.yaml: " in str(info.value)
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ({"name": "p", "type": "fixed", "models": ["a", "b"]}, "a 'fixed' policy names exactly one model"),
+    ({"name": "p", "type": "fallback", "models": ["a"]}, "a 'fallback' policy needs at least two models"),
+    ({"name": "p", "type": "fallback", "models": ["a", "zzz"]}, "policy 'p': unknown model(s) ['zzz']"),
+    ({"name": "a", "type": "fixed", "models": ["a"]}, "'a' is also a model name"),
+    ({"name": "p", "type": "magic", "models": ["a"]}, "policies[0] (name 'p'): type: Input should be"),
+])
+def test_policy_errors(policy, expected):
+    models = [{"name": "a", "kind": "local", "local": "smollm2-135m-instruct"},
+              {"name": "b", "kind": "local", "local": "gemma-3-270m"}]
+    with pytest.raises(ConfigError) as info:
+        parse_config({"models": models, "policies": [policy]})
+    assert expected in str(info.value)
+
+
+def test_file_errors_are_config_errors_with_a_location(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  - name: a\n    kind: [local\n")
+    with pytest.raises(ConfigError, match=r"YAML syntax error at line \d+"):
+        load_config(bad)
+    top = tmp_path / "list.yaml"
+    top.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(top)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty) == LinkConfig()
