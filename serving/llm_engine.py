@@ -29,7 +29,7 @@ from serving.model_loader import LoadedModel
 from serving.model_runner import ModelRunner
 from serving.outputs import CompletionOutput, Logprob, RequestOutput
 from serving.paged_cache import PagedKVCache
-from serving.sampler import Sampler, compute_logprobs
+from serving.sampler import Sampler, batched_argmax, compute_logprobs
 from serving.sampling_params import SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
@@ -190,6 +190,7 @@ class LLMEngine:
                 self.block_manager.mark_computed(seq)
             if self.sliding_block_manager is not None:
                 self.sliding_block_manager.release_out_of_window(seq)
+        decided = self._plain_greedy_tokens(plan.scheduled, logits)
         touched: dict[str, _Request] = {}
         for seq, _ in plan.scheduled:
             if seq.seq_id not in logits:
@@ -205,7 +206,7 @@ class LLMEngine:
                     self._attach(request, child, index)
                     self.scheduler.add_running(child)
                     self._sample(request, child, row)
-            self._sample(request, seq, row)
+            self._sample(request, seq, row, decided.get(seq.seq_id))
             touched[request.request_id] = request
         outputs = []
         for request in touched.values():
@@ -224,10 +225,28 @@ class LLMEngine:
                                                guide=self._guide(params, sampler))
         self._seq_to_request[seq.seq_id] = request
 
-    def _sample(self, request: _Request, seq: Sequence, logits: torch.Tensor) -> None:
+    def _plain_greedy_tokens(self, scheduled: list[tuple[Sequence, int]], logits: dict[int, torch.Tensor]) -> dict[int, int]:
+        """{seq_id: token} for the sequences whose next token is the plain argmax, decided in one batched
+        call (see `Sampler.is_plain_greedy`); the others are sampled one by one."""
+        seqs = []
+        for seq, _ in scheduled:
+            request = self._seq_to_request.get(seq.seq_id)
+            if seq.seq_id not in logits or request is None or len(request.seqs) < request.params.n:
+                continue
+            state = request.states[seq.seq_id]
+            if state.guide is None and state.logprobs is None and state.sampler.is_plain_greedy(seq.num_output_tokens):
+                seqs.append(seq)
+        if len(seqs) < 2:
+            return {}
+        tokens = batched_argmax([logits[seq.seq_id] for seq in seqs])
+        return {} if tokens is None else {seq.seq_id: token for seq, token in zip(seqs, tokens)}
+
+    def _sample(self, request: _Request, seq: Sequence, logits: torch.Tensor, token: int | None = None) -> None:
+        """Choose (unless `token` was decided in the batch), record, detokenize and check the stop rules."""
         state, params, tokenizer = request.states[seq.seq_id], request.params, self.loaded.tokenizer
-        sample = state.guide.sample if state.guide is not None else state.sampler.sample
-        token = sample(logits, seq.prompt_token_ids, seq.output_token_ids)
+        if token is None:
+            sample = state.guide.sample if state.guide is not None else state.sampler.sample
+            token = sample(logits, seq.prompt_token_ids, seq.output_token_ids)
         request.last_token_time = time.monotonic()
         if state.first_token_time is None:
             state.first_token_time = request.last_token_time

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from serving.sampling_params import SamplingParams
 
 __all__ = [
-    "Sampler", "apply_logit_bias", "apply_penalties", "apply_temperature_and_truncation", "compute_logprobs",
+    "Sampler", "apply_logit_bias", "apply_penalties", "batched_argmax", "apply_temperature_and_truncation", "compute_logprobs",
     "mask_stop_tokens",
 ]
 
@@ -335,6 +335,14 @@ class Sampler:
         self._generator = torch.Generator(device=device)
         self._generator.manual_seed(self.seed)
 
+    def is_plain_greedy(self, num_output_tokens: int) -> bool:
+        """True when the next token is simply the argmax of the raw logits: greedy, no logit bias, no
+        penalty, and no `min_tokens` mask at this length. Such rows can be decided for a whole batch with
+        one `argmax` (`batched_argmax`), with the same result as `sample`."""
+        p = self.params
+        return (p.is_greedy and not p.logit_bias and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+                and p.presence_penalty == 0.0 and num_output_tokens >= p.min_tokens)
+
     def sample(
         self, logits: torch.Tensor, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()
     ) -> int:
@@ -380,3 +388,16 @@ class Sampler:
             return int(torch.argmax(x))
         probs = torch.softmax(scaled, dim=-1).to(self._generator.device)
         return int(torch.multinomial(probs, 1, generator=self._generator))
+
+
+def batched_argmax(rows: list[torch.Tensor]) -> list[int] | None:
+    """The argmax of each [V] logits row (lowest id on ties, as `Sampler.sample`), in one call.
+
+    Returns None when a row contains NaN or is -inf everywhere: the caller then samples row by row, so
+    the offending sequence gets `sample`'s error.
+    """
+    stacked = torch.stack(rows)  # [B, V]
+    best = stacked.max(dim=-1)
+    if bool(torch.isnan(best.values).any()) or bool((best.values == float("-inf")).any()):
+        return None
+    return best.indices.tolist()
