@@ -72,7 +72,7 @@ class EnginePool:
         from serving.async_engine import AsyncLLMEngine
         from serving.llm_engine import EngineConfig, LLMEngine
 
-        return EngineState(key, loaded, AsyncLLMEngine(LLMEngine(loaded, self.engine_config or EngineConfig())))
+        return EngineState(key, loaded, AsyncLLMEngine(LLMEngine(loaded, self.engine_config or EngineConfig()), step_in_thread=True))
 
     async def get(self, deployment: ModelDeployment):
         """The running engine state of a local deployment, loading the model on first use.
