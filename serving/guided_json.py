@@ -17,7 +17,7 @@ constrained model cannot loop on blanks or digits; an endless string still ends 
 
 from __future__ import annotations
 
-from serving.guided_schema import ANY, ANY_ARRAY, ANY_OBJECT, Node, UnsupportedSchemaError, compile_schema, literals, response_format_schema
+from serving.guided_schema import ANY_ARRAY, ANY_OBJECT, Node, UnsupportedSchemaError, compile_schema, literals, response_format_schema
 
 __all__ = ["JsonAutomaton", "State", "UnsupportedSchemaError", "response_format_schema"]
 

@@ -28,13 +28,10 @@ from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
 from link.schemas import OpenAIError, model_card, model_not_found, parse_request
 from link.state import GatewayState
+from serving.api.disconnect import ClientDisconnected, unless_disconnected
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
-
-
-class _ClientGone(Exception):
-    """The client disconnected while a whole answer was being prepared."""
 
 
 class GatewayStream(StreamingResponse):
@@ -59,28 +56,6 @@ class GatewayStream(StreamingResponse):
 
 def _headers(record: RequestRecord) -> dict[str, str]:
     return {"x-link-request-id": record.request_id, "x-link-policy": record.policy or "", "x-link-model": record.model or ""}
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has gone (the body is read, so the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_disconnected(request: Request, work):
-    """Await `work` unless the client leaves first (then cancel it and raise _ClientGone)."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise _ClientGone()
-    return task.result()
 
 
 async def _rate_limit(state: GatewayState, record: RequestRecord) -> None:
@@ -117,7 +92,7 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             is_streaming = True
             return GatewayStream(live, record, state.accounting, include_usage)
-        response = await _unless_disconnected(request, complete(state.pools, plan, record, endpoint, body))
+        response = await unless_disconnected(request, complete(state.pools, plan, record, endpoint, body))
         record.status, record.http_status = "ok", 200
         return JSONResponse(response, headers=_headers(record))
     except OpenAIError as exc:
@@ -126,7 +101,7 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
     except BackendError as exc:
         record.fail(exc)
         return JSONResponse(exc.to_openai(), status_code=exc.status_code, headers=_headers(record))
-    except (_ClientGone, asyncio.CancelledError) as exc:
+    except (ClientDisconnected, asyncio.CancelledError) as exc:
         record.status, record.http_status, record.error = "client_disconnected", 499, "the client disconnected"
         if isinstance(exc, asyncio.CancelledError):
             raise

@@ -10,7 +10,6 @@ such servers, each with its own engine, are how the platform scales past one pro
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -22,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serving.api.disconnect import ClientDisconnected, unless_disconnected
 from serving.api.metrics import EngineMetrics
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, error_body
 from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
@@ -148,26 +148,10 @@ async def _serve(plan: RequestPlan, state: EngineState, request: Request):
     streams = [engine.generate(f"{base_id}-{i}", ids, plan.params, priority=0) for i, ids in enumerate(plan.prompts)]
     if plan.stream:  # Starlette stops iterating when the client leaves, which aborts the requests
         return StreamingResponse(_sse(stream_events(plan, streams, state)), media_type="text/event-stream")
-    work = asyncio.ensure_future(whole_response(plan, streams, state))
-    watch = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            # The client left (or this handler was cancelled): cancelling `work` closes each stream,
-            # and `AsyncLLMEngine.generate` aborts its request on the way out.
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-    if work.cancelled():
+    try:  # cancelling the work closes each stream, and `AsyncLLMEngine.generate` aborts its request
+        return JSONResponse(await unless_disconnected(request, whole_response(plan, streams, state)))
+    except ClientDisconnected:
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-    return JSONResponse(work.result())
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has gone: the body is already read, so the next ASGI message is the disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
