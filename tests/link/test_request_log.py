@@ -123,7 +123,7 @@ def test_rows_wait_while_the_database_is_unavailable(backend, new_database_url):
     if backend == "postgresql":
         import psycopg
 
-        from conftest import POSTGRES_URL
+        from tests.link.conftest import POSTGRES_URL
 
         name = url_missing.rsplit("/", 1)[1]
         with psycopg.connect(f"{POSTGRES_URL}/postgres", autocommit=True) as connection:
