@@ -37,22 +37,27 @@ from link.schemas import OpenAIError
 logger = logging.getLogger(__name__)
 # Completion tokens reserved for a request that sets no max_tokens on a model of unknown context length.
 DEFAULT_MAX_COMPLETION_TOKENS = 4096
-CHARS_PER_TOKEN = 3  # conservative (English BPE averages ~4): the estimate errs towards reserving more
-TOKENS_PER_MESSAGE = 4  # chat template overhead per message
+# The estimate must not undershoot, or a key's spend passes its budget (a fresh-user trial saw 157%):
+# code and non-English text run near 2 characters per token, each message adds its role markers, and a
+# chat format may add a fixed preamble (Gemma's in-context transcript is about 70 tokens).
+CHARS_PER_TOKEN = 2
+TOKENS_PER_MESSAGE = 8
+CHAT_FORMAT_TOKENS = 128
 RETRY_AFTER_IN_FLIGHT_S = 1  # Retry-After of a budget refusal that in-flight reservations cause
 
 
 def estimate_prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
     """Prompt tokens of a request, estimated from its characters (no tokenizer for remote models).
 
-    Chat: every message's content, tool calls and the tool schemas, ceil(chars / 3) plus 4 per message.
+    Chat: every message's content, tool calls and the tool schemas, ceil(chars / 2) plus 8 per message plus
+    128 for the chat format's preamble.
     Completion: the prompt's characters (a token-id prompt counts its ids).
     """
     if endpoint == "chat":
         messages = body.get("messages") or []
         text = json.dumps([m.get("content") for m in messages if isinstance(m, dict)]) + json.dumps(body.get("tools") or "")
         text += json.dumps([m.get("tool_calls") for m in messages if isinstance(m, dict) and m.get("tool_calls")])
-        return math.ceil(len(text) / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+        return math.ceil(len(text) / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages) + CHAT_FORMAT_TOKENS
     prompt = body.get("prompt")
     prompts = prompt if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else [prompt]
     total = 0

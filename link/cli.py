@@ -260,7 +260,7 @@ def keys_revoke(
     key_id: int = typer.Argument(..., help="The key's id (see `link keys list`)."),
     database_url: str = DATABASE_URL_OPTION,
 ) -> None:
-    """Revoke an API key: it stops authenticating at once."""
+    """Revoke an API key: running gateways refuse it within 2 seconds (they cache verified keys that long)."""
     from link.keys import KeyNotFound, revoke_key
 
     with _keys_session(database_url) as session:

@@ -104,7 +104,7 @@ def list_keys(session: Session, include_revoked: bool = True) -> list[ApiKeyPubl
 
 
 def revoke_key(session: Session, key_id: int) -> ApiKeyPublic:
-    """Revoke a key: it stops authenticating at once (in every gateway sharing the database).
+    """Revoke a key: every gateway sharing the database refuses it once its cache of verified keys (2 s) expires.
     Revoking an already revoked key keeps the first revocation time.
 
     Raises:

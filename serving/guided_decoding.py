@@ -68,9 +68,18 @@ class JsonGuide:
     def is_complete(self) -> bool:
         return self.automaton.is_complete(self.state)
 
+    @property
+    def is_closed(self) -> bool:
+        """True once the top-level value has ended on every path (a closing brace, bracket or quote):
+        then only end of output may follow, so the answer stops right after the JSON, as OpenAI's does,
+        instead of padding with whitespace up to max_tokens."""
+        return bool(self.state) and all(frame[0] == "done" for (frame, _), _ in self.state)
+
     def _next_state(self, token_id: int) -> State | None:
         if token_id in self.table.eos_ids:
             return self.state if self.is_complete else None
+        if self.is_closed:
+            return None
         text = self.table.texts[token_id] if token_id < len(self.table.texts) else None
         return None if text is None else self.automaton.feed(self.state, text)
 

@@ -88,7 +88,7 @@ def check_budget(engine, session, key_id: int, budget: float, responses: list[ht
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_budget_holds_under_concurrency(gateway, engine, session, stream):
-    budget = 0.1
+    budget = 0.5  # a reservation is ~$0.15 (the prompt estimate counts the chat preamble), a request costs $0.01
     key, plaintext = create_key(session, f"budget-{stream}", budget_usd=budget)
     responses = asyncio.run(fire([gateway.url], plaintext, NUM_PARALLEL, stream))
     check_budget(engine, session, key.id, budget, responses)
@@ -113,7 +113,7 @@ def test_two_gateway_processes_share_budgets_and_limits(db_url, engine, session,
     config = write_config(tmp_path / "link.yaml", [mock_deployment("priced", mock.api_base)])
     gateways = [start_gateway_process(config, db_url, tmp_path / f"home{i}") for i in range(2)]
     try:
-        budget = 0.1
+        budget = 0.5
         key, plaintext = create_key(session, "shared-budget", budget_usd=budget)
         responses = asyncio.run(fire([g.url for g in gateways], plaintext, NUM_PARALLEL))
         check_budget(engine, session, key.id, budget, responses)

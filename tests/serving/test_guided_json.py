@@ -245,3 +245,21 @@ def test_real_model_outputs_parse_greedy_and_sampled(smollm2, real_prompts):
         _check(json.loads(p.guided_json), c.text)
     # A 135M model sometimes writes a long string value; most documents still close within the budget.
     assert sum(o.outputs[0].finish_reason == "stop" for o in outputs) >= len(outputs) // 2
+
+
+def test_end_of_output_is_forced_once_the_document_is_closed():
+    tok = _CharTokenizer()
+    table = TokenTable(tok)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    guide = JsonGuide(JsonAutomaton(schema), table, Sampler(SamplingParams(temperature=0), eos_token_ids=tok.eos_token_ids))
+    out = []
+    for ch in '{"name": "Ada", "age": 36}':
+        logits = torch.full((tok.vocab_size,), -10.0)
+        logits[tok.vocab.index(ch)] = 10.0
+        out.append(guide.sample(logits, [], out))
+    assert tok.decode(out) == '{"name": "Ada", "age": 36}' and guide.is_closed
+    # The model now prefers a newline, then a space: neither may follow a closed document.
+    logits = torch.full((tok.vocab_size,), -10.0)
+    logits[tok.vocab.index("\n")], logits[tok.vocab.index(" ")] = 10.0, 9.0
+    assert guide.sample(logits, [], out) == 0
