@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from link.config import LinkConfig, load_config
 from link.routes import openai, policies, requests, system
-from link.schemas import OpenAIError, error_body
+from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
 
@@ -57,19 +57,20 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ())]
-        param = ".".join(loc[1:] if loc and loc[0] in ("body", "query", "path") else loc) or None
-        return JSONResponse(error_body(f"{param or 'body'}: {first.get('msg', 'invalid request')}", param=param), status_code=400)
+        errors = exc.errors()
+        skip = 1 if errors and tuple(errors[0].get("loc", ()))[:1] in (("body",), ("query",), ("path",)) else 0
+        message, param = describe_errors(errors, skip=skip)
+        return JSONResponse(error_body(message, param=param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        # As OpenAI: an unknown route is a 404 "Invalid URL (POST /v1/foo)" of type invalid_request_error.
         if exc.status_code == 404:
-            message, type_ = f"Unknown route {request.method} {request.url.path}.", "not_found_error"
+            message = f"Invalid URL ({request.method} {request.url.path})"
         elif exc.status_code == 405:
-            message, type_ = f"Method {request.method} is not allowed on {request.url.path}.", "invalid_request_error"
+            message = f"Method {request.method} is not allowed on {request.url.path}."
         else:
-            message, type_ = str(exc.detail), "invalid_request_error"
-        return JSONResponse(error_body(message, type_), status_code=exc.status_code, headers=exc.headers)
+            message = str(exc.detail)
+        return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)
 
     return app

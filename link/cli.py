@@ -28,6 +28,10 @@ bench_app = typer.Typer(help="Benchmarks of the platform.", no_args_is_help=True
 app.add_typer(bench_app, name="bench")
 keys_app = typer.Typer(help="API keys of the gateway (stored hashed in the database).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+# The eval CLI belongs to `evals` (a client of `link`); only this mount point knows about it.
+from evals.cli import eval_app  # noqa: E402
+
+app.add_typer(eval_app, name="eval")
 
 
 @app.command()

@@ -2,7 +2,8 @@
 
     limiter = RateLimiter(engine)                         # counters in the database
     limiter = RateLimiter(engine, redis_url="redis://127.0.0.1:6379/0")   # counters in Redis
-    retry_after_s = limiter.check(identity)               # None = admitted (and counted)
+    refusal = limiter.admit(identity)                     # None = admitted (and counted); else RateLimited
+    retry_after_s = limiter.check(identity)               # the same, as seconds to wait (None = admitted)
 
     ledger = BudgetLedger(engine)
     reservation = ledger.reserve(key_id, max_cost_usd)    # raises BudgetExceeded before any backend call
@@ -108,6 +109,15 @@ def _wait_s(limit: int, need: int, current: int, previous: int, elapsed: float, 
     return window_s - elapsed + decay_s
 
 
+@dataclass(frozen=True)
+class RateLimited:
+    """A refused request: which limit refused it ("requests" per minute or "tokens" per minute; the one
+    that takes longer to free up when both do) and the seconds after which a retry can succeed."""
+
+    limit: Literal["requests", "tokens"]
+    retry_after_s: float
+
+
 class RateLimiter:
     """Per-key requests-per-minute and tokens-per-minute limits.
 
@@ -137,7 +147,7 @@ class RateLimiter:
         self._cached_window: int | None = None
         self._previous: dict[str, tuple[int, int]] = {}
 
-    def check(self, key: KeyIdentity, tokens: int = 0) -> float | None:
+    def admit(self, key: KeyIdentity, tokens: int = 0) -> RateLimited | None:
         """Admit and count one request of `key`, or refuse it.
 
         Args:
@@ -147,7 +157,7 @@ class RateLimiter:
                 `record_tokens`). A request needs max(tokens, 1) tokens of room under the TPM limit.
 
         Returns:
-            None when admitted; else the seconds after which a retry can succeed (for `Retry-After`).
+            None when admitted; else the limit that refused it and the seconds to wait (for `Retry-After`).
         """
         if key.key_id is None or (key.rpm_limit is None and key.tpm_limit is None):
             return None
@@ -159,16 +169,22 @@ class RateLimiter:
         num_requests, num_tokens = self.counters.add(name, window_start, 1, tokens)
         previous = self._previous_counts(name, window_start) if self.is_sliding else (0, 0)
         weight = 1 - elapsed / self.window_s if self.is_sliding else 0.0
-        waits = []
-        # (limit, units this request needs, counts before it: this window, last window)
-        for limit, need, current, last in ((key.rpm_limit, 1, num_requests - 1, previous[0]),
-                                           (key.tpm_limit, max(tokens, 1), num_tokens - tokens, previous[1])):
+        waits: list[tuple[float, str]] = []
+        # (kind, limit, units this request needs, counts before it: this window, last window)
+        for kind, limit, need, current, last in (("requests", key.rpm_limit, 1, num_requests - 1, previous[0]),
+                                                 ("tokens", key.tpm_limit, max(tokens, 1), num_tokens - tokens, previous[1])):
             if limit is not None and last * weight + current + need > limit:
-                waits.append(_wait_s(limit, need, current, last, elapsed, self.window_s, self.is_sliding))
+                waits.append((_wait_s(limit, need, current, last, elapsed, self.window_s, self.is_sliding), kind))
         if not waits:
             return None
         self.counters.add(name, window_start, -1, -tokens)  # refused requests do not count
-        return max(0.001, max(waits))
+        wait_s, kind = max(waits)
+        return RateLimited(kind, max(0.001, wait_s))
+
+    def check(self, key: KeyIdentity, tokens: int = 0) -> float | None:
+        """`admit`, answering only the seconds to wait: None when admitted."""
+        refusal = self.admit(key, tokens)
+        return None if refusal is None else refusal.retry_after_s
 
     def _previous_counts(self, name: str, window_start: int) -> tuple[int, int]:
         """The last window's counts; read once per key and window by this process (a closed window only

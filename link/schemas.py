@@ -1,10 +1,14 @@
 """The OpenAI schemas the gateway speaks: requests (reused from `serving/api/protocol.py`), errors, model cards.
 
-The gateway accepts the full request schema of Chat Completions and Completions (tools, tool_choice,
-parallel_tool_calls, response_format, user, metadata, logprobs/top_logprobs, stream_options, n, stop,
-seed, max_tokens/max_completion_tokens and vLLM's sampling extensions); fields it does not know pass
-through to the backend untouched. Every failure answers with OpenAI's error object
-`{"error": {"message", "type", "param", "code"}}`.
+The gateway accepts every field of OpenAI's Chat Completions and Completions request schemas (tools,
+tool_choice, parallel_tool_calls, response_format, user, metadata, store, service_tier, prediction,
+reasoning_effort, modalities, audio, web_search_options, the legacy functions/function_call, logprobs,
+stream_options, n, stop, seed, max_tokens/max_completion_tokens) and vLLM's sampling extensions, and
+passes them to the backend untouched; a field outside that schema is a 400 ("Unrecognized request
+argument supplied: foo"), as with OpenAI. A local model refuses what it cannot honour (audio, web search,
+legacy functions) with a 400 naming the field. Every failure answers with OpenAI's error object
+`{"error": {"message", "type", "param", "code"}}`, `param` being the client's field path (`stop`,
+`messages[0].content`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from serving.api.protocol import ChatCompletionRequest, CompletionRequest, describe_errors, error_body, json_type
 
 REQUEST_SCHEMAS: dict[str, type[BaseModel]] = {"chat": ChatCompletionRequest, "completion": CompletionRequest}
 
@@ -46,13 +50,38 @@ class OpenAIError(Exception):
         return self._body or error_body(self.message, self.type, self.param, self.code)
 
 
-def invalid_body(exc: ValidationError, prefix_loc: int = 0) -> OpenAIError:
-    """A pydantic error -> 400 naming the first offending field ("messages", "n", "stream_options.include_usage")."""
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ())[prefix_loc:]]
-    param = ".".join(loc) or None
-    message = first.get("msg", "invalid request").removeprefix("Value error, ")
-    return OpenAIError(400, f"{param or 'body'}: {message}", param=param, log_status="invalid_request")
+def invalid_body(exc: ValidationError) -> OpenAIError:
+    """A pydantic error -> 400 naming the client's field ("messages[0].content", "stop", "stream_options")."""
+    message, param = describe_errors(exc.errors())
+    return OpenAIError(400, message, param=param, log_status="invalid_request")
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object.
+
+    Raises:
+        OpenAIError: 400 naming the position of a JSON syntax error, or saying the body is not an object.
+    """
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OpenAIError(400, f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno} "
+                          f"column {exc.colno} (character {exc.pos}).", log_status="invalid_request") from None
+    except (ValueError, UnicodeDecodeError):
+        raise OpenAIError(400, "We could not parse the JSON body of your request: it must be UTF-8 encoded JSON.",
+                          log_status="invalid_request") from None
+    if not isinstance(body, dict):
+        raise OpenAIError(400, f"The request body must be a JSON object, not {json_type(body)}.",
+                          log_status="invalid_request")
+    return body
+
+
+def validate_request(body: dict[str, Any], endpoint: str) -> BaseModel:
+    """The validated request of `endpoint` ("chat" or "completion"). Raises OpenAIError: 400 naming the field."""
+    try:
+        return REQUEST_SCHEMAS[endpoint].model_validate(body)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
 
 
 def parse_request(raw: bytes, endpoint: str) -> tuple[dict[str, Any], BaseModel]:
@@ -61,16 +90,8 @@ def parse_request(raw: bytes, endpoint: str) -> tuple[dict[str, Any], BaseModel]
     Raises:
         OpenAIError: 400 for JSON that does not parse, is not an object, or fails the schema (naming the field).
     """
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OpenAIError(400, f"the request body is not valid JSON: {exc}", log_status="invalid_request") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "the request body must be a JSON object", log_status="invalid_request")
-    try:
-        return body, REQUEST_SCHEMAS[endpoint].model_validate(body)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
+    body = parse_json_object(raw)
+    return body, validate_request(body, endpoint)
 
 
 def model_not_found(name: str, known: list[str]) -> OpenAIError:
@@ -78,6 +99,12 @@ def model_not_found(name: str, known: list[str]) -> OpenAIError:
                        param="model", code="model_not_found", log_status="invalid_request")
 
 
-def model_card(name: str, created: int, *, owned_by: str, link: dict[str, Any]) -> dict:
-    """One entry of GET /v1/models; `link` carries our details (kind, replicas, policy type and models)."""
-    return {"id": name, "object": "model", "created": created, "owned_by": owned_by, "link": link}
+def model_card(name: str, created: int, *, owned_by: str, link: dict[str, Any], max_model_len: int | None = None) -> dict:
+    """One entry of GET /v1/models; `link` carries our details (kind, replicas, policy type and models).
+
+    `max_model_len` (tokens of prompt plus output, vLLM's field; models only) is left out when unknown.
+    """
+    card = {"id": name, "object": "model", "created": created, "owned_by": owned_by, "link": link}
+    if max_model_len is not None:
+        card["max_model_len"] = max_model_len
+    return card

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
         datasets_dir: benchmark and routing data; default `{home}/datasets` (`LINK_DATASETS_DIR`).
         health_interval_s: seconds between health checks of every deployment.
         eject_cooldown_s: seconds a failing deployment stays out of rotation before it is probed again.
+        local_dtype: weights and KV cache dtype of in-process local engines (`LINK_LOCAL_DTYPE`): "auto" (bf16
+            on a GPU or a CPU with native bf16 such as AVX512_BF16, else fp32), "float32" or "bfloat16".
+        metrics_public: serve `/metrics` without a key (`LINK_METRICS_PUBLIC=true`); by default it needs the
+            master key whenever one is set (a Prometheus scraper sends it as a bearer token).
     """
 
     model_config = SettingsConfigDict(env_prefix="LINK_", extra="ignore", validate_default=True)
@@ -65,6 +69,8 @@ class Settings(BaseSettings):
     datasets_dir: Path | None = None
     health_interval_s: float = Field(5.0, gt=0)
     eject_cooldown_s: float = Field(10.0, ge=0)
+    metrics_public: bool = False
+    local_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> Settings:

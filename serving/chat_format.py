@@ -4,18 +4,26 @@
   SmolLM2's ChatML), rendered in a sandbox with `add_generation_prompt=True`.
 - `InContextChatFormat`: for base models with no template (Gemma 3 270M). We prepend a short fixed
   conversation in a plain "User:/Assistant:" transcript so the model continues in the assistant's
-  voice, and stop generation when it starts the next "User:" turn. A plain transcript was chosen over
-  Gemma's instruction-tuned `<start_of_turn>` markup because a base model has seen transcripts of this
-  shape far more often in pre-training than the markup of a later fine-tune.
+  voice, and stop generation when it starts the next turn (its turn markers are stop strings, added
+  after the client's own `stop`). A plain transcript was chosen over Gemma's instruction-tuned
+  `<start_of_turn>` markup because a base model has seen transcripts of this shape far more often in
+  pre-training than the markup of a later fine-tune. The prompt ends with "Assistant:" and no space:
+  the reply's first token carries the space ("▁The"), as in the examples; a prompt ending in the space
+  leaves a bare "▁" token that the model rarely saw followed by a word, and it then answers far worse
+  (lists, runs of digits). The engine drops that one space from the text (`strip_leading_space`).
+
+    params = fmt.reply_params(params)   # the format's stop strings and strip_leading_space
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from serving.errors import ServingError
+from serving.sampling_params import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -54,14 +62,24 @@ def normalize_messages(messages: Sequence[dict]) -> list[dict[str, str]]:
 
 
 class ChatFormat(ABC):
-    """Renders messages into a prompt; `stop` lists extra stop strings that end the assistant turn."""
+    """Renders messages into a prompt; `stop` lists extra stop strings that end the assistant turn;
+    `strip_leading_space` says the reply opens with a space that is not part of it."""
 
     stop: tuple[str, ...] = ()
+    strip_leading_space: bool = False
     add_special_tokens: bool = True
 
     @abstractmethod
     def render(self, messages: Sequence[dict]) -> str:
         """The prompt text ending where the assistant's reply begins."""
+
+    def reply_params(self, params: SamplingParams) -> SamplingParams:
+        """`params` for a reply in this format: the client's `stop` strings first, then the format's
+        own (those not already there), and the format's `strip_leading_space`."""
+        stop = tuple(params.stop) + tuple(s for s in self.stop if s not in params.stop)
+        if stop == tuple(params.stop) and params.strip_leading_space == self.strip_leading_space:
+            return params
+        return dataclasses.replace(params, stop=stop, strip_leading_space=self.strip_leading_space)
 
 
 @dataclass
@@ -103,11 +121,21 @@ IN_CONTEXT_PREAMBLE = (
 class InContextChatFormat(ChatFormat):
     """A few-shot transcript for base models: "User: ..." / "Assistant: ..." turns."""
 
-    stop = ("\nUser:", "\n\nUser")
+    # The markers that open a turn in this transcript: the model writing one has left its reply.
+    stop = ("\nUser:", "\nAssistant:", "\nTool result:", "\n\nUser")
+    strip_leading_space = True
 
     def render(self, messages: Sequence[dict]) -> str:
-        parts = [IN_CONTEXT_PREAMBLE]
-        for m in normalize_messages(messages):
+        """The leading system messages, the preamble, then the turns; the prompt ends with "Assistant:".
+
+        The system text comes before the examples: placed after them, right before the user's turn,
+        it was the text Gemma 270M went on to repeat after its answer ("The sky is blue.\\n\\nReply
+        with one word."), a run-on no turn marker catches.
+        """
+        messages = normalize_messages(messages)
+        num_leading = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        parts = [f"{m['content']}\n\n" for m in messages[:num_leading]] + [IN_CONTEXT_PREAMBLE]
+        for m in messages[num_leading:]:
             if m["role"] == "system":
                 parts.append(f"{m['content']}\n\n")
             elif m["role"] == "user":

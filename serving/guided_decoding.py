@@ -1,4 +1,5 @@
-"""Constrained sampling: choose each token so the output stays a prefix of a valid JSON document.
+"""Constrained sampling: choose each token so the output stays a prefix of a valid JSON document (or of
+tagged blocks, see `serving.guided_json`).
 
 Lazy masking: rather than testing all V tokens every step, the guide walks the tokens in descending
 (penalized) logit order and feeds each token's text to a copy of the `JsonAutomaton` state:
@@ -10,8 +11,15 @@ Lazy masking: rather than testing all V tokens every step, the guide walks the t
   min-p, seeded generator) then draws from the logits with every other token masked to -inf. The
   tail this leaves out holds under EPSILON * MAX_EXTRA_CANDIDATES of the valid mass.
 
+Where every path is inside fixed text (a tag such as `<tool_call>`), only the tokens whose text starts
+with the forced character are ranked (`TokenTable.starting_with`), so forcing text the model does not
+expect costs no walk down a 262k-token vocabulary.
+
 End-of-sequence tokens are valid only once the document is complete, so a finished output always
-parses; an output cut by `max_tokens` ends with finish_reason "length".
+parses; an output cut by `max_tokens` ends with finish_reason "length". With
+`SamplingParams.strip_leading_space` (the in-context chat format) the space that the engine drops from
+the start of the output is dropped from the first token's text before it is fed, so the automaton sees
+exactly the text the client gets.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from typing import Iterator, Sequence
 import torch
 
 from serving.guided_json import JsonAutomaton, State
-from serving.sampler import Sampler, apply_logit_bias, apply_penalties, mask_stop_tokens
+from serving.logits_processors import apply_logit_bias, apply_penalties, mask_stop_tokens
+from serving.sampler import Sampler
 
 EPSILON = 1e-4
 MAX_EXTRA_CANDIDATES = 256
@@ -49,6 +58,15 @@ class TokenTable:
             text = text[len(head):] if text.startswith(head) else tokenizer.decode([tid])
             self.texts.append(text if text and "\ufffd" not in text else None)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        by_first: dict[str, list[int]] = {}
+        for tid, text in enumerate(self.texts):
+            if text is not None:
+                by_first.setdefault(text[0], []).append(tid)
+        self._by_first = {c: torch.tensor(ids, dtype=torch.long) for c, ids in by_first.items()}
+
+    def starting_with(self, c: str) -> torch.Tensor:
+        """The ids of the tokens whose text starts with the character `c`, shape [k] (long)."""
+        return self._by_first.get(c, torch.empty(0, dtype=torch.long))
 
 
 class JsonGuide:
@@ -63,6 +81,7 @@ class JsonGuide:
     def __init__(self, automaton: JsonAutomaton, table: TokenTable, sampler: Sampler):
         self.automaton, self.table, self.sampler = automaton, table, sampler
         self.state: State = automaton.start()
+        self._skip_space = sampler.params.strip_leading_space  # until the first token is chosen
 
     @property
     def is_complete(self) -> bool:
@@ -70,10 +89,9 @@ class JsonGuide:
 
     @property
     def is_closed(self) -> bool:
-        """True once the top-level value has ended on every path (a closing brace, bracket or quote):
-        then only end of output may follow, so the answer stops right after the JSON, as OpenAI's does,
-        instead of padding with whitespace up to max_tokens."""
-        return bool(self.state) and all(frame[0] == "done" for (frame, _), _ in self.state)
+        """True once the output has ended on every path (the document closed, the last tag written):
+        then only end of output may follow, so the answer stops right after the JSON, as OpenAI's does."""
+        return self.automaton.is_closed(self.state)
 
     def _next_state(self, token_id: int) -> State | None:
         if token_id in self.table.eos_ids:
@@ -81,6 +99,8 @@ class JsonGuide:
         if self.is_closed:
             return None
         text = self.table.texts[token_id] if token_id < len(self.table.texts) else None
+        if text is not None and self._skip_space and text.startswith(" "):
+            text = text[1:] or None  # a bare space first would leave the model after "▁", where it answers badly
         return None if text is None else self.automaton.feed(self.state, text)
 
     def sample(self, logits: torch.Tensor, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> int:
@@ -100,7 +120,8 @@ class JsonGuide:
         ranked = apply_penalties(ranked, params, prompt_ids, output_ids)
         states: dict[int, State] = {}
         best, extra = None, 0
-        for tid, value in _ranked(ranked):
+        forced = None if self._skip_space else self.automaton.forced_char(self.state)
+        for tid, value in _ranked(ranked, None if forced is None else self.table.starting_with(forced)):
             if value == float("-inf"):
                 break
             if best is not None:
@@ -121,20 +142,29 @@ class JsonGuide:
             masked = torch.full_like(logits, float("-inf"))
             masked[allowed] = logits[allowed]
             token = sampler.sample(masked, prompt_ids, output_ids)
-        self.state = states[token]
+        self.state, self._skip_space = states[token], False
         return token
 
 
-def _ranked(x: torch.Tensor) -> Iterator[tuple[int, float]]:
-    """(token id, value) in descending value order: the top FIRST_CANDIDATES first, the full sort only if needed."""
+def _ranked(x: torch.Tensor, among: torch.Tensor | None = None) -> Iterator[tuple[int, float]]:
+    """(token id, value) in descending value order: the top FIRST_CANDIDATES first, the full sort only if needed.
+
+    Args:
+        x: values, shape [V].
+        among: only these token ids (shape [k], long), or None for all of them.
+    """
+    names = None if among is None else among.tolist()
+    if among is not None:
+        x = x[among]
     k = min(FIRST_CANDIDATES, x.shape[0])
     values, ids = torch.topk(x, k)
-    seen = ids.tolist()
-    yield from zip(seen, values.tolist())
+    head = ids.tolist()
+    for i, value in zip(head, values.tolist()):
+        yield (i if names is None else names[i]), value
     if k == x.shape[0]:
         return
-    seen = set(seen)
+    seen = set(head)
     values, ids = torch.sort(x, descending=True)
-    for tid, value in zip(ids.tolist(), values.tolist()):
-        if tid not in seen:
-            yield tid, value
+    for i, value in zip(ids.tolist(), values.tolist()):
+        if i not in seen:
+            yield (i if names is None else names[i]), value

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from typing import Sequence, Union
@@ -79,8 +78,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Answer one conversation (a list of {"role", "content"} dicts) or a list of conversations.
 
-        The model's chat format renders the messages; its extra stop strings (the in-context format's
-        "\\nUser:") are added to each request's `stop`.
+        The model's chat format renders the messages and adjusts each request's params
+        (`ChatFormat.reply_params`: the in-context format's turn markers as stop strings, and its
+        reply's opening space dropped).
 
         Raises:
             ServingError: no messages, a message with an unknown role or non-text content, or a params
@@ -95,9 +95,7 @@ class LLM:
         for conversation, params in zip(conversations, params_list):
             prompt = fmt.render(conversation)
             ids = self.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
-            if fmt.stop:
-                params = dataclasses.replace(params, stop=tuple(params.stop) + tuple(s for s in fmt.stop if s not in params.stop))
-            work.append((prompt, ids, params))
+            work.append((prompt, ids, fmt.reply_params(params)))
         return self._run(work)
 
     def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:

@@ -16,7 +16,6 @@ forks n sequences that share the prompt's KV blocks (copy-on-write on the partia
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -78,7 +77,7 @@ class _SeqState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     first_token_time: float | None = None
-    guide: object | None = None  # serving.guided_decoding.JsonGuide when params.guided_json is set
+    guide: object | None = None  # serving.guided_decoding.JsonGuide for guided_json / structural_tag
 
 
 @dataclass
@@ -137,10 +136,10 @@ class LLMEngine:
                 "tokens of prompt and output together here (the model's context, or the KV cache size if smaller); "
                 "shorten the prompt"
             )
-        if params.guided_json is not None:  # raises UnsupportedSchemaError (a ServingError) now, not mid-step
-            from serving.guided_json import JsonAutomaton
+        if params.guided_json is not None or params.structural_tag is not None:
+            from serving.guided_json import automaton_for
 
-            JsonAutomaton(json.loads(params.guided_json))
+            automaton_for(params.guided_json, params.structural_tag)  # UnsupportedSchemaError now, not mid-step
         vocab = self.loaded.config.vocab_size
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
@@ -179,6 +178,7 @@ class LLMEngine:
             return []
         logits = self.runner.execute(plan.scheduled, plan.block_copies, plan.sliding_block_copies)
         now = time.monotonic()
+        greedy: list[Sequence] = []  # rows whose next token is the plain argmax (see `_plain_greedy_tokens`)
         for seq, num_new in plan.scheduled:
             request = self._seq_to_request[seq.seq_id]
             if request.first_scheduled_time is None:
@@ -190,7 +190,11 @@ class LLMEngine:
                 self.block_manager.mark_computed(seq)
             if self.sliding_block_manager is not None:
                 self.sliding_block_manager.release_out_of_window(seq)
-        decided = self._plain_greedy_tokens(plan.scheduled, logits)
+            if seq.seq_id in logits and len(request.seqs) == request.params.n:  # not a first token that forks
+                state = request.states[seq.seq_id]
+                if state.guide is None and state.logprobs is None and state.sampler.is_plain_greedy(seq.num_output_tokens):
+                    greedy.append(seq)
+        decided = self._plain_greedy_tokens(greedy, logits)
         touched: dict[str, _Request] = {}
         for seq, _ in plan.scheduled:
             if seq.seq_id not in logits:
@@ -225,17 +229,9 @@ class LLMEngine:
                                                guide=self._guide(params, sampler))
         self._seq_to_request[seq.seq_id] = request
 
-    def _plain_greedy_tokens(self, scheduled: list[tuple[Sequence, int]], logits: dict[int, torch.Tensor]) -> dict[int, int]:
-        """{seq_id: token} for the sequences whose next token is the plain argmax, decided in one batched
-        call (see `Sampler.is_plain_greedy`); the others are sampled one by one."""
-        seqs = []
-        for seq, _ in scheduled:
-            request = self._seq_to_request.get(seq.seq_id)
-            if seq.seq_id not in logits or request is None or len(request.seqs) < request.params.n:
-                continue
-            state = request.states[seq.seq_id]
-            if state.guide is None and state.logprobs is None and state.sampler.is_plain_greedy(seq.num_output_tokens):
-                seqs.append(seq)
+    def _plain_greedy_tokens(self, seqs: list[Sequence], logits: dict[int, torch.Tensor]) -> dict[int, int]:
+        """{seq_id: token} for `seqs`, whose next token is the plain argmax (`Sampler.is_plain_greedy`),
+        decided in one batched call when there are two or more; the others are sampled one by one."""
         if len(seqs) < 2:
             return {}
         tokens = batched_argmax([logits[seq.seq_id] for seq in seqs])
@@ -261,14 +257,14 @@ class LLMEngine:
         detok = state.detokenizer
         previous_len = len(detok.text)
         detok.step(seq.output_token_ids)  # decodes a few recent tokens, not the whole output
-        state.text = detok.text
+        state.text = _visible(detok.text, params)
         result = check_stop(params, token, seq.num_output_tokens, detok.text, previous_len, tokenizer.eos_token_ids)
         if result is None and seq.num_tokens >= self.max_model_len:
             result = StopResult("length", None)
         if result is None:
             return
         state.finish_reason, state.stop_reason = result.finish_reason, result.stop_reason
-        state.text = result.text if result.text is not None else self._final_text(detok, seq.output_token_ids, result)
+        state.text = _visible(result.text if result.text is not None else self._final_text(detok, seq.output_token_ids, result), params)
         self.scheduler.finish(seq)
         self._seq_to_request.pop(seq.seq_id, None)
 
@@ -281,15 +277,16 @@ class LLMEngine:
         return self.loaded.tokenizer.decode(kept, skip_special_tokens=detok.skip_special_tokens)
 
     def _guide(self, params: SamplingParams, sampler: Sampler):
-        """A fresh `JsonGuide` for one sequence of a `guided_json` request (the token table is built once)."""
-        if params.guided_json is None:
+        """A fresh `JsonGuide` for one sequence of a `guided_json` or `structural_tag` request (the token
+        table is built once)."""
+        if params.guided_json is None and params.structural_tag is None:
             return None
         from serving.guided_decoding import JsonGuide, TokenTable
-        from serving.guided_json import JsonAutomaton
+        from serving.guided_json import automaton_for
 
         if self._token_table is None:
             self._token_table = TokenTable(self.loaded.tokenizer)
-        return JsonGuide(JsonAutomaton(json.loads(params.guided_json)), self._token_table, sampler)
+        return JsonGuide(automaton_for(params.guided_json, params.structural_tag), self._token_table, sampler)
 
     def _snapshot(self, request: _Request) -> RequestOutput:
         completions = []
@@ -331,6 +328,11 @@ def _pool_sizes(loaded: LoadedModel, config: EngineConfig) -> tuple[int, int]:
     if config.num_sliding_blocks:
         num_sliding = config.num_sliding_blocks
     return num_global, num_sliding
+
+
+def _visible(text: str, params: SamplingParams) -> str:
+    """The output text the client sees: less its opening space under `strip_leading_space`."""
+    return text[1:] if params.strip_leading_space and text.startswith(" ") else text
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

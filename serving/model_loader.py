@@ -21,14 +21,38 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
+def cpu_has_bf16() -> bool:
+    """True when the CPU multiplies bf16 natively (AVX512_BF16 or AMX-BF16; Linux /proc/cpuinfo flags).
+
+    Without it PyTorch emulates bf16 matmuls through fp32 conversions, which is slower than fp32.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def auto_dtype() -> torch.dtype:
+    """The fastest safe dtype here: bf16 on a CUDA GPU or a CPU with native bf16, else fp32."""
+    return torch.bfloat16 if torch.cuda.is_available() or cpu_has_bf16() else torch.float32
+
+
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """"float32"/"bfloat16"/"float16" (or a torch dtype) -> torch dtype. Raises ServingError otherwise."""
+    """"float32"/"bfloat16"/"float16"/"auto" (see `auto_dtype`) or a torch dtype -> torch dtype.
+
+    Raises:
+        ServingError: any other name.
+    """
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        return auto_dtype()
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise ServingError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}") from None
+        raise ServingError(f"unsupported dtype {dtype!r}; use one of auto, {', '.join(DTYPES)}") from None
 
 
 @dataclass

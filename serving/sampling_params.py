@@ -11,7 +11,9 @@ Which layer consumes which field:
   `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logprobs`, `logit_bias`,
   `min_tokens` (with `stop_token_ids` and the model's EOS ids).
 * The engine / scheduler: `n`, `max_tokens`, `min_tokens`, `stop_token_ids`, `ignore_eos`.
-* The detokenizer / output processor: `stop`, `include_stop_str_in_output`, `skip_special_tokens`.
+* The detokenizer / output processor: `stop`, `include_stop_str_in_output`, `skip_special_tokens`,
+  `strip_leading_space`.
+* Guided decoding (`serving.guided_decoding`): `guided_json`, `structural_tag`.
 """
 
 from __future__ import annotations
@@ -123,6 +125,13 @@ class SamplingParams:
         guided_json: A JSON Schema, as JSON text, that the output must follow (`response_format`),
             or None. Consumed by the engine, which samples through `serving.guided_decoding.JsonGuide`;
             the schema subset is `serving.guided_json`'s.
+        structural_tag: Tagged JSON blocks the output must be, as JSON text, or None (vLLM's structural
+            tag; forced tool calls): {"structures": [{"begin": str, "schema": JSON Schema, "end": str}],
+            "max_blocks": int >= 1 (default 1), "separator": str (default "\\n")}; the output is 1 to
+            max_blocks blocks `begin + document + end`, joined by the separator. At most one of
+            `guided_json` and `structural_tag`.
+        strip_leading_space: Drop one space at the start of the output text (the token ids keep it).
+            Set by the in-context chat format, whose replies follow "Assistant:" and open with a space.
     """
 
     n: int = 1
@@ -144,6 +153,8 @@ class SamplingParams:
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = field(default=())
     guided_json: str | None = None
+    structural_tag: str | None = None
+    strip_leading_space: bool = False
 
     def __post_init__(self) -> None:
         # Normalize `stop` / `stop_token_ids` (str / int / list / None -> tuple) so the object is
@@ -238,7 +249,9 @@ class SamplingParams:
                             f"a mapping of token ids >= 0 to biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
         if self.guided_json is not None and not isinstance(self.guided_json, str):
             raise _fail("guided_json", self.guided_json, "None or a JSON Schema as JSON text")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        if self.structural_tag is not None and (not isinstance(self.structural_tag, str) or self.guided_json is not None):
+            raise _fail("structural_tag", self.structural_tag, "None or a structural tag as JSON text, without guided_json")
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "strip_leading_space"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "a bool")
 

@@ -93,7 +93,14 @@ class LiteLLMBackend(Backend):
             response = await call(**kwargs)
             async for chunk in response:
                 num_chunks += 1
-                yield _clean(chunk.model_dump())
+                data = _clean(chunk.model_dump())
+                usage = data.get("usage")
+                if usage and data.get("choices"):
+                    # Some LiteLLM versions put the usage on the last content chunk; OpenAI sends it alone,
+                    # with empty `choices`, after the chunk that carries finish_reason.
+                    yield {**data, "usage": None}
+                    data = {**data, "choices": [], "usage": usage}
+                yield data
         except Exception as exc:
             raise _mapped(exc, self.deployment, num_chunks) from exc
 

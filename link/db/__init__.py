@@ -4,6 +4,7 @@
     upgrade(settings.database_url)           # schema to head; idempotent, safe across processes
 """
 
+import link.db.evals  # noqa: F401  (registers the eval tables on SQLModel.metadata)
 from link.db.engine import make_db_engine, normalize_url
 from link.db.migrate import upgrade
 

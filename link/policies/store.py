@@ -128,13 +128,16 @@ class PolicyStore:
     def _row(self, session: Session, name: str) -> PolicyRow:
         row = session.exec(select(PolicyRow).where(PolicyRow.name == name)).first()
         if row is None:
-            if name in self.configured or name in self.fixed:
+            if name in self.configured:
                 raise PolicyConflict(f"{name!r} is not a database policy (it comes from the config); it is read-only here")
+            if name in self.fixed:
+                raise PolicyNotFound(f"no policy named {name!r}; model names are implicit fixed policies and cannot "
+                                     "be changed or deleted")
             raise PolicyNotFound(f"no policy named {name!r}")
         return row
 
     def get(self, session: Session, name: str) -> PolicyPublic:
-        """One database policy. Raises PolicyNotFound, PolicyConflict (a config policy or model name)."""
+        """One database policy. Raises PolicyNotFound (also for a model name), PolicyConflict (a config policy)."""
         return PolicyPublic.model_validate(self._row(session, name))
 
     def list(self, session: Session) -> list[PolicyPublic]:
@@ -142,27 +145,39 @@ class PolicyStore:
         return [PolicyPublic.model_validate(r) for r in session.exec(select(PolicyRow).order_by(PolicyRow.id))]
 
     def update(self, session: Session, name: str, body: PolicyUpdate, *, replace: bool = False) -> PolicyPublic:
-        """Change a database policy: the fields given (PATCH), or all of them (PUT, `replace=True`).
+        """Change a database policy: the fields given (PATCH), or all of them (PUT, `replace=True`); a `name`
+        field on `body` (when it has one) renames the policy.
 
         Raises:
-            PolicyNotFound (404), PolicyConflict (409), PolicyError (400; PUT without `type` or `models`).
+            PolicyNotFound (404), PolicyConflict (409: a config policy, or a new name that is taken),
+            PolicyError (400; PUT without `type` or `models`).
         """
         row = self._row(session, name)
         if replace:
             missing = [f for f in ("type", "models") if getattr(body, f) is None]
             if missing:
                 raise PolicyError(f"PUT replaces the whole policy: {', '.join(missing)} required", param=missing[0])
+        new_name = getattr(body, "name", None) or name
+        if new_name != name:
+            self._check_name(new_name)
         options = body.options if body.options is not None else ({} if replace else row.options)
-        config = self._validated(name, body.type or row.type, body.models if body.models is not None else row.models, options)
-        row.type, row.models, row.options, row.updated_at = config.type, list(config.models), dict(config.options), utcnow()
+        config = self._validated(new_name, body.type or row.type, body.models if body.models is not None else row.models, options)
+        row.name, row.type, row.models, row.options = config.name, config.type, list(config.models), dict(config.options)
+        row.updated_at = utcnow()
         session.add(row)
-        session.commit()
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()
+            raise PolicyConflict(f"a policy named {new_name!r} already exists") from None
         session.refresh(row)
-        self._stored[name] = make_policy(config, self.model_names)
+        self._stored.pop(name, None)
+        self._stored[row.name] = make_policy(config, self.model_names)
         return PolicyPublic.model_validate(row)
 
     def delete(self, session: Session, name: str) -> None:
-        """Delete a database policy. Raises PolicyNotFound (404), PolicyConflict (409)."""
+        """Delete a database policy. Raises PolicyNotFound (404; also for a model name), PolicyConflict (409: a
+        config policy, which is read-only)."""
         row = self._row(session, name)
         session.delete(row)
         session.commit()

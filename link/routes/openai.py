@@ -8,7 +8,9 @@ A request's life (`handle`):
     5. reserve the request's maximum cost in the key's budget (429 insufficient_quota)  link/accounting.py
     6. call the backends: fallback across replicas and models before the first byte   link/proxy.py
     7. settle the real cost, count tokens, write the request-log row, observe metrics (always, in `finally`)
-Every answer carries `x-link-request-id`, `x-link-policy` and `x-link-model`.
+Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
+else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
+requested name); a whole (non-streamed) answer also carries `x-link-cost-usd`, its cost in USD.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from link.accounting import Accounting, RequestRecord, max_request_cost
 from link.backends import BackendError
+from link.config import ModelDeployment
 from link.deps import StateDep
 from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
-from link.schemas import OpenAIError, model_card, model_not_found, parse_request
+from link.schemas import OpenAIError, model_card, model_not_found, parse_json_object, validate_request
 from link.state import GatewayState
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
+from serving.errors import ServingError
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -38,7 +42,8 @@ class GatewayStream(StreamingResponse):
     """A streamed answer that finishes its accounting however the stream ends (also when never started)."""
 
     def __init__(self, live: LiveStream, record: RequestRecord, accounting: Accounting, include_usage: bool):
-        super().__init__(sse_frames(live, record, include_usage), media_type="text/event-stream", headers=_headers(record))
+        super().__init__(sse_frames(live, record, include_usage), media_type="text/event-stream",
+                         headers=_headers(record, record.model or ""))
         self.live, self.record, self.accounting = live, record, accounting
 
     async def __call__(self, scope, receive, send) -> None:
@@ -54,30 +59,50 @@ class GatewayStream(StreamingResponse):
                 await self.accounting.finish(self.record)
 
 
-def _headers(record: RequestRecord) -> dict[str, str]:
-    return {"x-link-request-id": record.request_id, "x-link-policy": record.policy or "", "x-link-model": record.model or ""}
+def _headers(record: RequestRecord, requested: str) -> dict[str, str]:
+    """The x-link-* headers; `requested` is the `model` the client sent ("" when unreadable)."""
+    attempts = record.decision.get("attempts") or [{}]
+    model = record.model or attempts[-1].get("model") or requested
+    return {"x-link-request-id": record.request_id, "x-link-policy": record.policy or requested, "x-link-model": model}
 
 
 async def _rate_limit(state: GatewayState, record: RequestRecord) -> None:
+    """Raises OpenAIError 429 (type "requests" or "tokens", code rate_limit_exceeded, Retry-After) over a limit."""
     identity = record.identity
     if identity.key_id is None or (identity.rpm_limit is None and identity.tpm_limit is None):
         return
-    retry_after = await asyncio.to_thread(state.limiter.check, identity)
-    if retry_after is not None:
-        raise OpenAIError(429, f"Rate limit reached for API key {identity.name!r} (requests or tokens per minute); "
-                          f"retry after {retry_after:.1f} s.", type_="requests", code="rate_limit_exceeded",
-                          headers={"Retry-After": str(max(1, math.ceil(retry_after)))}, log_status="rate_limited")
+    refusal = await asyncio.to_thread(state.limiter.admit, identity)
+    if refusal is not None:
+        limit = identity.rpm_limit if refusal.limit == "requests" else identity.tpm_limit
+        raise OpenAIError(429, f"Rate limit reached for API key {identity.name!r} on {refusal.limit} per minute: "
+                          f"limit {limit}; retry after {refusal.retry_after_s:.1f} s.", type_=refusal.limit,
+                          code="rate_limit_exceeded", headers={"Retry-After": str(max(1, math.ceil(refusal.retry_after_s)))},
+                          log_status="rate_limited")
+
+
+def _requested_model(raw: bytes) -> tuple[dict | None, OpenAIError | None, str]:
+    """(the body, or None and the error that refuses it, the `model` it names or "") — read before the key is
+    checked only so that every answer can name the requested model; errors are raised in their turn."""
+    try:
+        body = parse_json_object(raw)
+    except OpenAIError as exc:
+        return None, exc, ""
+    model = body.get("model")
+    return body, None, model if isinstance(model, str) else ""
 
 
 async def handle(request: Request, state: GatewayState, endpoint: str) -> Response:
     """One OpenAI request, steps 1-7 of the module docstring; never raises."""
     record = RequestRecord(endpoint=endpoint)
     is_streaming = False
+    requested = ""
     try:
-        raw = await request.body()
+        body, bad_json, requested = _requested_model(await request.body())
         record.identity = await state.auth.identify(request.headers.get("authorization"))
         await _rate_limit(state, record)
-        body, parsed = parse_request(raw, endpoint)
+        if bad_json is not None:
+            raise bad_json
+        parsed = validate_request(body, endpoint)
         record.body, record.stream, record.policy = body, parsed.stream, parsed.model
         policy = await state.policies.resolve(parsed.model)
         if policy is None:
@@ -94,13 +119,16 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
             return GatewayStream(live, record, state.accounting, include_usage)
         response = await unless_disconnected(request, complete(state.pools, plan, record, endpoint, body))
         record.status, record.http_status = "ok", 200
-        return JSONResponse(response, headers=_headers(record))
+        record.estimate_missing_usage()
+        # The cost of a whole answer is known now (a stream's only after its last chunk): clients such as
+        # `link eval` read it without a request-log lookup.
+        return JSONResponse(response, headers={**_headers(record, requested), "x-link-cost-usd": f"{record.cost_usd:.9f}"})
     except OpenAIError as exc:
         record.fail(exc)
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers={**_headers(record), **exc.headers})
+        return JSONResponse(exc.body(), status_code=exc.status_code, headers={**_headers(record, requested), **exc.headers})
     except BackendError as exc:
         record.fail(exc)
-        return JSONResponse(exc.to_openai(), status_code=exc.status_code, headers=_headers(record))
+        return JSONResponse(exc.to_openai(), status_code=exc.status_code, headers=_headers(record, requested))
     except (ClientDisconnected, asyncio.CancelledError) as exc:
         record.status, record.http_status, record.error = "client_disconnected", 499, "the client disconnected"
         if isinstance(exc, asyncio.CancelledError):
@@ -111,7 +139,7 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
         record.fail(exc)
         return JSONResponse({"error": {"message": f"internal error ({type(exc).__name__}); request id {record.request_id}",
                                        "type": "server_error", "param": None, "code": None}},
-                            status_code=500, headers=_headers(record))
+                            status_code=500, headers=_headers(record, requested))
     finally:
         if not is_streaming:
             await state.accounting.finish(record)
@@ -129,8 +157,33 @@ async def completions(request: Request, state: StateDep) -> Response:
     return await handle(request, state, "completion")
 
 
+def _deployment_context(state: GatewayState, deployment: ModelDeployment) -> int | None:
+    """Tokens of prompt plus output one deployment takes: a loaded local engine's `max_model_len` (the
+    configured context, capped by its KV cache), else the configured `context_length` (for a registry
+    model, the registry's, capped by the config); None when unknown."""
+    pool = state.engine_pool
+    if deployment.kind != "local" or pool is None:
+        return deployment.context_length
+    # EnginePool has no public accessor for a loaded engine yet; `_states` maps `local` to its EngineState.
+    loaded = getattr(pool, "_states", {}).get(deployment.local)
+    if loaded is not None:
+        return loaded.engine.engine.max_model_len
+    if deployment.is_local_path:
+        return deployment.context_length
+    try:
+        return pool.spec_for(deployment).context_length
+    except ServingError:  # not in the registry: the model cannot load; say what the config says
+        return deployment.context_length
+
+
+def _context_length(state: GatewayState, name: str) -> int | None:
+    """The smallest context of a model's replicas (a request that fits it fits each), or None if none is known."""
+    known = [c for d in state.config.deployments(name) if (c := _deployment_context(state, d))]
+    return min(known) if known else None
+
+
 def _cards(state: GatewayState) -> list[dict]:
-    cards = [model_card(name, state.created, owned_by="togetherlink",
+    cards = [model_card(name, state.created, owned_by="togetherlink", max_model_len=_context_length(state, name),
                         link={"type": "model", "kind": state.config.deployments(name)[0].kind,
                               "replicas": len(state.config.deployments(name))})
              for name in state.model_names]
@@ -142,7 +195,8 @@ def _cards(state: GatewayState) -> list[dict]:
 
 @router.get("/v1/models")
 async def list_models(request: Request, state: StateDep) -> JSONResponse:
-    """The models and the policies (any of which can be sent as `model`)."""
+    """The models and the policies (any of which can be sent as `model`); a model's card carries its
+    `max_model_len` (see `_deployment_context`)."""
     await state.auth.identify(request.headers.get("authorization"))
     await state.policies.resolve("")  # refreshes the database policies when stale
     return JSONResponse({"object": "list", "data": _cards(state)})

@@ -3,23 +3,61 @@
     POST   /api/policies            {"name", "type", "models", "options"}   201, 400 invalid, 409 name taken
     GET    /api/policies            every policy: config ones (`"source": "config"`, read-only) and database ones
     GET    /api/policies/{name}     one policy (404 unknown)
-    PUT    /api/policies/{name}     replace type, models and options (400 without type or models)
-    PATCH  /api/policies/{name}     change the fields given
+    PUT    /api/policies/{name}     replace type, models and options (400 without type or models); "name" renames
+    PATCH  /api/policies/{name}     change the fields given; "name" renames
     DELETE /api/policies/{name}     204
-Errors are OpenAI error objects naming the field at fault (`param`).
+Bodies are JSON objects with only the fields above: a body that is not JSON (its position named), a
+field not listed (400 naming it) or a field of the wrong type is a 400. A model name is not a stored
+policy (404); a config policy is read-only (409). Errors are OpenAI error objects naming the field at
+fault (`param`).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import BaseModel, Field, ValidationError
 
 from link.db.models import PolicyCreate, PolicyPublic, PolicyUpdate
 from link.deps import AdminDep, SessionDep, StateDep
 from link.policies.base import PolicyError
 from link.policies.store import PolicyConflict, PolicyNotFound
-from link.schemas import OpenAIError
+from link.schemas import OpenAIError, invalid_body, parse_json_object
 
 router = APIRouter(prefix="/api/policies", tags=["policies"])
+
+
+class PolicyChange(PolicyUpdate):
+    """A PUT or PATCH body: the fields to change; `name` renames the policy."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+async def _parsed(request: Request, schema: type[BaseModel]) -> BaseModel:
+    """The JSON body validated against `schema`. Raises OpenAIError 400 (see the module docstring)."""
+    body = parse_json_object(await request.body())
+    unknown = [k for k in body if k not in schema.model_fields]
+    if unknown:
+        known = ", ".join(schema.model_fields)
+        raise OpenAIError(400, f"Unrecognized request argument{'s' if len(unknown) > 1 else ''} supplied: "
+                          f"{', '.join(unknown)} (a policy has {known})", param=unknown[0])
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+
+
+async def _create_body(request: Request, _: AdminDep) -> PolicyCreate:
+    return await _parsed(request, PolicyCreate)
+
+
+async def _change_body(request: Request, _: AdminDep) -> PolicyChange:
+    return await _parsed(request, PolicyChange)
+
+
+CreateBody = Annotated[PolicyCreate, Depends(_create_body)]
+ChangeBody = Annotated[PolicyChange, Depends(_change_body)]
 
 
 def _call(method, *args, **kwargs):
@@ -28,13 +66,13 @@ def _call(method, *args, **kwargs):
     except PolicyError as exc:
         raise OpenAIError(400, exc.message, param=exc.param, code="invalid_policy") from None
     except PolicyNotFound as exc:
-        raise OpenAIError(404, str(exc), type_="not_found_error", param="name", code="policy_not_found") from None
+        raise OpenAIError(404, str(exc), param="name", code="policy_not_found") from None
     except PolicyConflict as exc:
         raise OpenAIError(409, str(exc), param="name", code="policy_conflict") from None
 
 
 @router.post("", status_code=201, response_model=PolicyPublic)
-def create_policy(body: PolicyCreate, state: StateDep, session: SessionDep, _: AdminDep):
+def create_policy(body: CreateBody, state: StateDep, session: SessionDep):
     return _call(state.policies.create, session, body)
 
 
@@ -51,12 +89,12 @@ def get_policy(name: str, state: StateDep, session: SessionDep, _: AdminDep):
 
 
 @router.put("/{name:path}", response_model=PolicyPublic)
-def replace_policy(name: str, body: PolicyUpdate, state: StateDep, session: SessionDep, _: AdminDep):
+def replace_policy(name: str, body: ChangeBody, state: StateDep, session: SessionDep):
     return _call(state.policies.update, session, name, body, replace=True)
 
 
 @router.patch("/{name:path}", response_model=PolicyPublic)
-def update_policy(name: str, body: PolicyUpdate, state: StateDep, session: SessionDep, _: AdminDep):
+def update_policy(name: str, body: ChangeBody, state: StateDep, session: SessionDep):
     return _call(state.policies.update, session, name, body)
 
 

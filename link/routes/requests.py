@@ -32,5 +32,5 @@ def one_request(request_id: str, session: SessionDep, _: AdminDep):
     row = get_request(session, request_id)
     if row is None:
         raise OpenAIError(404, f"no request {request_id!r} in the log (rows appear shortly after the request ends)",
-                          type_="not_found_error", param="request_id", code="request_not_found")
+                          param="request_id", code="request_not_found")
     return row

@@ -1,9 +1,16 @@
-"""`/health` (liveness and each model's replicas) and `/metrics` (Prometheus text format); no key needed."""
+"""`/health` (the gateway and each model's replicas) and `/metrics` (Prometheus text format).
+
+    GET /health    200 {"status": "ok", "models": {name: [replica status, ...]}}
+                   503 {"status": "degraded", "unavailable_models": [...], "models": {...}} while some model has
+                   no replica in rotation (each one ejected after failures); a local model that is not loaded
+                   yet counts as healthy. No key needed.
+    GET /metrics   the master key (`Authorization: Bearer`) when one is configured, unless LINK_METRICS_PUBLIC=true.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
 from link.deps import StateDep
 
@@ -11,13 +18,20 @@ router = APIRouter(tags=["system"])
 
 
 @router.get("/health")
-async def health(state: StateDep) -> dict:
-    """{"status": "ok", "models": {name: [{deployment_id, healthy, outstanding, served, ejected_for_s}]}}."""
-    return {"status": "ok", "models": {name: pool.status() for name, pool in state.pools.items()}}
+async def health(state: StateDep) -> JSONResponse:
+    """See the module docstring; a replica's status is {deployment_id, healthy, outstanding, served, ejected_for_s}."""
+    models = {name: pool.status() for name, pool in state.pools.items()}
+    unavailable = [name for name, pool in state.pools.items() if not pool.healthy_replicas]
+    if unavailable:
+        return JSONResponse({"status": "degraded", "unavailable_models": unavailable, "models": models}, status_code=503)
+    return JSONResponse({"status": "ok", "models": models})
 
 
 @router.get("/metrics")
-async def metrics(state: StateDep) -> Response:
+async def metrics(request: Request, state: StateDep) -> Response:
+    """The gateway's Prometheus metrics. Raises OpenAIError 401/403 without the master key (see the module docstring)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    if state.settings.master_key is not None and not state.settings.metrics_public:
+        await state.auth.require_admin(request.headers.get("authorization"))
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,7 +1,9 @@
 """Tools and `response_format` on the chat endpoint: request -> messages and constraint, output -> message.
 
-- `prepare_chat`: renders `tools` into the messages (`serving.toolcalls`) and turns `response_format`
-  into the JSON Schema the engine enforces (`serving.guided_json`), with 400s naming the field.
+- `prepare_chat`: renders `tools` into the messages (`serving.toolcalls`), turns a forcing
+  `tool_choice` ("required", a named function) into the structural tag the engine enforces
+  (`serving.guided_tools`) and `response_format` into the JSON Schema it enforces
+  (`serving.guided_json`), with 400s naming the field.
 - `tool_message`: a finished output -> the OpenAI assistant message and finish reason
   (`tool_calls` and finish_reason "tool_calls" when the model called functions).
 - `ToolStream`: the streamed form: content is held back from where a `<tool_call>` tag may start, and
@@ -15,24 +17,28 @@ from dataclasses import dataclass
 
 from serving.api.protocol import ChatCompletionRequest, ValidationProblem
 from serving.guided_json import UnsupportedSchemaError, response_format_schema
+from serving.guided_tools import forced_tool_tag
 from serving.toolcalls import ParsedOutput, ToolFormatError, parse_tool_calls, render_messages, streamable_length, with_system_text
 
 
 @dataclass(frozen=True)
 class ChatSetup:
     """messages: for the chat template; guided_json: the schema as JSON text or None; tools: the tools
-    whose calls are parsed from the output (None: no parsing); parallel: several calls allowed."""
+    whose calls are parsed from the output (None: no parsing); parallel: several calls allowed;
+    structural_tag: the forced tool calls (`SamplingParams.structural_tag`) or None."""
 
     messages: list[dict]
     guided_json: str | None
     tools: list[dict] | None
     parallel: bool = True
+    structural_tag: str | None = None
 
 
 def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
     """Raises:
         ValidationProblem: malformed tools/tool_choice, an unsupported response_format or schema keyword,
-            or response_format json together with active tools or with `stop`.
+            or response_format json together with active tools. (`stop` with response_format is accepted, as
+            by OpenAI: a stop sequence may end the output before the JSON closes.)
     """
     tools = body.tools or None
     active = bool(tools) and body.tool_choice != "none"
@@ -41,6 +47,7 @@ def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
     try:
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages if isinstance(m, dict)):
             messages = render_messages(messages, tools, body.tool_choice or "auto", parallel)
+        tag = forced_tool_tag(tools, body.tool_choice, parallel)
     except ToolFormatError as exc:
         param = "tool_choice" if "tool_choice" in str(exc) else "messages" if "messages[" in str(exc) else "tools"
         raise ValidationProblem(str(exc), param=param) from None
@@ -52,14 +59,11 @@ def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
         if active:
             raise ValidationProblem("response_format json_object/json_schema cannot be combined with tools on a local model "
                                     "unless tool_choice is 'none'", param="response_format")
-        if body.stop:
-            raise ValidationProblem("stop cannot be combined with response_format json_object/json_schema: a stop sequence "
-                                    "could cut the JSON", param="stop")
         hint = "Reply with one JSON object and nothing else."
         if schema != {"type": "object"}:
             hint += f" It must follow this JSON Schema:\n{json.dumps(schema, ensure_ascii=False)}"
         messages = with_system_text(messages, hint)
-    return ChatSetup(messages, None if schema is None else json.dumps(schema), list(tools) if active else None, parallel)
+    return ChatSetup(messages, None if schema is None else json.dumps(schema), list(tools) if active else None, parallel, tag)
 
 
 def _parse(text: str, tools: list[dict], parallel: bool) -> ParsedOutput:

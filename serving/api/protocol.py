@@ -2,17 +2,68 @@
 
 Field names, defaults and ranges follow the OpenAI API reference; vLLM's extra sampling fields
 (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `min_tokens`) are accepted
-too. Types are strict (pydantic strict mode): "n": "2" or "max_tokens": 5.0 is a 400 naming the field,
-as with OpenAI; a float field still takes an integer.
+too. As with OpenAI, a field the reference does not list is a 400 ("Unrecognized request argument
+supplied: foo"), types are strict ("n": "2" or "max_tokens": 5.0 is a 400 naming the field; a float
+field still takes an integer), every message needs a role and its content (an assistant message may
+omit content when it has tool calls), and `stream_options` needs `stream: true`. Fields that a local
+model cannot honour but a provider behind the gateway may (`audio`, `web_search_options`, ...) are
+accepted here and refused by the local request plan (`serving/api/responses.py`).
+`describe_errors` turns pydantic errors into the client's field path (`stop`, `messages[0].content`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from serving.sampling_params import MAX_LOGIT_BIAS
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a value, as OpenAI's messages name it ("a string", "an array", ...)."""
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+                       (list, "an array"), (dict, "an object")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+def _problem(kind: str, message: str, param: str) -> PydanticCustomError:
+    """A validation error that names the client's field path itself (`ctx.param`, read by `describe_errors`)."""
+    return PydanticCustomError(kind, message, {"param": param})  # only "{param}" would be substituted
+
+
+def check_messages(messages: list[dict[str, Any]]) -> None:
+    """Every message has a known role and content (a string or an array of parts); an assistant message
+    may omit content when it carries tool calls; a tool message names its `tool_call_id`.
+
+    Raises:
+        PydanticCustomError: naming the first offending field, e.g. `messages[1].content`.
+    """
+    for i, message in enumerate(messages):
+        at = f"messages[{i}]"
+        role = message.get("role")
+        if role is None:
+            raise _problem("missing_parameter", f"Missing required parameter: '{at}.role'.", f"{at}.role")
+        if role not in CHAT_ROLES:
+            supported = ", ".join(f"'{r}'" for r in CHAT_ROLES)
+            raise _problem("invalid_value", f"Invalid value for '{at}.role': {role!r}. Supported values are: {supported}.",
+                           f"{at}.role")
+        content = message.get("content")
+        if content is None:
+            if role == "assistant" and (message.get("tool_calls") or message.get("function_call")):
+                continue
+            raise _problem("missing_parameter", f"Missing required parameter: '{at}.content'.", f"{at}.content")
+        if not isinstance(content, (str, list)):
+            raise _problem("invalid_type", f"Invalid type for '{at}.content': expected a string or an array of content "
+                           f"parts, but got {json_type(content)} instead.", f"{at}.content")
+        if role == "tool" and not message.get("tool_call_id"):
+            raise _problem("missing_parameter", f"Missing required parameter: '{at}.tool_call_id'.", f"{at}.tool_call_id")
 
 
 class StreamOptions(BaseModel):
@@ -24,7 +75,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     temperature: float | None = Field(None, ge=0, le=2)
@@ -58,6 +109,13 @@ class SamplingFields(BaseModel):
                 raise ValueError(f"bias of token {key} must be in [-100, 100], got {value}")
         return bias
 
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise PydanticCustomError("invalid_parameter", "The 'stream_options' parameter is only allowed when 'stream' "
+                                      "is enabled.", {"param": "stream_options"})
+        return self
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -69,6 +127,26 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
+    # Accepted and ignored by a local model (they change nothing about its output):
+    store: bool | None = None
+    service_tier: str | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    # Passed to providers; a local model refuses them with a 400 (responses.py: `_unservable_fields`):
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # legacy, superseded by tools / tool_choice
+    function_call: str | dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _messages_have_roles_and_content(self):
+        check_messages(self.messages)
+        return self
 
 
 class CompletionRequest(SamplingFields):
@@ -84,6 +162,73 @@ class ErrorBody(BaseModel):
     type: str
     param: str | None = None
     code: str | None = None
+
+
+# A union member's tag in a pydantic error location ("str", "list[str]", a model's class name).
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|set|tuple|literal|function-\w+)\[.*\]|[A-Z]\w*)$")
+_SINGULAR = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
+_PLURAL = {"str": "strings", "int": "integers", "float": "numbers", "bool": "booleans"}
+
+
+def _type_phrase(tag: str, plural: bool = False) -> str:
+    """"list[list[int]]" -> "an array of arrays of integers"."""
+    if tag.startswith("list[") and tag.endswith("]"):
+        return ("arrays of " if plural else "an array of ") + _type_phrase(tag[5:-1], plural=True)
+    if tag.startswith("dict["):
+        return "objects" if plural else "an object"
+    return (_PLURAL if plural else _SINGULAR).get(tag, tag)
+
+
+def client_param(loc: tuple | list) -> str | None:
+    """A pydantic error location -> the client's field path: ("messages", 0, "content") -> "messages[0].content";
+    union tags ("stop", "str") and dict-key markers are dropped."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "[key]" and not _TYPE_TAG.match(str(part)):
+            path += f".{part}" if path else str(part)
+    return path or None
+
+
+def describe_errors(errors: list[dict], skip: int = 0) -> tuple[str, str | None]:
+    """Pydantic errors (`ValidationError.errors()`) -> (message, param) of an OpenAI 400.
+
+    Args:
+        errors: the errors, in pydantic's order; unknown fields are reported first.
+        skip: leading location parts to drop (1 for FastAPI's "body").
+    Returns:
+        e.g. ("Unrecognized request argument supplied: foo", "foo"), ("stop: expected a string or an array
+        of strings, but got an integer", "stop"), ("Missing required parameter: 'messages'.", "messages").
+    """
+    errors = [{**e, "loc": tuple(e.get("loc", ()))[skip:]} for e in errors]
+    if not errors:
+        return "invalid request body", None
+    extra = [client_param(e["loc"]) for e in errors if e.get("type") == "extra_forbidden"]
+    if extra:
+        plural = "s" if len(extra) > 1 else ""
+        return f"Unrecognized request argument{plural} supplied: {', '.join(map(str, extra))}", extra[0]
+    first = errors[0]
+    if first.get("type") == "json_invalid":  # FastAPI's body parse error: loc ("body", character offset)
+        at = f" at character {first['loc'][-1]}" if first["loc"] and isinstance(first["loc"][-1], int) else ""
+        return f"We could not parse the JSON body of your request: {(first.get('ctx') or {}).get('error', 'invalid JSON')}{at}.", None
+    if "param" in (first.get("ctx") or {}):
+        return first["msg"], first["ctx"]["param"]
+    param = client_param(first["loc"])
+    if first.get("type") == "missing":
+        return f"Missing required parameter: '{param}'.", param
+    tag_at = next((i for i, part in enumerate(first["loc"]) if isinstance(part, str) and _TYPE_TAG.match(part)), None)
+    if tag_at is not None:  # a union: say which types it takes, unless the value matched one member's shape
+        prefix = first["loc"][:tag_at]
+        members = [e for e in errors if e["loc"][:tag_at] == prefix and len(e["loc"]) > tag_at]
+        deeper = [e for e in members if len(e["loc"]) > tag_at + 1]
+        if deeper and len({e["loc"][tag_at] for e in deeper}) == 1:
+            first, param = deeper[0], client_param(deeper[0]["loc"])
+        else:
+            phrases = [_type_phrase(t) for t in dict.fromkeys(str(e["loc"][tag_at]) for e in members)]
+            expected = " or ".join([", ".join(phrases[:-1]), phrases[-1]] if len(phrases) > 1 else phrases)
+            return f"{param}: expected {expected}, but got {json_type(first.get('input'))}", param
+    return f"{param or 'body'}: {first.get('msg', 'invalid value').removeprefix('Value error, ')}", param
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:

@@ -17,7 +17,6 @@ from typing import AsyncIterator
 from serving.api.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.api.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, usage
-from serving.errors import ContextLengthError
 from serving.model_loader import LoadedModel
 from serving.outputs import RequestOutput
 from serving.sampling_params import SamplingParams
@@ -70,34 +69,65 @@ def _stops(body) -> tuple[str, ...]:
     return tuple(s for s in stops if s)
 
 
-def _max_tokens(requested: int | None, prompt_lens: list[int], ctx: int, default: int | None) -> int:
+def _max_tokens(requested: int | None, prompt_lens: list[int], ctx: int, default: int | None, *,
+                prompt_param: str, budget_param: str) -> int:
+    """The output budget of a request: `requested`, else `default`, else what the context leaves.
+
+    Raises:
+        ValidationProblem: 400 `context_length_exceeded` naming `prompt_param` ("messages" or "prompt") when the
+            prompt fills the context, or `budget_param` ("max_tokens" / "max_completion_tokens") when prompt plus
+            the requested output do not fit.
+    """
     longest = max(prompt_lens)
     if longest >= ctx:
-        raise ContextLengthError(f"This model's maximum context length is {ctx} tokens. However, your prompt has {longest} tokens; shorten it.")
+        raise ValidationProblem(f"This model's maximum context length is {ctx} tokens. However, your prompt "
+                                f"(`{prompt_param}`) has {longest} tokens, which leaves no room to generate; shorten it.",
+                                param=prompt_param, code="context_length_exceeded")
     wanted = requested if requested is not None else default
     if wanted is None:
         return ctx - longest
     if longest + wanted > ctx:
-        raise ContextLengthError(
+        raise ValidationProblem(
             f"This model's maximum context length is {ctx} tokens. However, you requested {longest + wanted} tokens "
-            f"({longest} in the prompt, {wanted} for the completion). Reduce the prompt or max_tokens."
-        )
+            f"({longest} in the prompt, {wanted} for the completion). Reduce `{budget_param}` to at most "
+            f"{ctx - longest} or shorten the prompt.", param=budget_param, code="context_length_exceeded")
     return wanted
 
 
+def _unservable_fields(body: ChatCompletionRequest) -> None:
+    """Refuse the chat fields a local text model cannot honour (accepted by the schema for providers)."""
+    if body.audio is not None or "audio" in (body.modalities or ()):
+        raise ValidationProblem("this model only produces text: audio output (`modalities` with \"audio\", `audio`) is "
+                                "not supported", param="audio" if body.audio is not None else "modalities")
+    if body.functions is not None or body.function_call is not None:
+        raise ValidationProblem("the legacy `functions` / `function_call` are not supported by this model; send the same "
+                                "functions as `tools` (type \"function\") and `tool_choice`",
+                                param="functions" if body.functions is not None else "function_call")
+    if body.web_search_options is not None:
+        raise ValidationProblem("this model cannot search the web: `web_search_options` is not supported",
+                                param="web_search_options")
+
+
 def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
-    """Validate a chat request and render its messages with the model's chat format."""
+    """Validate a chat request and render its messages with the model's chat format.
+
+    Raises:
+        ValidationProblem: a field the model cannot serve, or a prompt that does not fit (see `_max_tokens`).
+    """
+    _unservable_fields(body)
     setup = prepare_chat(body)  # tools rendered into the messages (serving/toolcalls.py); response_format schema
     if body.top_logprobs is not None and not body.logprobs:
         raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")
     fmt = lm.chat_format
     prompt = fmt.render(setup.messages)
     ids = lm.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
-    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    max_tokens = _max_tokens(requested, [len(ids)], max_model_len, None)
-    stops = _stops(body) + tuple(s for s in fmt.stop if s not in (body.stop or ()))
+    budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = _max_tokens(getattr(body, budget_param), [len(ids)], max_model_len, None,
+                             prompt_param="messages", budget_param=budget_param)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    params = dataclasses.replace(_sampling(body, max_tokens, stops, top), guided_json=setup.guided_json)
+    params = dataclasses.replace(_sampling(body, max_tokens, _stops(body), top), guided_json=setup.guided_json,
+                                 structural_tag=setup.structural_tag)
+    params = fmt.reply_params(params)  # the format's turn markers as stop strings, after the client's; its reply's opening space
     return RequestPlan("chat", body.model, params, [ids], [prompt], body.stream,
                        bool(body.stream_options and body.stream_options.include_usage), top,
                        tools=setup.tools, parallel_tool_calls=setup.parallel)
@@ -108,8 +138,8 @@ def plan_completion(body: CompletionRequest, lm: LoadedModel, max_model_len: int
     if body.suffix:
         raise ValidationProblem("suffix is not supported", param="suffix")
     if body.best_of is not None and body.best_of != body.n:
-        raise ValidationProblem(f"best_of (here {body.best_of}) is not supported by the standalone engine server "
-                                f"unless it equals n ({body.n}); request n samples instead", param="best_of")
+        raise ValidationProblem(f"best_of (here {body.best_of}) is not supported for this model unless it equals n "
+                                f"({body.n}); request n samples and pick the best yourself", param="best_of")
     p = body.prompt
     if isinstance(p, str):
         texts, prompts = [p], [lm.tokenizer.encode(p)]
@@ -128,7 +158,8 @@ def plan_completion(body: CompletionRequest, lm: LoadedModel, max_model_len: int
             raise ValidationProblem(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt")
     if texts[0] is None:
         texts = [lm.tokenizer.decode(ids, skip_special_tokens=False) for ids in prompts]
-    max_tokens = _max_tokens(body.max_tokens, [len(x) for x in prompts], max_model_len, 16)
+    max_tokens = _max_tokens(body.max_tokens, [len(x) for x in prompts], max_model_len, 16,
+                             prompt_param="prompt", budget_param="max_tokens")
     return RequestPlan("completion", body.model, _sampling(body, max_tokens, _stops(body), body.logprobs), prompts, texts,
                        body.stream, bool(body.stream_options and body.stream_options.include_usage), body.logprobs, echo=body.echo)
 

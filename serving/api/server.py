@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
 from serving.api.metrics import EngineMetrics
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, error_body
+from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
 from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.async_engine import AsyncLLMEngine
 from serving.errors import ContextLengthError, ServingError
@@ -65,9 +65,8 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return JSONResponse(error_body(f"{param or 'body'}: {first.get('msg', 'invalid request')}", param=param), status_code=400)
+        message, param = describe_errors(exc.errors(), skip=1)  # skip FastAPI's "body"
+        return JSONResponse(error_body(message, param=param), status_code=400)
 
     @app.exception_handler(ValidationProblem)
     async def _problem(request: Request, exc: ValidationProblem):
@@ -75,15 +74,17 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        # FastAPI's own 4xx (unknown route, wrong method, a body it cannot read) as OpenAI error objects.
-        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        # FastAPI's own 4xx (unknown route, wrong method, a body it cannot read) as OpenAI error objects;
+        # OpenAI answers an unknown route with 404 "Invalid URL (POST /v1/foo)", type invalid_request_error.
         if exc.status_code == 404:
-            message = f"Unknown route {request.method} {request.url.path}."
+            message = f"Invalid URL ({request.method} {request.url.path})"
         elif exc.status_code == 405:
             message = f"Method {request.method} is not allowed on {request.url.path}."
+        elif exc.status_code == 400 and "parsing the body" in str(exc.detail):
+            message = "We could not parse the JSON body of your request: it must be a UTF-8 encoded JSON object."
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(message, type_), status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(ServingError)
     async def _serving(request: Request, exc: ServingError):
@@ -133,7 +134,7 @@ def _model_card(state: EngineState) -> dict:
 def _check_model(name: str, state: EngineState) -> None:
     if name != state.name:
         raise ValidationProblem(f"The model `{name}` does not exist; this server serves `{state.name}`.",
-                                param="model", status_code=404, code="model_not_found", type_="not_found_error")
+                                param="model", status_code=404, code="model_not_found")
 
 
 async def _serve(plan: RequestPlan, state: EngineState, request: Request):

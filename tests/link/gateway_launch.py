@@ -22,6 +22,9 @@ import yaml
 from tests.link.mock_launch import ROOT, free_port, wait_healthy
 
 MASTER_KEY = "sk-gateway-test-master-0123456789"
+# The gateway is up once /health answers: 200, or 503 while a model has no replica in rotation (a test's
+# deliberately unreachable backend).
+UP = (200, 503)
 
 
 def gateway_settings(database_url: str, home: Path, **overrides):
@@ -85,7 +88,7 @@ class GatewayServer:
 
 
 def start_gateway_thread(settings, config, *, timeout_s: float = 120.0) -> GatewayServer:
-    """Serve `create_app(settings, config)` with uvicorn in a daemon thread; wait until /health answers."""
+    """Serve `create_app(settings, config)` with uvicorn in a daemon thread; wait until /health answers (`UP`)."""
     from link.app import create_app
 
     app = create_app(settings, config)
@@ -96,7 +99,7 @@ def start_gateway_thread(settings, config, *, timeout_s: float = 120.0) -> Gatew
     thread.start()
     gateway = GatewayServer(port, server=server, thread=thread, app=app)
     try:
-        wait_healthy(gateway.url, timeout_s)
+        wait_healthy(gateway.url, timeout_s, statuses=UP)
     except RuntimeError:
         gateway.stop()
         raise
@@ -121,7 +124,7 @@ def start_gateway_process(config_path: Path, database_url: str, home: Path, *, t
     process = subprocess.Popen(cmd, cwd=ROOT, env=environ)
     gateway = GatewayServer(port, process=process)
     try:
-        wait_healthy(gateway.url, timeout_s, process)
+        wait_healthy(gateway.url, timeout_s, process, statuses=UP)
     except RuntimeError:
         gateway.stop()
         raise

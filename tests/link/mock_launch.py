@@ -31,14 +31,15 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{free_port()}/v1"
 
 
-def wait_healthy(url: str, timeout_s: float = 30.0, process: subprocess.Popen | None = None, path: str = "/health") -> None:
-    """Poll `url` + `path` until it answers 200. Raises RuntimeError after `timeout_s` or if `process` exits."""
+def wait_healthy(url: str, timeout_s: float = 30.0, process: subprocess.Popen | None = None, path: str = "/health",
+                 statuses: tuple[int, ...] = (200,)) -> None:
+    """Poll `url` + `path` until it answers one of `statuses`. Raises RuntimeError after `timeout_s` or if `process` exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"mock server exited with code {process.returncode}")
         try:
-            if httpx.get(url + path, timeout=1.0).status_code == 200:
+            if httpx.get(url + path, timeout=1.0).status_code in statuses:
                 return
         except httpx.HTTPError:
             pass

@@ -3,7 +3,8 @@
 SSE framing and `data: [DONE]`; finish_reason null until the final chunk; the usage chunk only when
 asked; 404 for an unknown model and 400 naming the field of an invalid body (OpenAI error objects);
 n=2 in both modes; the x-link-* headers; pass-through of tools/tool_choice/response_format/...; the
-official `openai` client and LiteLLM as clients; streamed and whole answers account identically.
+official `openai` client and LiteLLM as clients; streamed and whole answers account identically; /health
+200 with every model in rotation and /metrics behind the master key. (More error cases: test_gateway_errors.py.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
 from tests.link.mock_launch import start_mock_thread
+from tests.link.sse import sse_events
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 HEADERS = ("x-link-request-id", "x-link-policy", "x-link-model")
@@ -63,15 +65,6 @@ def sse(gateway, body: dict, path: str = "/chat/completions") -> tuple[httpx.Res
         return r, r.read().decode()
 
 
-def events(text: str) -> list:
-    """Parse SSE text strictly: every event is one `data: ` line followed by a blank line."""
-    assert text.endswith("\n\n")
-    blocks = text[:-2].split("\n\n")
-    assert all(b.startswith("data: ") and "\n" not in b for b in blocks), blocks
-    assert blocks[-1] == "data: [DONE]" and blocks.count("data: [DONE]") == 1
-    return [json.loads(b[len("data: "):]) for b in blocks[:-1]]
-
-
 def test_whole_chat_names_the_serving_model_and_carries_headers(client):
     raw = client.chat.completions.with_raw_response.create(**CHAT)
     answer = raw.parse()
@@ -79,13 +72,17 @@ def test_whole_chat_names_the_serving_model_and_carries_headers(client):
     assert answer.model == "mock-a" and answer.usage.completion_tokens == 5
     assert raw.headers["x-link-model"] == "mock-a" and raw.headers["x-link-policy"] == "mock-a"
     assert len(raw.headers["x-link-request-id"]) == 32
+    # gateway_launch prices: 1000 USD / 1e6 prompt tokens, 2000 USD / 1e6 completion tokens
+    usage = answer.usage
+    expected = (usage.prompt_tokens * 1000.0 + usage.completion_tokens * 2000.0) / 1e6
+    assert float(raw.headers["x-link-cost-usd"]) == pytest.approx(expected, abs=1e-9)
 
 
 def test_stream_framing_finish_reason_and_no_usage_unless_asked(gateway):
     response, text = sse(gateway, CHAT)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     assert all(response.headers[h] for h in HEADERS)
-    chunks = events(text)
+    chunks = sse_events(text)
     assert all("usage" not in c for c in chunks)
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
@@ -95,7 +92,7 @@ def test_stream_framing_finish_reason_and_no_usage_unless_asked(gateway):
 
 def test_usage_chunk_when_asked(gateway, client):
     _, text = sse(gateway, {**CHAT, "stream_options": {"include_usage": True}})
-    chunks = events(text)
+    chunks = sse_events(text)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
     assert all(c["usage"] is None for c in chunks[:-1])
     streamed = list(client.chat.completions.create(**CHAT, stream=True, stream_options={"include_usage": True}))
@@ -188,9 +185,16 @@ def test_models_list_names_models_and_policies(client):
     assert client.models.retrieve("team/fixed").id == "team/fixed"
 
 
+def test_health_is_ok_with_a_replica_of_every_model_in_rotation(gateway):
+    response = httpx.get(gateway.url + "/health")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+    assert set(response.json()["models"]) == {"mock-a", "mock-lite"}
+
+
 def test_metrics_per_model_and_policy(gateway, client):
     client.chat.completions.create(model="team/fixed", messages=CHAT["messages"])
-    text = httpx.get(gateway.url + "/metrics").text
+    assert httpx.get(gateway.url + "/metrics").status_code == 401  # the master key is configured
+    text = httpx.get(gateway.url + "/metrics", headers=AUTH).text
     assert 'link_requests_total{model="mock-lite",policy="team/fixed",status="ok"}' in text
     for name in ("link_prompt_tokens_total", "link_completion_tokens_total", "link_cost_usd_total",
                  "link_request_latency_seconds_bucket", "link_time_to_first_token_seconds_bucket"):

@@ -15,6 +15,7 @@ import pytest
 
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
 from tests.link.mock_launch import refused_url, start_mock_process
+from tests.link.sse import sse_payloads
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 MESSAGES = [{"role": "user", "content": "one two three"}]
@@ -81,7 +82,7 @@ def test_fallback_answers_from_the_next_model(gateway, fault, stream):
     assert response.status_code == 200, text
     assert response.headers["x-link-model"] == "good" and response.headers["x-link-policy"] == f"fb-{fault}"
     if stream:
-        assert text.endswith("data: [DONE]\n\n") and '"error"' not in text
+        assert sse_payloads(text) and '"error"' not in text
     else:
         assert json.loads(text)["choices"][0]["message"]["content"] == "You said: one two three"
     assert time.monotonic() - started < 10
@@ -99,6 +100,7 @@ def test_a_fixed_model_that_fails_is_an_error_object_and_a_log_row(gateway, faul
     wait_in_rotation(gateway, fault)
     response, text = post(gateway, fault)
     assert response.status_code == http and json.loads(text)["error"]["message"]
+    assert response.headers["x-link-model"] == fault and response.headers["x-link-policy"] == fault  # tried last
     row = log_row(gateway, response)
     assert row["status"] == status and row["http_status"] == http and row["error"]
 
@@ -107,10 +109,9 @@ def test_death_mid_stream_ends_with_one_error_event(gateway):
     wait_in_rotation(gateway, "die")
     response, text = post(gateway, "fb-die", stream=True)
     assert response.status_code == 200 and response.headers["x-link-model"] == "die"
-    blocks = text[:-2].split("\n\n")
-    assert blocks[-1] == "data: [DONE]" and text.count("data: [DONE]") == 1
-    errors = [json.loads(b[6:]) for b in blocks[:-1] if '"error"' in b]
-    assert len(errors) == 1 and blocks[-2] == "data: " + json.dumps(errors[0], separators=(",", ":"))
+    payloads = sse_payloads(text)
+    errors = [json.loads(p) for p in payloads if '"error"' in p]
+    assert len(errors) == 1 and payloads[-1] == json.dumps(errors[0], separators=(",", ":"))
     assert errors[0]["error"]["code"] == "backend_unavailable"
     row = log_row(gateway, response)
     assert row["status"] == "error" and row["model"] == "die" and "after the first byte" in row["error"]

@@ -96,8 +96,46 @@ def test_duplicate_update_and_delete_errors(api):
     assert api.patch("/policies/dup", json={"models": "m1"}).status_code == 400
     assert api.patch("/policies/missing", json={"models": ["m1"]}).status_code == 404
     assert api.delete("/policies/missing").status_code == 404
-    assert api.delete("/policies/from-config").status_code == 409
+    assert api.delete("/policies/from-config").status_code == 409  # read-only: edit link.yaml
     assert api.delete("/policies/dup").status_code == 204
+
+
+def test_a_model_name_is_not_a_stored_policy(api):
+    for response in (api.delete("/policies/m1"), api.get("/policies/m1"), api.patch("/policies/m1", json={"options": {}})):
+        assert response.status_code == 404, response.text
+        assert "model names are implicit fixed policies" in response.json()["error"]["message"]
+
+
+def test_bodies_that_are_not_json_or_carry_unknown_fields(api):
+    bad = api.post("/policies", content=b'{"name": "p", "type": "fixed",, "models": ["m1"]}',
+                   headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    assert "not parse the JSON body" in bad.json()["error"]["message"] and "line 1 column 31" in bad.json()["error"]["message"]
+    unknown = api.post("/policies", json={"name": "p-extra", "type": "fixed", "models": ["m1"], "weights": [1]})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "weights"
+    assert "weights" in unknown.json()["error"]["message"]
+    assert api.get("/policies/p-extra").status_code == 404  # nothing was stored
+    assert api.post("/policies", json={"name": "p-extra", "type": "fixed", "models": ["m1"]}).status_code == 201
+    patched = api.patch("/policies/p-extra", json={"model": ["m2"]})
+    assert patched.status_code == 400 and patched.json()["error"]["param"] == "model"
+    assert api.delete("/policies/p-extra").status_code == 204
+
+
+def test_patch_renames_a_policy(api, gateway):
+    assert api.post("/policies", json={"name": "old-name", "type": "fixed", "models": ["m1"]}).status_code == 201
+    assert api.post("/policies", json={"name": "taken", "type": "fixed", "models": ["m2"]}).status_code == 201
+    for name in ("taken", "m1", "from-config"):  # a database policy, a model, a config policy
+        conflict = api.patch("/policies/old-name", json={"name": name})
+        assert conflict.status_code == 409 and conflict.json()["error"]["param"] == "name", conflict.text
+    renamed = api.patch("/policies/old-name", json={"name": "new-name"})
+    assert renamed.status_code == 200 and renamed.json()["name"] == "new-name" and renamed.json()["models"] == ["m1"]
+    assert api.get("/policies/old-name").status_code == 404
+    chat = httpx.post(gateway.base_url + "/chat/completions", json={"model": "new-name", "messages": MESSAGES}, headers=AUTH)
+    assert chat.status_code == 200 and chat.headers["x-link-policy"] == "new-name"
+    gone = httpx.post(gateway.base_url + "/chat/completions", json={"model": "old-name", "messages": MESSAGES}, headers=AUTH)
+    assert gone.status_code == 404
+    assert api.put("/policies/new-name", json={"name": "newer", "type": "fixed", "models": ["m2"]}).json()["name"] == "newer"
+    assert api.delete("/policies/newer").status_code == 204 and api.delete("/policies/taken").status_code == 204
 
 
 def test_management_needs_the_master_key(gateway, session):

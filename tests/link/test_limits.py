@@ -15,7 +15,7 @@ import pytest
 
 from link.db.models import usd_to_nano
 from link.keys import MASTER_IDENTITY, KeyIdentity, KeyNotFound, create_key, get_key
-from link.limits import BudgetExceeded, BudgetLedger, RateLimiter, max_cost_usd
+from link.limits import BudgetExceeded, BudgetLedger, RateLimited, RateLimiter, max_cost_usd
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_800_000_000.0  # a window boundary for 60 s windows (divisible by 60)
@@ -93,6 +93,15 @@ def test_tokens_per_minute(make_limiter):
     clock.now = T0 + 60
     assert limiter.check(key, tokens=80) is None        # an estimate counts at once
     assert limiter.check(key, tokens=30) is not None
+
+
+def test_a_refusal_names_the_limit_that_refused(make_limiter):
+    limiter = make_limiter("fixed", FakeClock(T0 + 15))
+    by_tokens, by_requests = _key(key_id=4, rpm=100, tpm=10), _key(key_id=5, rpm=1, tpm=1000)
+    assert limiter.admit(by_tokens) is None and limiter.admit(by_requests) is None
+    limiter.record_tokens(by_tokens, 10)
+    assert limiter.admit(by_tokens) == RateLimited("tokens", pytest.approx(45.0))  # the 429's type: "tokens"
+    assert limiter.admit(by_requests) == RateLimited("requests", pytest.approx(45.0))
 
 
 def test_unlimited_and_master_keys_are_never_limited(make_limiter):

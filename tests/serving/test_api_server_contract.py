@@ -61,7 +61,7 @@ def test_framework_errors_are_openai_error_objects(server, client):
     wrong_method = _is_error_object(httpx.get(base + "/v1/chat/completions"), 405)
     assert "GET" in wrong_method["message"]
     unknown = _is_error_object(httpx.get(base + "/v1/engines"), 404)
-    assert unknown["type"] == "not_found_error" and "/v1/engines" in unknown["message"]
+    assert unknown["type"] == "invalid_request_error" and unknown["message"] == "Invalid URL (GET /v1/engines)"
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError) as info:
         client.models.retrieve("gpt-17")
@@ -82,6 +82,7 @@ def test_unsupported_fields_are_clear_400s(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="Hi", best_of=3, max_tokens=2)
     assert info.value.body["param"] == "best_of" and "not supported" in info.value.body["message"]
+    assert "engine server" not in info.value.body["message"]  # the gateway sends the same message
     # tools are served (serving/toolcalls.py, tests/serving/test_toolcalls.py); a malformed tool is a 400 naming it
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[{"type": "function", "function": {}}])
@@ -89,6 +90,53 @@ def test_unsupported_fields_are_clear_400s(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logit_bias={"49152": 5})
     assert info.value.body["param"] == "logit_bias"
+
+
+def test_unknown_fields_and_messages_without_content_are_400s_naming_them(server):
+    url = server[0] + "/v1/chat/completions"
+    unknown = _is_error_object(httpx.post(url, json={"model": MODEL, "messages": QUESTION, "foo": 1}), 400)
+    assert unknown["message"] == "Unrecognized request argument supplied: foo" and unknown["param"] == "foo"
+    no_content = _is_error_object(httpx.post(url, json={"model": MODEL, "messages": [{"role": "user"}]}), 400)
+    assert no_content["param"] == "messages[0].content" and "messages[0].content" in no_content["message"]
+    stop = _is_error_object(httpx.post(url, json={"model": MODEL, "messages": QUESTION, "stop": 5}), 400)
+    assert stop["param"] == "stop" and not stop["message"].startswith("stop.str")
+    options = _is_error_object(httpx.post(url, json={"model": MODEL, "messages": QUESTION, "stream_options": {}}), 400)
+    assert options["param"] == "stream_options" and "only allowed when 'stream' is enabled" in options["message"]
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"modalities": ["text", "audio"]}, "modalities"), ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"), ({"function_call": "auto"}, "function_call"),
+    ({"web_search_options": {}}, "web_search_options"),
+])
+def test_fields_a_local_model_cannot_honour_are_clear_400s(server, fields, param):
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2, **fields}
+    assert _is_error_object(httpx.post(server[0] + "/v1/chat/completions", json=body), 400)["param"] == param
+
+
+def test_harmless_fields_are_accepted_and_stop_goes_with_response_format(client):
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    history = [*QUESTION, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "Paris"}]
+    out = client.chat.completions.create(model=MODEL, messages=history, max_tokens=2, user="u", store=False, metadata={"a": "b"},
+                                         service_tier="auto", reasoning_effort="low", modalities=["text"],
+                                         prediction={"type": "content", "content": "Paris"}, parallel_tool_calls=True)
+    assert out.choices[0].finish_reason in ("stop", "length")
+    json_out = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, stop=["}"],
+                                              response_format={"type": "json_object"})  # OpenAI accepts both
+    assert json_out.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("path,fields,param", [
+    ("/v1/completions", {"prompt": [1] * 6000}, "prompt"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 100_000}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 6000}]}, "messages"),
+    ("/v1/chat/completions", {"messages": QUESTION, "max_tokens": 100_000}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": QUESTION, "max_completion_tokens": 100_000}, "max_completion_tokens"),
+])
+def test_context_length_errors_name_the_field_at_fault(server, path, fields, param):
+    # This server's KV cache (256 MiB) caps SmolLM2's context at 5,824 tokens.
+    error = _is_error_object(httpx.post(server[0] + path, json={"model": MODEL, **fields}), 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == param, error
 
 
 def test_logit_bias_and_min_tokens_change_the_output(client, smollm2):

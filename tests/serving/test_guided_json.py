@@ -1,5 +1,6 @@
-"""`response_format` by constrained decoding: the JSON automaton against `json.loads`, the schema subset,
-the lazy-masking guide on a toy vocabulary, and the real model (offline and over HTTP).
+"""The JSON automaton of guided decoding: against `json.loads` (with the bounds checked independently),
+the schema subset, each bound at its limit, no dead ends, and tagged blocks. The guide that samples
+through it, and the real models, are in test_guided_decoding.py.
 
     LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_guided_json.py
 """
@@ -8,34 +9,16 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
-import torch
 
-from serving.guided_decoding import JsonGuide, TokenTable
-from serving.guided_json import MAX_WHITESPACE, JsonAutomaton, UnsupportedSchemaError, response_format_schema
-from serving.sampler import Sampler
-from serving.sampling_params import SamplingParams
-
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"}, "age": {"type": "integer"}, "score": {"type": ["number", "null"]},
-        "role": {"enum": ["admin", "user"]}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
-        "address": {"$ref": "#/$defs/Address"}, "ok": {"type": "boolean"},
-        "id": {"anyOf": [{"type": "integer"}, {"type": "string"}]}, "kind": {"const": "person"},
-    },
-    "required": ["name", "age", "kind"], "additionalProperties": False,
-    "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-                          "additionalProperties": False}},
-}
-
-
-def _valid(schema: dict, text: str) -> bool:
-    auto = JsonAutomaton(schema)
-    state = auto.feed(auto.start(), text)
-    return state is not None and auto.is_complete(state)
-
+from serving import guided_steps
+from serving.guided_json import (
+    MAX_DEPTH, MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_KEY_CHARS, MAX_MEMBERS, MAX_STRING_CHARS, MAX_WHITESPACE,
+    JsonAutomaton, UnsupportedSchemaError, automaton_for, response_format_schema,
+)
+from tests.serving.guided_cases import PERSON, valid
 
 def _reject_index(auto: JsonAutomaton, text: str) -> int | None:
     """The index of the first character the automaton refuses, or None."""
@@ -58,7 +41,8 @@ def _random_value(rng: random.Random, depth: int = 0):
     if kind == "arr":
         return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
     return {"str": lambda: "".join(rng.choice('ab "\\\n\té☃') for _ in range(rng.randint(0, 5))),
-            "int": lambda: rng.randint(-1000, 1000), "float": lambda: rng.uniform(-1e6, 1e6) * rng.choice([1, 1e-9, 1e12]),
+            # floats: fixed notation (at most 20 fraction digits) or exponent notation (repr at >= 1e16)
+            "int": lambda: rng.randint(-1000, 1000), "float": lambda: rng.uniform(-1e6, 1e6) * rng.choice([1, 1e-9, 1e20]),
             "bool": lambda: rng.random() < 0.5, "null": lambda: None}[kind]()
 
 
@@ -82,9 +66,22 @@ def _strict_loads(text: str):
     return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
 
 
+def _within_bounds(text: str) -> bool:
+    """The whitespace and number bounds of serving.guided_json, checked on the text with its strings emptied."""
+    outside = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
+    if outside != outside.strip():
+        return False
+    if any(not re.fullmatch(r"\n? *", run) or len(run) > MAX_WHITESPACE for run in re.findall(r"\s+", outside)):
+        return False
+    limits = (MAX_INT_DIGITS, MAX_FRAC_DIGITS, MAX_EXP_DIGITS)
+    return all(len(part or "") <= limit for m in re.finditer(r"-?(\d+)(?:\.(\d+))?(?:[eE][+-]?(\d+))?", outside)
+               for part, limit in zip(m.groups(), limits))
+
+
 def test_every_prefix_of_a_valid_document_is_accepted_and_only_the_whole_is_complete():
     auto = JsonAutomaton({"type": "object"})
     for doc in _documents(60):
+        assert _within_bounds(doc), doc
         state = auto.start()
         for i, c in enumerate(doc):
             assert not auto.is_complete(state) or i == len(doc), doc[:i]
@@ -102,7 +99,7 @@ def test_corruptions_are_rejected_no_earlier_than_the_corruption_and_agree_with_
             bad = doc[:pos] + rng.choice('{}[]",:0-e. atfn\\x') + doc[pos + 1:]
             try:
                 _strict_loads(bad)
-                loads_ok, error_pos = True, None
+                loads_ok, error_pos = _within_bounds(bad), None
             except json.JSONDecodeError as exc:
                 loads_ok, error_pos = False, exc.pos
             except ValueError:
@@ -113,7 +110,7 @@ def test_corruptions_are_rejected_no_earlier_than_the_corruption_and_agree_with_
             if index is not None:
                 num_rejected += 1
                 assert index >= min(pos, len(doc)), (bad, index, pos)  # the text before the change was a valid prefix
-                if error_pos is not None:
+                if error_pos is not None and not bad[index].isspace() and not bad[index].isdigit():  # not a bound JSON lacks
                     assert index >= error_pos, (bad, index, error_pos)  # json.loads sees the problem there or earlier
     assert num_rejected > 100
 
@@ -124,7 +121,7 @@ def test_corruptions_are_rejected_no_earlier_than_the_corruption_and_agree_with_
     '{\n  "name": "C",\n  "age": 0,\n  "kind": "person",\n  "address": {"city": "Rome"},\n  "id": 12,\n  "score": 1.5e3\n}',
 ])
 def test_schema_accepts_valid_instances(text):
-    assert _valid(PERSON, text) and json.loads(text)
+    assert valid(PERSON, text) and json.loads(text)
 
 
 @pytest.mark.parametrize("text", [
@@ -137,18 +134,12 @@ def test_schema_accepts_valid_instances(text):
     '{"name": "A", "age": 1, "kind": "person", "tags": ["a", "b", "c", "d"]}',  # maxItems
     '{"name": "A", "age": 1, "kind": "person", "address": {}}',     # nested required
     '{"name": "A", "name": "B", "age": 1, "kind": "person"}',       # duplicate key
-    '{"name": "A", "age": 1, "kind": "person"} x',                  # nothing but blanks after the document
+    '{"name": "A", "age": 1, "kind": "person"} x',                  # nothing after the document
 ])
 def test_schema_rejects_invalid_instances(text):
-    assert not _valid(PERSON, text)
+    assert not valid(PERSON, text)
 
 
-def test_whitespace_is_bounded_and_numbers_cannot_dead_end():
-    auto = JsonAutomaton({"type": "object"})
-    assert auto.feed(auto.start(), " " * MAX_WHITESPACE) is not None
-    assert auto.feed(auto.start(), " " * (MAX_WHITESPACE + 1)) is None
-    state = auto.feed(auto.start(), '{"a": 1' + "1" * 40)
-    assert state is None or auto.feed(state, "}") is not None
 
 
 @pytest.mark.parametrize("schema, keyword", [
@@ -169,97 +160,151 @@ def test_response_format_types():
         response_format_schema({"type": "yaml"})
 
 
-class _CharTokenizer:
-    """A toy tokenizer: printable ASCII characters, a few multi-character tokens and an EOS (id 0)."""
+# ---------------------------------------------------------------------------------------------
+# Bounds: each one at its limit, and never a dead end
+# ---------------------------------------------------------------------------------------------
 
-    def __init__(self):
-        self.vocab = ["</s>"] + [chr(c) for c in range(32, 127)] + ["\n", '{"', '": ', '", "', "true", "12", "name", "}\n"]
-        self.eos_token_ids = (0,)
-        self.vocab_size = len(self.vocab)
-
-    def encode(self, text, add_special_tokens=True):
-        return [self.vocab.index(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(self.vocab[i] for i in ids if not (skip_special_tokens and i == 0))
+FREE = JsonAutomaton({"type": "object"})  # json_object: every value free-form
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-@pytest.mark.parametrize("schema", [{"type": "object"}, PERSON])
-def test_guide_on_random_logits_produces_a_valid_document(temperature, schema):
-    tok = _CharTokenizer()
-    table = TokenTable(tok)
-    for seed in range(4):
-        params = SamplingParams(temperature=temperature, seed=seed)
-        guide = JsonGuide(JsonAutomaton(schema), table, Sampler(params, eos_token_ids=tok.eos_token_ids))
-        gen = torch.Generator().manual_seed(seed)
-        # A bias towards closing characters, as a model has, so documents end within the budget.
-        bias = torch.zeros(tok.vocab_size)
-        bias[[0, tok.vocab.index("}"), tok.vocab.index("]"), tok.vocab.index('"')]] = 4.0
-        out = []
-        for _ in range(2000):
-            token = guide.sample(torch.randn(tok.vocab_size, generator=gen) + bias, [], out)
-            out.append(token)
-            if token == 0:
+def _accepts(auto: JsonAutomaton, text: str) -> bool:
+    state = auto.feed(auto.start(), text)
+    return state is not None and auto.is_complete(state)
+
+
+def test_whitespace_is_one_newline_then_spaces_and_never_around_the_document():
+    indent = " " * (MAX_WHITESPACE - 1)
+    assert _accepts(FREE, '{\n  "a": [1, 2],\n  "b": {}\n}') and _accepts(FREE, '{ "a" : 1 , "b":2 }')
+    assert _accepts(FREE, "{\n" + indent + '"a": 1}')
+    assert not _accepts(FREE, "{\n" + indent + ' "a": 1}')  # one space too many
+    assert not _accepts(FREE, '{\n\n"a": 1}') and not _accepts(FREE, '{\t"a": 1}') and not _accepts(FREE, '{ \n"a": 1}')
+    assert FREE.feed(FREE.start(), " ") is None and FREE.feed(FREE.start(), "\n") is None  # starts at its first character
+    assert FREE.feed(FREE.start(), "{} ") is None and FREE.feed(FREE.start(), "{}\n") is None
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer"}, {"type": "number"}, {}])
+def test_the_sixteenth_integer_digit_is_refused(schema):
+    auto = JsonAutomaton({"type": "object", "properties": {"n": schema}, "required": ["n"], "additionalProperties": False})
+    assert MAX_INT_DIGITS == 15
+    assert _accepts(auto, '{"n": -' + "9" * 15 + "}")
+    assert auto.feed(auto.start(), '{"n": ' + "9" * 16) is None
+    assert _reject_index(auto, '{"n": ' + "1" * 16 + "}") == len('{"n": ') + 15
+
+
+def test_fraction_and_exponent_digits_are_bounded():
+    frac, exp = "1" * MAX_FRAC_DIGITS, "9" * MAX_EXP_DIGITS
+    assert _accepts(FREE, f'{{"x": 0.{frac}e-{exp}}}') and _accepts(FREE, f'{{"x": 1E+{exp}}}')
+    assert FREE.feed(FREE.start(), f'{{"x": 0.{frac}1') is None
+    assert FREE.feed(FREE.start(), f'{{"x": 1e{exp}9') is None
+    assert json.loads(json.dumps({"x": 0.00012345678901234567}))["x"] == 0.00012345678901234567  # the repr fits: 20 digits
+    assert _accepts(FREE, json.dumps({"x": 0.00012345678901234567}))
+
+
+def test_free_form_nesting_stops_at_max_depth():
+    assert MAX_DEPTH == 8
+    # The root object is level 1: seven more arrays reach level 8; an eighth is refused, a scalar is not.
+    assert _accepts(FREE, '{"a": ' + "[" * 7 + "]" * 7 + "}")
+    assert FREE.feed(FREE.start(), '{"a": ' + "[" * 8) is None and FREE.feed(FREE.start(), '{"a": ' + "[" * 7 + "{") is None
+    assert _accepts(FREE, '{"a": ' + "[" * 7 + "1" + "]" * 7 + "}")
+    # A schema's own nesting is its own bound: nine levels it spells out pass.
+    deep: dict = {"type": "integer"}
+    for _ in range(9):
+        deep = {"type": "array", "items": deep}
+    assert _accepts(JsonAutomaton(deep), "[" * 9 + "1" + "]" * 9)
+
+
+def test_undeclared_members_keys_and_free_form_strings_and_arrays_are_bounded():
+    assert _accepts(FREE, json.dumps({f"k{i}": i for i in range(MAX_MEMBERS)}))
+    assert not _accepts(FREE, json.dumps({f"k{i}": i for i in range(MAX_MEMBERS + 1)}))
+    assert _accepts(FREE, json.dumps({"k" * MAX_KEY_CHARS: 1})) and FREE.feed(FREE.start(), '{"' + "k" * (MAX_KEY_CHARS + 1)) is None
+    # At the key limit a key must be new (the last character of a repeat is refused, not the quote after
+    # it, which would leave nothing to write), and no escape may start (its character would not fit).
+    longest = "k" * MAX_KEY_CHARS
+    assert FREE.feed(FREE.start(), f'{{"{longest}": 1, "{longest[:-1]}') is not None
+    assert FREE.feed(FREE.start(), f'{{"{longest}": 1, "{longest}') is None
+    assert FREE.feed(FREE.start(), '{"' + longest[:-1] + "\\") is not None and FREE.feed(FREE.start(), '{"' + longest + "\\") is None
+    assert _accepts(FREE, json.dumps({"s": "x" * MAX_STRING_CHARS})) and not _accepts(FREE, json.dumps({"s": "x" * (MAX_STRING_CHARS + 1)}))
+    assert _accepts(FREE, json.dumps({"a": list(range(MAX_MEMBERS))})) and not _accepts(FREE, json.dumps({"a": list(range(MAX_MEMBERS + 1))}))
+    # Declared properties, schema strings and schema arrays are not capped: the schema bounds them.
+    many = {f"p{i}": {"type": "string"} for i in range(MAX_MEMBERS + 4)}
+    auto = JsonAutomaton({"type": "object", "properties": {**many, "xs": {"type": "array", "items": {"type": "integer"}}}})
+    value = {**{name: "y" * (MAX_STRING_CHARS + 1) for name in many}, "xs": list(range(MAX_MEMBERS + 1))}
+    assert _accepts(auto, json.dumps(value))
+    # Undeclared members next to declared ones: MAX_MEMBERS of them, and every required property still fits.
+    required = {"type": "object", "properties": many, "required": list(many)}
+    value = {**{f"x{i}": 1 for i in range(MAX_MEMBERS)}, **{name: "v" for name in many}}
+    assert _accepts(JsonAutomaton(required), json.dumps(value))
+    assert not _accepts(JsonAutomaton(required), json.dumps({**value, "x_more": 1}))
+
+
+# Every character the grammar needs (literals, escapes, \u hex digits, exponents) and few letters, so keys repeat.
+ALPHABET = list('{}[]",:-+. \neE019abflnrstu\\') + ["é"]
+
+
+@pytest.mark.parametrize("schema", [{"type": "object"}, PERSON, {"type": "array", "minItems": 3}])
+def test_no_reachable_state_is_a_dead_end_with_tiny_bounds(schema, monkeypatch):
+    """Random walks over every accepted character, with bounds small enough to be hit all the time: each
+    state reached either accepts a next character or is a complete document."""
+    for name, value in [("MAX_MEMBERS", 3), ("MAX_KEY_CHARS", 1), ("MAX_STRING_CHARS", 2), ("MAX_DEPTH", 3), ("MAX_WHITESPACE", 2)]:
+        monkeypatch.setattr(guided_steps, name, value)
+    for part in ("int", "frac", "exp"):
+        monkeypatch.setitem(guided_steps._NUM_DIGITS, part, 2)
+    auto, rng = JsonAutomaton(schema), random.Random(5)
+    alphabet = sorted(set(ALPHABET) | set(json.dumps(schema)))  # and the letters of its names and enum values
+    num_steps = 0
+    for _ in range(60):
+        state, text = auto.start(), ""
+        for _ in range(200):
+            options = [c for c in alphabet if auto.feed(state, c) is not None]
+            assert options or auto.is_complete(state), f"dead end after {text!r}"
+            if not options or (auto.is_complete(state) and rng.random() < 0.3):
                 break
-        assert out[-1] == 0, tok.decode(out)
-        assert _valid(schema, tok.decode(out)) and isinstance(json.loads(tok.decode(out)), dict)
+            others = [c for c in options if c not in '}]"']  # mostly keep going, so walks reach the bounds
+            c = rng.choice(others if others and rng.random() < 0.85 else options)
+            state, text, num_steps = auto.feed(state, c), text + c, num_steps + 1
+    assert num_steps > 600
 
 
 # ---------------------------------------------------------------------------------------------
-# The real model
+# Tagged blocks (structural tags: forced tool calls)
 # ---------------------------------------------------------------------------------------------
 
-ANSWER = {"type": "object", "properties": {"answer": {"type": "number"}, "unit": {"type": "string"},
-                                           "confident": {"type": "boolean"}},
-          "required": ["answer", "unit", "confident"], "additionalProperties": False}
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}
 
 
-def _check(schema: dict, text: str) -> None:
-    value = json.loads(text)
-    assert isinstance(value, dict) and _valid(schema, text), text
-    try:
-        import jsonschema
-    except ImportError:
-        return
-    jsonschema.validate(value, schema)
+def _block(name: str, schema: dict) -> dict:
+    return {"begin": f'<tool_call>\n{{"name": "{name}", "arguments": ', "schema": schema, "end": "}\n</tool_call>"}
 
 
-def test_real_model_outputs_parse_greedy_and_sampled(smollm2, real_prompts):
-    prompts = real_prompts[3:6]  # three GSM8K questions
-    work, params = [], []
-    for schema in ({"type": "object"}, ANSWER):
-        hint = "Reply with one JSON object." + ("" if schema == {"type": "object"} else f" Schema: {json.dumps(schema)}")
-        for prompt in prompts:
-            for temperature in (0.0, 0.8):
-                work.append([{"role": "system", "content": hint}, {"role": "user", "content": prompt}])
-                params.append(SamplingParams(temperature=temperature, seed=7, max_tokens=160, guided_json=json.dumps(schema)))
-    outputs = smollm2.chat(work, params)
-    for out, p in zip(outputs, params):
-        c = out.outputs[0]
-        if c.finish_reason == "length":  # honest: cut by max_tokens, and still a valid prefix
-            auto = JsonAutomaton(json.loads(p.guided_json))
-            assert auto.feed(auto.start(), c.text) is not None
-            continue
-        assert c.finish_reason == "stop"
-        _check(json.loads(p.guided_json), c.text)
-    # A 135M model sometimes writes a long string value; most documents still close within the budget.
-    assert sum(o.outputs[0].finish_reason == "stop" for o in outputs) >= len(outputs) // 2
+def test_a_tagged_block_is_begin_then_a_document_then_end():
+    auto = JsonAutomaton.tagged([_block("get_weather", CITY)])
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert _accepts(auto, text) and auto.is_closed(auto.feed(auto.start(), text))
+    assert not auto.is_complete(auto.feed(auto.start(), text[:-1]))
+    assert _reject_index(auto, text.replace("get_weather", "get_time")) == text.index("weather")
+    extra = text.replace('"Paris"}', '"Paris", "x": 1}')
+    assert _reject_index(auto, extra) == extra.index(', "x"')  # additionalProperties false
+    assert _reject_index(auto, '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}') is not None
+    assert _reject_index(auto, "Sure! <tool_call>") == 0
+    # Inside fixed text the next character is known; inside the document it is not.
+    state = auto.start()
+    assert auto.forced_char(state) == "<" and auto.forced_char(auto.feed(state, "<tool_call>\n")) == "{"
+    assert auto.forced_char(auto.feed(state, text[:text.index('{"city"') + 1])) is None
 
 
-def test_end_of_output_is_forced_once_the_document_is_closed():
-    tok = _CharTokenizer()
-    table = TokenTable(tok)
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}
-    guide = JsonGuide(JsonAutomaton(schema), table, Sampler(SamplingParams(temperature=0), eos_token_ids=tok.eos_token_ids))
-    out = []
-    for ch in '{"name": "Ada", "age": 36}':
-        logits = torch.full((tok.vocab_size,), -10.0)
-        logits[tok.vocab.index(ch)] = 10.0
-        out.append(guide.sample(logits, [], out))
-    assert tok.decode(out) == '{"name": "Ada", "age": 36}' and guide.is_closed
-    # The model now prefers a newline, then a space: neither may follow a closed document.
-    logits = torch.full((tok.vocab_size,), -10.0)
-    logits[tok.vocab.index("\n")], logits[tok.vocab.index(" ")] = 10.0, 9.0
-    assert guide.sample(logits, [], out) == 0
+def test_a_choice_of_tags_and_several_blocks():
+    auto = JsonAutomaton.tagged([_block("get_weather", CITY), _block("get_time", {"type": "object"})], max_blocks=2, separator="")
+    state = auto.start()
+    assert auto.forced_char(auto.feed(state, '<tool_call>\n{"name": "get_')) is None  # "w" or "t"
+    one = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    two = one + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    after_one = auto.feed(state, one)
+    assert auto.is_complete(after_one) and not auto.is_closed(after_one)  # may end, or open a second block
+    assert _accepts(auto, two) and auto.is_closed(auto.feed(state, two))
+    assert auto.feed(state, two + "<") is None and auto.feed(state, one + "\n") is None
+    with pytest.raises(UnsupportedSchemaError, match="max_blocks"):
+        JsonAutomaton.tagged([{"begin": "", "schema": {}, "end": ""}], max_blocks=2, separator="")
+    with pytest.raises(UnsupportedSchemaError, match="structures"):
+        automaton_for(None, json.dumps({"structures": []}))
+    with pytest.raises(UnsupportedSchemaError, match="'pattern'"):
+        automaton_for(None, json.dumps({"structures": [_block("f", {"type": "string", "pattern": "x"})]}))

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from serving.errors import InvalidSamplingParamsError
-from serving.sampler import Sampler, apply_logit_bias, mask_stop_tokens
+from serving.logits_processors import apply_logit_bias, mask_stop_tokens
+from serving.sampler import Sampler
 from serving.sampling_params import SamplingParams
 from serving.stop import check_stop
 

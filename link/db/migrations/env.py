@@ -10,6 +10,7 @@ from alembic import context
 from sqlmodel import SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
+import link.db.evals  # noqa: F401  (the eval tables)
 import link.db.models  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 config = context.config

@@ -1,0 +1,179 @@
+"""The outcome table: one row per (prompt, model), the common format of evals and routers.
+
+Every source of routing evidence ends up here: `link eval run` (our own measurements) and the recorded
+sets in ../shared/data (RouterBench rows, RouteLLM pairs, AlpacaEval preferences, see `recorded.py`).
+The routers (`routers/`) train on it and `link eval replay` charges a policy's picks from it.
+
+    table = OutcomeTable.read("runs/abc/outcomes.jsonl")
+    table.models                         # ("gemma-3-270m", "smollm2-135m-instruct")
+    ids, models, scores, costs = table.pivot()   # [P], [M], float arrays [P, M] (NaN where missing)
+    table.write("out.jsonl")             # or .csv
+
+Columns (`OUTCOME_COLUMNS`):
+
+    prompt_id          str    stable id of the prompt within its suite ("gsm8k/test/17")
+    suite              str    the task or benchmark the prompt belongs to ("gsm8k", "arc-challenge")
+    prompt             str    the prompt text a router sees (for multi-turn: the first user turn)
+    model              str    the model or policy that answered
+    score              float  quality in [0, 1] (correctness, pass@1, judge score / 10, preference)
+    cost_usd           float  USD spent on the answer (0 for free local models), judge cost excluded
+    prompt_tokens      int | None
+    completion_tokens  int | None
+    latency_s          float | None   seconds from request to complete answer
+    response           str | None     the answer text, where recorded
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+OUTCOME_COLUMNS = ("prompt_id", "suite", "prompt", "model", "score", "cost_usd", "prompt_tokens",
+                   "completion_tokens", "latency_s", "response")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One model's recorded result on one prompt (see the module docstring for the columns).
+
+    Raises:
+        ValueError: score outside [0, 1], negative cost, or an empty prompt_id/model.
+    """
+
+    prompt_id: str
+    suite: str
+    prompt: str
+    model: str
+    score: float
+    cost_usd: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    response: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_id or not self.model:
+            raise ValueError("an outcome needs a prompt_id and a model")
+        if not (0.0 <= self.score <= 1.0) or math.isnan(self.score):
+            raise ValueError(f"score must be in [0, 1], got {self.score} ({self.model}, {self.prompt_id})")
+        if self.cost_usd < 0 or math.isnan(self.cost_usd):
+            raise ValueError(f"cost_usd must be >= 0, got {self.cost_usd} ({self.model}, {self.prompt_id})")
+
+    @classmethod
+    def from_dict(cls, row: dict) -> Outcome:
+        """Build from a JSON/CSV row; empty strings become None for the optional columns."""
+        def opt(name, cast):
+            value = row.get(name)
+            return None if value in (None, "") else cast(value)
+        return cls(prompt_id=str(row["prompt_id"]), suite=str(row.get("suite") or ""), prompt=str(row.get("prompt") or ""),
+                   model=str(row["model"]), score=float(row["score"]), cost_usd=float(row.get("cost_usd") or 0.0),
+                   prompt_tokens=opt("prompt_tokens", int), completion_tokens=opt("completion_tokens", int),
+                   latency_s=opt("latency_s", float), response=opt("response", str))
+
+
+class OutcomeTable:
+    """An ordered collection of outcomes with the views routers and reports need.
+
+    Args:
+        rows: outcomes; a (prompt_id, model) pair may appear once only.
+    Raises:
+        ValueError: a duplicated (prompt_id, model) pair.
+    """
+
+    def __init__(self, rows: Iterable[Outcome] = ()):
+        self.rows: list[Outcome] = list(rows)
+        seen: set[tuple[str, str]] = set()
+        for row in self.rows:
+            key = (row.prompt_id, row.model)
+            if key in seen:
+                raise ValueError(f"duplicate outcome for prompt {row.prompt_id!r} and model {row.model!r}")
+            seen.add(key)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Outcome]:
+        return iter(self.rows)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Model names in order of first appearance."""
+        return tuple(dict.fromkeys(r.model for r in self.rows))
+
+    @property
+    def prompt_ids(self) -> tuple[str, ...]:
+        """Prompt ids in order of first appearance."""
+        return tuple(dict.fromkeys(r.prompt_id for r in self.rows))
+
+    def prompts(self) -> dict[str, tuple[str, str]]:
+        """prompt_id -> (suite, prompt text), from the first row of each prompt."""
+        out: dict[str, tuple[str, str]] = {}
+        for r in self.rows:
+            out.setdefault(r.prompt_id, (r.suite, r.prompt))
+        return out
+
+    def select(self, *, models: Iterable[str] | None = None, prompt_ids: Iterable[str] | None = None) -> OutcomeTable:
+        """The rows of the given models and/or prompts (order kept)."""
+        keep_m = None if models is None else set(models)
+        keep_p = None if prompt_ids is None else set(prompt_ids)
+        return OutcomeTable(r for r in self.rows
+                            if (keep_m is None or r.model in keep_m) and (keep_p is None or r.prompt_id in keep_p))
+
+    def pivot(self) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+        """(prompt_ids [P], models [M], scores [P, M], costs [P, M] in USD); NaN where a pair is missing."""
+        ids, models = list(self.prompt_ids), list(self.models)
+        pi = {p: i for i, p in enumerate(ids)}
+        mi = {m: j for j, m in enumerate(models)}
+        scores = np.full((len(ids), len(models)), np.nan)
+        costs = np.full((len(ids), len(models)), np.nan)
+        for r in self.rows:
+            scores[pi[r.prompt_id], mi[r.model]] = r.score
+            costs[pi[r.prompt_id], mi[r.model]] = r.cost_usd
+        return ids, models, scores, costs
+
+    def extend(self, other: Iterable[Outcome]) -> OutcomeTable:
+        """A new table with the rows of both (duplicates raise)."""
+        return OutcomeTable([*self.rows, *other])
+
+    # --- files ------------------------------------------------------------------------------------
+
+    def write(self, path: str | Path) -> Path:
+        """Write as JSON lines (`.jsonl`) or CSV (`.csv`), chosen by the suffix. Returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".csv":
+            with path.open("w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=OUTCOME_COLUMNS)
+                writer.writeheader()
+                for r in self.rows:
+                    writer.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
+        else:
+            with path.open("w", encoding="utf-8") as f:
+                for r in self.rows:
+                    f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, path: str | Path) -> OutcomeTable:
+        """Read a `.jsonl` or `.csv` outcome file. Raises ValueError naming the line of a bad row."""
+        path = Path(path)
+        rows: list[Outcome] = []
+        with path.open(encoding="utf-8", newline="") as f:
+            # (line number, raw record): blank JSON lines are skipped but still counted
+            numbered = (enumerate(csv.DictReader(f), start=2) if path.suffix == ".csv"
+                        else ((n, line) for n, line in enumerate(f, start=1) if line.strip()))
+            for number, record in numbered:
+                try:
+                    rows.append(Outcome.from_dict(record if isinstance(record, dict) else json.loads(record)))
+                except (KeyError, ValueError, TypeError) as exc:
+                    raise ValueError(f"{path}:{number}: bad outcome row: {exc}") from exc
+        return cls(rows)
+
+
+assert tuple(f.name for f in fields(Outcome)) == OUTCOME_COLUMNS

@@ -1,0 +1,133 @@
+"""Offline replay: a routing policy evaluated on an outcome table without calling any model.
+
+    table = load_recorded("routerbench:test", data_dir)
+    result = replay(build_policy("fallback:claude-instant-v1,gpt-4-1106-preview", table.models), table)
+    result.mean_score, result.total_cost_usd, result.pick_share
+    result.outcomes            # an OutcomeTable whose model column is the policy's name
+
+For every prompt the policy gets the request the gateway would give it (`link.policies.base.PolicyRequest`:
+the prompt as one user message, `metadata.suite` and `metadata.prompt_id` in the body, the table's models
+as the served names) and the recorded score and cost of its first planned model that has an outcome for
+the prompt are charged (later models in `plan.models` are the fallbacks, as in the gateway). A prompt that
+no planned model covers is skipped and listed in `ReplayResult.skipped`: recorded sets have holes (six
+RouterBench ARC test prompts carry one model only), so a fixed policy scores exactly its model's
+recorded rows. The policy interface is the gateway's, so the routers of issue 6 plug in unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from evals.outcomes import Outcome, OutcomeTable
+from evals.policy_spec import build_policy  # noqa: F401  (re-exported: replay(build_policy(spec, ...), table))
+from link.policies.base import Policy, PolicyRequest
+
+DEFAULT_CONCURRENCY = 16
+
+
+@dataclass
+class ReplayResult:
+    """What a policy scored on a table.
+
+    Attributes:
+        policy: the policy's name (the model column of `outcomes`).
+        picks: prompt_id -> the model charged, in the table's prompt order (skipped prompts absent).
+        outcomes: the charged outcomes, relabelled with the policy's name (score, cost, tokens, latency and
+            response are the picked model's).
+        skipped: prompt ids that no planned model covers.
+    """
+
+    policy: str
+    picks: dict[str, str]
+    outcomes: OutcomeTable
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.picks)
+
+    @property
+    def mean_score(self) -> float:
+        return sum(o.score for o in self.outcomes) / len(self.outcomes) if len(self.outcomes) else float("nan")
+
+    @property
+    def total_cost_usd(self) -> float:
+        return sum(o.cost_usd for o in self.outcomes)
+
+    @property
+    def mean_cost_usd(self) -> float:
+        return self.total_cost_usd / len(self.outcomes) if len(self.outcomes) else float("nan")
+
+    @property
+    def pick_share(self) -> dict[str, float]:
+        """model -> share of the replayed prompts routed to it, most picked first."""
+        counts = Counter(self.picks.values())
+        return {m: n / self.num_prompts for m, n in counts.most_common()}
+
+
+def _index(table: OutcomeTable) -> dict[tuple[str, str], Outcome]:
+    return {(o.prompt_id, o.model): o for o in table}
+
+
+def policy_request(prompt_id: str, suite: str, prompt: str, policy_name: str, model_names: tuple[str, ...]) -> PolicyRequest:
+    """The chat request a policy sees for one recorded prompt."""
+    body = {"model": policy_name, "messages": [{"role": "user", "content": prompt}],
+            "metadata": {"suite": suite, "prompt_id": prompt_id}}
+    return PolicyRequest(endpoint="chat", body=body, model_names=model_names)
+
+
+async def areplay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CONCURRENCY) -> ReplayResult:
+    """`replay` for callers inside an event loop."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    index, prompts, models = _index(table), table.prompts(), table.models
+    gate = asyncio.Semaphore(concurrency)
+
+    async def plan(prompt_id: str) -> list[str]:
+        suite, prompt = prompts[prompt_id]
+        async with gate:
+            return (await policy.plan(policy_request(prompt_id, suite, prompt, policy.name, models))).models
+
+    plans = await asyncio.gather(*(plan(p) for p in table.prompt_ids))
+    picks: dict[str, str] = {}
+    rows: list[Outcome] = []
+    skipped: list[str] = []
+    for prompt_id, planned in zip(table.prompt_ids, plans):
+        chosen = next((m for m in planned if (prompt_id, m) in index), None)
+        if chosen is None:
+            skipped.append(prompt_id)
+            continue
+        picks[prompt_id] = chosen
+        rows.append(replace(index[(prompt_id, chosen)], model=policy.name))
+    return ReplayResult(policy.name, picks, OutcomeTable(rows), skipped)
+
+
+def replay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CONCURRENCY) -> ReplayResult:
+    """Evaluate `policy` on `table`: it plans every prompt, the first planned model with a recorded outcome
+    is charged (see the module docstring).
+
+    Args:
+        policy: any `link.policies.base.Policy` built against `table.models`.
+        table: recorded outcomes (one prompt may lack some models).
+        concurrency: `plan` calls in flight at once (routers may embed the prompt).
+    Returns:
+        a `ReplayResult`. Raises ValueError for concurrency < 1; a policy's own errors propagate.
+    Runs its own event loop (`asyncio.run`); inside a running loop, await `areplay` instead.
+    """
+    return asyncio.run(areplay(policy, table, concurrency=concurrency))
+
+
+def oracle(table: OutcomeTable, name: str = "oracle") -> ReplayResult:
+    """The oracle router: per prompt the best recorded score, the cheapest model among those tied
+    (then the table's model order). An upper bound on any policy's score over the same models."""
+    order = {m: i for i, m in enumerate(table.models)}
+    best: dict[str, Outcome] = {}
+    for o in table:
+        current = best.get(o.prompt_id)
+        key = (-o.score, o.cost_usd, order[o.model])
+        if current is None or key < (-current.score, current.cost_usd, order[current.model]):
+            best[o.prompt_id] = o
+    picks = {p: best[p].model for p in table.prompt_ids}
+    return ReplayResult(name, picks, OutcomeTable(replace(best[p], model=name) for p in table.prompt_ids))

@@ -1,0 +1,235 @@
+"""`run_eval`: one suite's items against several targets, concurrently, cached, under a cost cap.
+
+    suite = make_suite("gsm8k", data_dir)
+    items = suite.sample(suite.load("test"), 200)
+    result = await run_eval(suite, items, targets, concurrency=4, retries=3, max_cost_usd=1.0, store=EvalStore())
+    result.run_id, result.outcomes, result.totals["gemma-3-270m"]["score"], result.stopped_reason
+
+Each (item, target) pair is one unit of work: `suite.answer` through the target, then `suite.grade` (with the
+judge for judge-based suites). Calls go through `CachedTarget` (the store: a rerun of an interrupted run makes
+no call for finished items and gives the same totals) around `GuardedTarget` (--max-cost and retries with
+backoff). A pair whose target still fails after the retries is recorded with score 0 and its error; a pair
+cut by the cost cap is not recorded. At most `concurrency` pairs (so at most `concurrency` model calls) are in
+flight across all targets. Files: `<out_dir>/outcomes.jsonl` (OutcomeTable), `grades.jsonl` (one line per pair:
+prompt_id, model, score, details, judge_cost_usd, error) and `run.json` (totals); the run is recorded in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals.base import Answer, Grade, Item, Suite
+from evals.cache import CachedTarget, EvalStore, utcnow
+from evals.cost_guard import BudgetExhausted, CostGuard, GuardedTarget
+from evals.outcomes import Outcome, OutcomeTable
+from evals.progress import RunProgress
+from evals.targets import Target
+
+
+@dataclass
+class PairResult:
+    """One target's graded answer to one item."""
+
+    item: Item
+    target: str
+    answer: Answer
+    grade: Grade
+    cache_hits: int = 0
+    calls: int = 0
+
+    @property
+    def error(self) -> str | None:
+        return self.answer.error or self.grade.details.get("error")
+
+
+@dataclass
+class RunResult:
+    """What `run_eval` returns.
+
+    Attributes:
+        run_id: hex id; files under `out_dir`, record in the store.
+        outcomes: one row per recorded (item, target), in target then item order.
+        grades: target name -> item id -> Grade.
+        totals: target name -> {n, errors, score, cost_usd, judge_cost_usd, latency_p50_s, latency_p95_s,
+            prompt_tokens, completion_tokens} (+ suite extras, e.g. AlpacaEval's lc_win_rate); a resumed run's
+            totals equal an uninterrupted run's.
+        calls: target name -> {"cache_hits", "calls"}: answer requests served from the store / made to the target.
+        stopped_reason: "completed" or "max_cost".
+        spent_usd: real USD spent by this run (cache hits excluded; judge calls included).
+    """
+
+    run_id: str
+    outcomes: OutcomeTable
+    grades: dict[str, dict[str, Grade]]
+    totals: dict[str, dict[str, Any]]
+    stopped_reason: str
+    spent_usd: float
+    calls: dict[str, dict[str, int]] = field(default_factory=dict)
+    out_dir: Path | None = None
+    pairs: list[PairResult] = field(default_factory=list, repr=False)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(pairs: list[PairResult]) -> dict[str, Any]:
+    """Totals of one target's pairs (see RunResult.totals); latency percentiles over answers without error."""
+    latencies = [p.answer.latency_s for p in pairs if not p.error]
+    n = len(pairs)
+    return {"n": n, "errors": sum(1 for p in pairs if p.error),
+            "score": sum(p.grade.score for p in pairs) / n if n else None,
+            "cost_usd": sum(p.answer.cost_usd for p in pairs),
+            "judge_cost_usd": sum(p.grade.judge_cost_usd for p in pairs),
+            "latency_p50_s": _percentile(latencies, 0.5), "latency_p95_s": _percentile(latencies, 0.95),
+            "prompt_tokens": sum(p.answer.prompt_tokens for p in pairs),
+            "completion_tokens": sum(p.answer.completion_tokens for p in pairs)}
+
+
+async def _evaluate(suite: Suite, item: Item, target: Target, judge: Target | None, wrap) -> PairResult | None:
+    """Answer and grade one pair; None when the cost cap cut it. Errors (TargetError after the retries, or a
+    suite's own exception) are recorded in the pair, never raised."""
+    answering = wrap(target, item)
+    try:
+        answer = await suite.answer(item, answering)
+    except BudgetExhausted:
+        return None
+    except Exception as exc:  # noqa: BLE001  (an item never crashes the run)
+        answer = Answer([], error=f"{type(exc).__name__}: {exc}")
+    if answer.error:
+        grade = Grade(0.0, {"error": answer.error})
+    else:
+        try:
+            grade = await suite.grade(item, answer, wrap(judge, item) if judge is not None else None)
+        except BudgetExhausted:
+            return None
+        except Exception as exc:  # noqa: BLE001
+            grade = Grade(0.0, {"error": f"grading: {type(exc).__name__}: {exc}"})
+    return PairResult(item, target.name, answer, grade, answering.hits, answering.misses)
+
+
+async def run_eval(suite: Suite, items: list[Item], targets: list[Target], *, judge: Target | None = None,
+                   concurrency: int = 4, retries: int = 3, max_cost_usd: float | None = None,
+                   store: EvalStore | None = None, progress: bool = True, run_id: str | None = None,
+                   out_dir: Path | None = None, split: str = "", params: dict[str, Any] | None = None,
+                   backoff_s: float = 0.5, seed: int = 0, suite_for: dict[str, Suite] | None = None,
+                   order: str = "interleave") -> RunResult:
+    """Run `suite` on `items` for every target (module docstring).
+
+    Args:
+        suite, items: the benchmark and the items to run (already sampled).
+        targets: distinct names. judge: the judge target of a judge-based suite (`suite.needs_judge`).
+        concurrency: pairs in flight at most (>= 1). retries: extra attempts for retryable errors.
+        max_cost_usd: hard cap on the USD this run spends (None: no cap).
+        store: response cache and run records (None: no cache, no record).
+        progress: show a Rich progress bar per target (live accuracy and spend).
+        run_id, out_dir: default a new hex id and `$LINK_HOME/evals/<run_id>`.
+        split, params: recorded with the run. backoff_s: base retry delay (s). seed: seeds the backoff jitter.
+        suite_for: target name -> the suite instance that asks it (the same benchmark in another prompt style,
+            e.g. "completion" for a base model); default `suite` for every target.
+        order: "interleave" (item by item, every target in turn: spreads load over remote providers) or
+            "by-target" (all items of the first target, then the next: local engines that share one machine
+            then run one at a time, each with a full batch).
+    Raises:
+        ValueError: no targets, duplicate target names, concurrency < 1, an unknown order, or a judge-based
+            suite without a judge.
+    """
+    if order not in ("interleave", "by-target"):
+        raise ValueError(f"order must be 'interleave' or 'by-target', got {order!r}")
+    names = [t.name for t in targets]
+    if not targets or len(set(names)) != len(names):
+        raise ValueError(f"targets must be non-empty and distinct, got {names}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if suite.needs_judge and judge is None:
+        raise ValueError(f"suite {suite.name!r} is graded by a judge model: pass --judge")
+    run_id = run_id or uuid.uuid4().hex[:12]
+    if out_dir is None:
+        from link.settings import get_settings
+
+        out_dir = get_settings().home / "evals" / run_id
+    guard, rng = CostGuard(max_cost_usd), random.Random(seed)
+
+    def wrap(target: Target, item: Item) -> CachedTarget:
+        guarded = GuardedTarget(target, guard, retries=retries, backoff_s=backoff_s, rng=rng)
+        return CachedTarget(guarded, store, suite.name, item.id)
+
+    record = {"id": run_id, "suite": suite.name, "split": split, "targets": names, "status": "running",
+              "params": {"concurrency": concurrency, "retries": retries, "max_cost_usd": max_cost_usd, "n_items": len(items),
+                         "judge": judge.name if judge else None, **(params or {})}}
+    if store is not None:
+        await asyncio.to_thread(store.save_run, record)
+    queue: asyncio.Queue = asyncio.Queue()
+    pairs = ([(item, target) for item in items for target in targets] if order == "interleave"
+             else [(item, target) for target in targets for item in items])
+    for pair in pairs:
+        queue.put_nowait(pair)
+    results: list[PairResult] = []
+    bars = RunProgress(names, len(items), enabled=progress)
+
+    async def worker() -> None:
+        while not guard.is_exhausted:
+            try:
+                item, target = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            pair = await _evaluate((suite_for or {}).get(target.name, suite), item, target, judge, wrap)
+            if pair is not None:
+                results.append(pair)
+                bars.advance(pair.target, pair.grade.score, pair.answer.cost_usd + pair.grade.judge_cost_usd, pair.error)
+
+    try:
+        with bars:
+            await asyncio.gather(*(worker() for _ in range(min(concurrency, queue.qsize()) or 1)))
+    except BaseException as exc:
+        if store is not None:
+            status = "interrupted" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else "failed"
+            store.save_run({"id": run_id, "status": status, "finished_at": utcnow()})
+        raise
+    return await _finish(suite, items, targets, results, guard, store, run_id, Path(out_dir))
+
+
+async def _finish(suite, items, targets, results, guard, store, run_id, out_dir) -> RunResult:
+    order = {item.id: i for i, item in enumerate(items)}
+    by_target: dict[str, list[PairResult]] = {t.name: [] for t in targets}
+    for pair in sorted(results, key=lambda p: order[p.item.id]):
+        by_target[pair.target].append(pair)
+    totals = {name: summarize(pairs) for name, pairs in by_target.items()}
+    extra = getattr(suite, "summarize", None)
+    if callable(extra):
+        for name, pairs in by_target.items():
+            totals[name].update(extra([(p.item, p.answer, p.grade) for p in pairs]))
+    pairs = [p for name in by_target for p in by_target[name]]
+    outcomes = OutcomeTable(Outcome(prompt_id=p.item.id, suite=suite.name, prompt=p.item.prompt, model=p.target,
+                                    score=p.grade.score, cost_usd=p.answer.cost_usd, prompt_tokens=p.answer.prompt_tokens,
+                                    completion_tokens=p.answer.completion_tokens,
+                                    latency_s=p.answer.latency_s if not p.error else None, response=p.answer.text)
+                            for p in pairs)
+    stopped = "max_cost" if guard.is_exhausted else "completed"
+    outcomes_path = outcomes.write(out_dir / "outcomes.jsonl")
+    with (out_dir / "grades.jsonl").open("w", encoding="utf-8") as f:
+        for p in pairs:
+            line = {"prompt_id": p.item.id, "model": p.target, "score": p.grade.score, "details": p.grade.details,
+                    "judge_cost_usd": p.grade.judge_cost_usd, "error": p.error}
+            f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
+    summary = {"run_id": run_id, "suite": suite.name, "stopped_reason": stopped, "spent_usd": guard.spent_usd, "totals": totals}
+    (out_dir / "run.json").write_text(json.dumps(summary, indent=2, default=str))
+    if store is not None:
+        await asyncio.to_thread(store.save_run, {"id": run_id, "status": "stopped" if guard.is_exhausted else "finished",
+                                                 "totals": totals, "outcomes_path": str(outcomes_path), "finished_at": utcnow()})
+    grades = {name: {p.item.id: p.grade for p in ps} for name, ps in by_target.items()}
+    calls = {name: {"cache_hits": sum(p.cache_hits for p in ps), "calls": sum(p.calls for p in ps)}
+             for name, ps in by_target.items()}
+    return RunResult(run_id, outcomes, grades, totals, stopped, guard.spent_usd, calls, out_dir, pairs)

@@ -1,0 +1,120 @@
+"""MMLU: four-option multiple-choice questions over 57 subjects; the answer is a letter.
+
+Source: Hendrycks et al. 2021, "Measuring Massive Multitask Language Understanding", whose prompt format
+we follow: the header "The following are multiple choice questions (with answers) about <subject>.",
+then for each shot "<question>\\nA. ..\\nB. ..\\nC. ..\\nD. ..\\nAnswer: X", blank-line separated, and the
+question ending in "Answer:". Data: `<data_dir>/mmlu/data/{dev,val,test}/<subject>_<split>.csv`,
+headerless rows (question, A, B, C, D, answer letter). Shots are the subject's dev rows, in file order
+(the paper's 5-shot setting; the dev split has exactly 5 per subject).
+
+    suite = make_suite("mmlu", data_dir)         # 5-shot
+    items = suite.sample(suite.load("test"), 500)   # seeded, across subjects; ids "mmlu/test/anatomy/3"
+
+Styles: "completion" sends the prompt above and reads the letter the model writes next (a few tokens,
+stop at a newline); "chat" sends the same text in one user turn with an instruction to reply with the
+letter only. Grade: `graders.extract_choice` of the reply equals the gold letter (no letter scores 0).
+Option `subjects` (list of names) restricts the subjects loaded.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from evals.base import Answer, Grade, Item, PromptStyle, Suite
+from evals.graders import extract_choice
+from evals.targets import Target
+
+LETTERS = "ABCD"
+CHAT_INSTRUCTION = "Reply with the letter of the correct option (A, B, C or D) only."
+
+
+def pretty_subject(subject: str) -> str:
+    """"high_school_us_history" -> "high school us history" (as in the paper's header)."""
+    return subject.replace("_", " ")
+
+
+def format_question(row: list[str], answer: str | None = None) -> str:
+    """One question block: the question, the lettered options and "Answer:" (+ " X" for a shot)."""
+    question, *options = row[:5]
+    lines = [question.strip(), *(f"{letter}. {option}" for letter, option in zip(LETTERS, options))]
+    return "\n".join(lines) + "\nAnswer:" + (f" {answer}" if answer else "")
+
+
+class MMLU(Suite):
+    """MMLU, `shots` dev examples per prompt (default 5), greedy, a few tokens per answer."""
+
+    name = "mmlu"
+    splits = ("dev", "val", "test")
+    default_shots = 5
+    sampling = {"temperature": 0.0, "max_tokens": 4}
+
+    @property
+    def root(self) -> Path:
+        return self.data_dir / "mmlu" / "data"
+
+    def _read(self, split: str, subject: str) -> list[list[str]]:
+        path = self.root / split / f"{subject}_{split}.csv"
+        if not path.is_file():
+            raise FileNotFoundError(f"MMLU data not found: {path}")
+        with path.open(encoding="utf-8", newline="") as f:
+            return [row for row in csv.reader(f) if row]
+
+    def subjects(self, split: str = "test") -> list[str]:
+        """The subjects with a file in `split` (sorted), or the `subjects` option.
+
+        Raises:
+            FileNotFoundError: the split's folder is missing (the message names it).
+        """
+        folder = self.root / split
+        if not folder.is_dir():
+            raise FileNotFoundError(f"MMLU data not found: {folder}")
+        if "subjects" in self.options:
+            return list(self.options["subjects"])
+        suffix = f"_{split}.csv"
+        return sorted(p.name[: -len(suffix)] for p in folder.glob(f"*{suffix}"))
+
+    def load(self, split: str) -> list[Item]:
+        """All questions of `split`, subject by subject (sorted). reference = the gold letter.
+
+        Raises:
+            FileNotFoundError: a missing folder or subject file (named).
+            ValueError: an unknown split.
+        """
+        if split not in self.splits:
+            raise ValueError(f"mmlu has the splits {self.splits}, not {split!r}")
+        items = []
+        for subject in self.subjects(split):
+            for i, row in enumerate(self._read(split, subject)):
+                items.append(Item(id=f"mmlu/{split}/{subject}/{i}", prompt=format_question(row)[: -len("\nAnswer:")],
+                                  reference=row[5].strip().upper(),
+                                  metadata={"subject": subject, "split": split, "index": i, "row": row[:5]}))
+        return items
+
+    def dev_rows(self, subject: str) -> list[list[str]]:
+        """The subject's dev rows (the few-shot pool), read once per subject."""
+        cache = self.__dict__.setdefault("_dev_rows", {})
+        if subject not in cache:
+            cache[subject] = self._read("dev", subject)
+        return cache[subject]
+
+    def prompt_text(self, item: Item) -> str:
+        """The header, the shots and the question, ending in "Answer:"."""
+        subject = item.metadata["subject"]
+        own = item.metadata["index"] if item.metadata["split"] == "dev" else None
+        shots = [row for i, row in enumerate(self.dev_rows(subject)) if i != own][: self.shots] if self.shots else []
+        header = f"The following are multiple choice questions (with answers) about {pretty_subject(subject)}."
+        blocks = [format_question(row, row[5].strip()) for row in shots]
+        return "\n\n".join([header, *blocks, format_question(item.metadata["row"])])
+
+    def request(self, item: Item) -> tuple[PromptStyle, dict[str, Any]]:
+        if self.style == "completion":
+            return "completion", {"prompt": self.prompt_text(item), "params": {"stop": ["\n"]}}
+        content = f"{self.prompt_text(item)}\n\n{CHAT_INSTRUCTION}"
+        return "chat", {"messages": [{"role": "user", "content": content}], "params": {"max_tokens": 32}}
+
+    async def grade(self, item: Item, answer: Answer, judge: Target | None = None) -> Grade:
+        """1.0 when the extracted letter equals the gold letter; details: extracted, gold."""
+        letter = extract_choice(answer.text, LETTERS)
+        return Grade(float(letter == item.reference), {"extracted": letter, "gold": item.reference})

@@ -1,0 +1,81 @@
+"""The outcome table: validation, views, and the .jsonl / .csv round trip."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evals.outcomes import OUTCOME_COLUMNS, Outcome, OutcomeTable
+
+
+def _rows() -> list[Outcome]:
+    return [Outcome("p1", "math", "1+1?", "b", 1.0, 0.002, 5, 1, 0.5, "2"),
+            Outcome("p1", "math", "1+1?", "a", 0.0, 0.0),
+            Outcome("p2", "code", 'say "hi",\nthen stop', "a", 0.25, 0.01, None, 7, None, "hi, there\n|x|")]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"score": 1.5}, "score"), ({"score": -0.1}, "score"), ({"score": math.nan}, "score"),
+    ({"cost_usd": -1.0}, "cost_usd"), ({"prompt_id": ""}, "prompt_id"), ({"model": ""}, "model"),
+])
+def test_outcome_rejects_invalid_values(kwargs, message):
+    fields = {"prompt_id": "p", "suite": "s", "prompt": "q", "model": "m", "score": 0.5, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        Outcome(**fields)
+
+
+def test_from_dict_reads_empty_optional_cells_as_none():
+    row = {"prompt_id": 3, "suite": "", "prompt": "q", "model": "m", "score": "1", "cost_usd": "",
+           "prompt_tokens": "", "completion_tokens": "4", "latency_s": "", "response": ""}
+    o = Outcome.from_dict(row)
+    assert (o.prompt_id, o.score, o.cost_usd, o.prompt_tokens, o.completion_tokens, o.latency_s, o.response) == \
+        ("3", 1.0, 0.0, None, 4, None, None)
+
+
+def test_views_keep_first_appearance_order():
+    table = OutcomeTable(_rows())
+    assert table.models == ("b", "a") and table.prompt_ids == ("p1", "p2") and len(table) == 3
+    assert table.prompts() == {"p1": ("math", "1+1?"), "p2": ("code", 'say "hi",\nthen stop')}
+    assert [(o.prompt_id, o.model) for o in table.select(models=["a"])] == [("p1", "a"), ("p2", "a")]
+    assert len(table.select(prompt_ids=["p2"], models=["b"])) == 0
+    ids, models, scores, costs = table.pivot()
+    assert ids == ["p1", "p2"] and models == ["b", "a"]
+    np.testing.assert_array_equal(scores, [[1.0, 0.0], [np.nan, 0.25]])
+    np.testing.assert_array_equal(costs, [[0.002, 0.0], [np.nan, 0.01]])
+
+
+def test_duplicates_are_refused():
+    with pytest.raises(ValueError, match="duplicate"):
+        OutcomeTable(_rows() + [Outcome("p2", "code", "x", "a", 1.0)])
+    with pytest.raises(ValueError, match="duplicate"):
+        OutcomeTable(_rows()).extend([Outcome("p1", "math", "x", "b", 0.0)])
+    assert len(OutcomeTable(_rows()[:1]).extend(_rows()[1:])) == 3
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_write_then_read_round_trips(tmp_path, suffix):
+    path = OutcomeTable(_rows()).write(tmp_path / "deep" / f"outcomes{suffix}")
+    assert path.exists()
+    assert OutcomeTable.read(path).rows == _rows()
+    if suffix == ".csv":
+        assert path.read_text(encoding="utf-8").splitlines()[0] == ",".join(OUTCOME_COLUMNS)
+
+
+def test_read_names_the_line_of_a_bad_row(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt_id": "p", "model": "m", "score": 1}\n{"prompt_id": "q", "model": "m", "score": 2}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: bad outcome row: score"):
+        OutcomeTable.read(path)
+    csv_path = tmp_path / "bad.csv"
+    csv_path.write_text("prompt_id,model,score\np,m,1\nq,m,x\n")
+    with pytest.raises(ValueError, match=r"bad\.csv:3"):
+        OutcomeTable.read(csv_path)
+
+
+def test_read_counts_blank_lines_in_jsonl_line_numbers(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt_id": "p", "model": "m", "score": 1}\n\n{"prompt_id": "q", "model": "m", "score": 2}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:3"):
+        OutcomeTable.read(path)

@@ -1,0 +1,102 @@
+"""The MMLU suite: loading, the paper's 5-shot prompt, both styles, seeded sampling, grading."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+
+import pytest
+
+from evals.base import Answer, make_suite
+from evals.suites.mmlu import CHAT_INSTRUCTION
+from evals.targets import Completion
+from tests.evals.fakes import FakeTarget
+
+
+
+def write_csv(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+
+
+@pytest.fixture()
+def tiny_dir(tmp_path):
+    """Two subjects: 3 dev rows each, 2 test rows each (one with a comma and a newline in the question)."""
+    root = tmp_path / "mmlu" / "data"
+    for subject in ("high_school_physics", "virology"):
+        write_csv(root / "dev" / f"{subject}_dev.csv",
+                  [[f"{subject} dev {i}?", "w", "x", "y", "z", "ABC"[i]] for i in range(3)])
+        write_csv(root / "test" / f"{subject}_test.csv",
+                  [[f"{subject} test 0, really?\nYes.", "1", "2", "3", "4", "D"],
+                   [f"{subject} test 1?", "a", "b", "c", "d", "A"]])
+    return tmp_path
+
+
+def test_real_data(data_dir):
+    suite = make_suite("mmlu", data_dir)
+    test = suite.load("test")
+    assert len(test) == 14079 and len({i.metadata["subject"] for i in test}) == 57
+    assert len(suite.load("dev")) == 57 * 5
+    assert test[0].id == "mmlu/test/abstract_algebra/0" and test[0].reference == "B"
+    sample = suite.sample(test, 500)
+    assert len(sample) == 500 and len({i.metadata["subject"] for i in sample}) > 40
+    assert [i.id for i in make_suite("mmlu", data_dir, seed=0).sample(test, 500)] == [i.id for i in sample]
+    assert [i.id for i in make_suite("mmlu", data_dir, seed=1).sample(test, 500)] != [i.id for i in sample]
+
+
+def test_completion_prompt_is_the_papers_format(tiny_dir):
+    suite = make_suite("mmlu", tiny_dir, shots=2, style="completion")
+    item = suite.load("test")[2]  # virology test 0
+    kind, payload = suite.request(item)
+    expected = ("The following are multiple choice questions (with answers) about virology.\n\n"
+                "virology dev 0?\nA. w\nB. x\nC. y\nD. z\nAnswer: A\n\n"
+                "virology dev 1?\nA. w\nB. x\nC. y\nD. z\nAnswer: B\n\n"
+                "virology test 0, really?\nYes.\nA. 1\nB. 2\nC. 3\nD. 4\nAnswer:")
+    assert kind == "completion" and payload["prompt"] == expected and payload["params"]["stop"] == ["\n"]
+    assert item.id == "mmlu/test/virology/0" and item.reference == "D"
+    assert item.metadata["subject"] == "virology"
+    assert item.prompt == "virology test 0, really?\nYes.\nA. 1\nB. 2\nC. 3\nD. 4"
+    header = make_suite("mmlu", tiny_dir, shots=0).prompt_text(suite.load("test")[0])
+    assert header.startswith(
+        "The following are multiple choice questions (with answers) about high school physics.\n\n")
+
+
+def test_default_is_five_shot_and_dev_items_skip_themselves(tiny_dir):
+    suite = make_suite("mmlu", tiny_dir, style="completion")
+    assert suite.shots == 5
+    assert suite.prompt_text(suite.load("test")[0]).count("\nAnswer: ") == 3  # all 3 dev rows
+    dev_item = suite.load("dev")[1]
+    text = suite.prompt_text(dev_item)
+    assert text.count("high_school_physics dev 1?") == 1 and text.count("\nAnswer: ") == 2
+
+
+def test_chat_answer_and_grade(tiny_dir):
+    suite = make_suite("mmlu", tiny_dir, shots=1)
+    item = suite.load("test")[0]
+    target = FakeTarget("fake", "The answer is (D) because 4 is largest.")
+    answer = asyncio.run(suite.answer(item, target))
+    kind, messages, params = target.requests[0]
+    assert kind == "chat" and len(messages) == 1 and messages[0]["content"].endswith(f"Answer:\n\n{CHAT_INSTRUCTION}")
+    assert params["max_tokens"] == 32 and params["temperature"] == 0.0
+    grade = asyncio.run(suite.grade(item, answer))
+    assert grade.score == 1.0 and grade.details == {"extracted": "D", "gold": "D"}
+
+
+@pytest.mark.parametrize("reply, score", [(" D", 1.0), ("D", 1.0), ("d)", 1.0), ("Answer: D", 1.0),
+                                          (" A", 0.0), ("I do not know", 0.0), ("", 0.0)])
+def test_grade_letters(tiny_dir, reply, score):
+    suite = make_suite("mmlu", tiny_dir, style="completion")
+    item = suite.load("test")[0]
+    assert asyncio.run(suite.grade(item, Answer([Completion(reply)]))).score == score
+
+
+def test_subjects_option_and_missing_data(tiny_dir, tmp_path):
+    only = make_suite("mmlu", tiny_dir, subjects=["virology"]).load("test")
+    assert {i.metadata["subject"] for i in only} == {"virology"}
+    with pytest.raises(FileNotFoundError, match="mmlu/data/test/anatomy_test.csv"):
+        make_suite("mmlu", tiny_dir, subjects=["anatomy"]).load("test")
+    with pytest.raises(FileNotFoundError, match="mmlu/data/val"):
+        make_suite("mmlu", tiny_dir).load("val")
+    with pytest.raises(ValueError, match="splits"):
+        make_suite("mmlu", tiny_dir).load("train")

@@ -1,0 +1,146 @@
+"""The gateway's request validation and error objects, as OpenAI answers them, over real HTTP against the
+mock backend (fast).
+
+Unknown fields are 400s naming them while every documented field passes through; a message without
+content, `stream_options` without `stream` and a mistyped `stop` name the client's field path; a rate
+limit's 429 says which limit (`requests` or `tokens`); an unknown route is OpenAI's "Invalid URL"; every
+error answer names the requested or last tried model and the policy in its x-link-* headers.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from sqlmodel import Session
+
+from link.db import make_db_engine
+from link.keys import create_key
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.mock_launch import refused_url, start_mock_thread
+
+AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
+MESSAGES = [{"role": "user", "content": "hello there world"}]
+CHAT = {"model": "mock-a", "messages": MESSAGES}
+
+
+@pytest.fixture(scope="module")
+def mock():
+    with start_mock_thread() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(mock, new_database_url, tmp_path_factory):
+    from link.config import parse_config
+
+    config = parse_config({"models": [mock_deployment("mock-a", mock.api_base), mock_deployment("down", refused_url()),
+                                      mock_deployment("down-too", refused_url())],
+                           "policies": [{"name": "fb-down", "type": "fallback", "models": ["down", "down-too"]}]})
+    settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"))
+    with start_gateway_thread(settings, config) as server:
+        yield server
+
+
+def post(gateway, body: dict, path: str = "/chat/completions", headers: dict | None = None) -> httpx.Response:
+    return httpx.post(gateway.base_url + path, json=body, headers=headers or AUTH, timeout=30)
+
+
+def error_of(response: httpx.Response, status: int = 400) -> dict:
+    assert response.status_code == status, response.text
+    assert set(response.json()) == {"error"} and set(response.json()["error"]) == {"message", "type", "param", "code"}
+    return response.json()["error"]
+
+
+def test_unknown_fields_are_400s_naming_them(gateway):
+    error = error_of(post(gateway, {**CHAT, "foo": 1}))
+    assert error["message"] == "Unrecognized request argument supplied: foo" and error["param"] == "foo"
+    error = error_of(post(gateway, {"model": "mock-a", "prompt": "hi", "metadata": {"a": "b"}}, "/completions"))
+    assert error["param"] == "metadata"  # Completions has no `metadata` in OpenAI's schema
+
+
+@pytest.mark.parametrize("field,value", [
+    ("user", "u-1"), ("metadata", {"team": "a"}), ("store", True), ("service_tier", "auto"),
+    ("parallel_tool_calls", False), ("logit_bias", {"17": 5}), ("prediction", {"type": "content", "content": "x"}),
+    ("reasoning_effort", "low"), ("modalities", ["text"]), ("audio", {"voice": "alloy", "format": "wav"}),
+    ("functions", [{"name": "f", "parameters": {"type": "object"}}]), ("function_call", "auto"),
+    ("web_search_options", {}), ("verbosity", "low"), ("safety_identifier", "s-1"), ("prompt_cache_key", "k"),
+])
+def test_documented_fields_reach_the_backend(gateway, mock, field, value):
+    response = post(gateway, {**CHAT, field: value})
+    assert response.status_code == 200, response.text
+    assert mock.last_body()[field] == value
+
+
+@pytest.mark.parametrize("messages,param", [
+    ([{"role": "user"}], "messages[0].content"),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": None}], "messages[1].content"),
+    ([{"role": "assistant"}], "messages[0].content"),
+    ([{"content": "hi"}], "messages[0].role"),
+    ([{"role": "user", "content": 5}], "messages[0].content"),
+])
+def test_a_message_without_content_or_role_is_a_400_naming_it(gateway, messages, param):
+    error = error_of(post(gateway, {"model": "mock-a", "messages": messages}))
+    assert error["param"] == param and param in error["message"]
+
+
+def test_an_assistant_message_with_tool_calls_may_omit_content(gateway):
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [*MESSAGES, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    assert post(gateway, {"model": "mock-a", "messages": messages}).status_code == 200
+
+
+def test_stream_options_need_stream(gateway):
+    for body in ({**CHAT, "stream_options": {"include_usage": True}}, {**CHAT, "stream": False, "stream_options": {}}):
+        error = error_of(post(gateway, body))
+        assert error["param"] == "stream_options"
+        assert error["message"] == "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+
+
+@pytest.mark.parametrize("patch,param", [
+    ({"stop": 5}, "stop"), ({"stop": ["a", 7]}, "stop[1]"), ({"messages": [5]}, "messages[0]"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+])
+def test_params_are_the_clients_field_paths(gateway, patch, param):
+    error = error_of(post(gateway, {**CHAT, **patch}))
+    assert error["param"] == param, error
+    assert ".str" not in error["message"] and "list[" not in error["message"]
+
+
+def test_a_bad_json_body_names_the_position(gateway):
+    response = httpx.post(gateway.base_url + "/chat/completions", content=b'{"model": "mock-a",}', headers=AUTH)
+    error = error_of(response)
+    assert "not parse the JSON body" in error["message"] and "line 1 column 20" in error["message"]
+
+
+def test_unknown_routes_are_invalid_url_errors(gateway):
+    error = error_of(httpx.post(gateway.base_url + "/foo", json={}, headers=AUTH), 404)
+    assert error == {"message": "Invalid URL (POST /v1/foo)", "type": "invalid_request_error", "param": None, "code": None}
+
+
+def test_error_answers_name_the_model_and_policy(gateway):
+    invalid = post(gateway, {**CHAT, "n": "2"})
+    assert invalid.status_code == 400 and invalid.headers["x-link-model"] == "mock-a"
+    assert invalid.headers["x-link-policy"] == "mock-a" and len(invalid.headers["x-link-request-id"]) == 32
+    unknown = post(gateway, {**CHAT, "model": "no-such-model"})
+    assert unknown.status_code == 404 and unknown.headers["x-link-model"] == "no-such-model"
+    failed = post(gateway, {**CHAT, "model": "fb-down"})  # both candidates refuse the connection
+    assert failed.status_code == 503, failed.text
+    assert failed.headers["x-link-model"] == "down-too" and failed.headers["x-link-policy"] == "fb-down"
+    not_json = httpx.post(gateway.base_url + "/chat/completions", content=b"{", headers=AUTH)
+    assert not_json.status_code == 400 and not_json.headers["x-link-request-id"]
+    assert "x-link-model" in not_json.headers and "x-link-policy" in not_json.headers
+
+
+@pytest.mark.parametrize("limits,kind", [({"tpm_limit": 5}, "tokens"), ({"rpm_limit": 1}, "requests")])
+def test_a_rate_limit_429_names_its_limit(gateway, limits, kind):
+    engine = make_db_engine(gateway.state.settings.database_url)
+    try:
+        with Session(engine) as session:
+            _, plaintext = create_key(session, f"limited-{kind}", **limits)
+    finally:
+        engine.dispose()
+    headers = {"Authorization": f"Bearer {plaintext}"}
+    assert post(gateway, CHAT, headers=headers).status_code == 200  # 8 tokens: over 5 for the next one
+    limited = post(gateway, CHAT, headers=headers)
+    error = error_of(limited, 429)
+    assert error["type"] == kind and error["code"] == "rate_limit_exceeded" and int(limited.headers["Retry-After"]) >= 1
