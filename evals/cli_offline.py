@@ -31,6 +31,8 @@ SOURCE_HELP = ("Recorded sets (routerbench[:train|test], routellm-mmlu, routellm
 
 def _fail(exc: BaseException) -> typer.Exit:
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    if isinstance(exc, KeyError) and " " not in str(message):  # a bare lookup, e.g. a policy's missing option
+        message = f"missing {message!r} (a required policy option or data field?)"
     typer.echo(f"error: {' '.join(str(message).split())}", err=True)
     return typer.Exit(2)
 

@@ -70,7 +70,8 @@ class HumanEval(Suite):
     name = "humaneval"
     splits = ("test",)
     default_shots = 0
-    sampling = {"temperature": 0.0, "max_tokens": 512}
+    # The longest canonical solution is 864 characters (under 300 tokens); longer replies are small models looping.
+    sampling = {"temperature": 0.0, "max_tokens": 384}
 
     @property
     def path(self) -> Path:

@@ -53,7 +53,7 @@ def test_completion_request(data_dir, items):
     answer = asyncio.run(suite.answer(items[2], target))
     kind, prompt, params = target.requests[0]
     assert kind == "completion" and prompt == items[2].prompt
-    assert params["stop"] == STOP and params["temperature"] == 0.0 and params["max_tokens"] == 512
+    assert params["stop"] == STOP and params["temperature"] == 0.0 and params["max_tokens"] == 384
     assert grade(suite, items[2], answer.text).score == 1.0
 
 
