@@ -140,7 +140,10 @@ class Suite(ABC):
         """All items of `split` (one of `splits`), in the data's order."""
 
     def sample(self, items: list[Item], limit: int | None) -> list[Item]:
-        """A seeded sample of `limit` items (all when None or larger), in the data's order."""
+        """A seeded sample of `limit` items (all when None or larger), in the data's order.
+        Raises ValueError when `limit` < 1."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
         if limit is None or limit >= len(items):
             return list(items)
         keep = set(random.Random(self.seed).sample(range(len(items)), limit))

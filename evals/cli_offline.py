@@ -50,7 +50,10 @@ def _clean_errors(body: Callable[[], T]) -> T:
 def _options(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
-    value = json.loads(text)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--options is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError(f"--options must be a JSON object, got {text!r}")
     return value
@@ -62,7 +65,7 @@ def _print_table(title: str, built: Any, kinds: dict[str, str], console: Console
     for column in ("kind", "n", "score", "95% CI", "cost $", "$ / 1k"):
         table.add_column(column, justify="left" if column == "kind" else "right", no_wrap=True)
     for s in built.summaries:
-        table.add_row(s.name, kinds.get(s.name, "model"), str(s.n), f"{s.score:.3f}",
+        table.add_row(built.label(s), kinds.get(s.name, "model"), str(s.n), f"{s.score:.3f}",
                       f"{s.ci_low:.3f}-{s.ci_high:.3f}", f"{s.cost_usd:.4f}", f"{s.cost_per_1k_usd:.4f}")
     console.print(table)
 
@@ -144,18 +147,21 @@ def _resolve(arg: str, data_dir: Path | None) -> tuple[Any, bool]:
 def report(
     runs: list[str] = typer.Argument(..., help="Run ids, run folders, outcome files (.jsonl/.csv) or recorded sets."),
     out: Path = typer.Option(Path("report"), "--out", help="Folder for report.md, report.json and report.png."),
-    title: str = typer.Option("", "--title", help="Shown above the table and on the plot."),
+    title: str = typer.Option("", "--title", help="Shown above the table and on the plot (default: the suites and runs)."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Data folder for recorded sets."),
     json_output: bool = typer.Option(False, "--json", help="Print the report's JSON instead of the Markdown."),
     save: bool = typer.Option(True, "--save/--no-save", help="Store the report in the database (for the console)."),
 ) -> None:
-    """Score with a 95% CI, cost, cost per 1,000 queries and latency per model; Markdown, JSON and a
-    quality-cost PNG with the Pareto frontier."""
+    """Score with a 95% CI, cost, cost per 1,000 queries and latency per model (per suite and model when the
+    runs are of different suites); Markdown, JSON and a quality-cost PNG with the Pareto frontier."""
     from evals.report import Report
 
     def body() -> None:
         resolved = [_resolve(arg, data_dir) for arg in runs]
         built = Report.from_tables([table for table, _ in resolved], title=title)
+        if not title:  # e.g. "gsm8k, mmlu: 3f2a9c1b0d4e, 8e1f0a2b3c4d"
+            sources = [arg if is_run else Path(arg).name for arg, (_, is_run) in zip(runs, resolved)]
+            built.title = f"{', '.join(built.suites)}: {', '.join(sources)}"
         paths = built.write(out)
         report_id = None
         if save:
@@ -165,7 +171,7 @@ def report(
                 typer.echo("note: not stored in the database (evals.cache is unavailable)", err=True)
             else:
                 run_ids = [arg for arg, (_, is_run) in zip(runs, resolved) if is_run]
-                report_id = EvalStore().save_report(title=title, run_ids=run_ids, markdown=built.to_markdown(),
+                report_id = EvalStore().save_report(title=built.title, run_ids=run_ids, markdown=built.to_markdown(),
                                                     data=built.to_dict(), png=paths["png"].read_bytes())
         if json_output:
             typer.echo(json.dumps({**built.to_dict(), "report_id": report_id,

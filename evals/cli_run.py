@@ -6,13 +6,17 @@
     link eval run --suite gsm8k --target openai/gpt-4o          # needs OPENAI_API_KEY (checked before any call)
 
 Without --base-url the gateway runs in this process (`link.app.create_app` over ASGI, no port) with --config
-(else LINK_CONFIG, else the two local models). Responses are cached in the database (LINK_DATABASE_URL), so a rerun
-of an interrupted run resumes. `execute` is the library function behind the command.
+(else LINK_CONFIG, else the two local models), under a random master key of its own (keys in the database do
+not matter). With --base-url the key is --api-key, else LINK_API_KEY. Responses are cached in the database
+(LINK_DATABASE_URL), so a rerun of an interrupted run resumes. `execute` is the library function behind the
+command; `RunSpec` checks the options (messages name the flags).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +29,7 @@ from evals.cli import eval_app
 
 console = Console()
 err_console = Console(stderr=True)
+API_KEY_ENV = "LINK_API_KEY"  # the --base-url server's key when --api-key is not given
 
 
 @dataclass
@@ -51,6 +56,21 @@ class RunSpec:
     progress: bool = True
     options: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Raises ValueError naming the flag of an out-of-range option."""
+        checks = [
+            (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+            (self.concurrency >= 1, f"--concurrency must be >= 1, got {self.concurrency}"),
+            (self.retries >= 0, f"--retries must be >= 0, got {self.retries}"),
+            (self.max_cost_usd is None or self.max_cost_usd >= 0, f"--max-cost must be >= 0, got {self.max_cost_usd}"),
+            (self.shots is None or self.shots >= 0, f"--shots must be >= 0, got {self.shots}"),
+            (self.order in ("interleave", "by-target"), f"--order must be interleave or by-target, not {self.order!r}"),
+            (self.style in ("auto", "chat", "completion"), f"--style must be auto, chat or completion, not {self.style!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
 
 def default_data_dir(settings) -> Path:
     """LINK_DATASETS_DIR when set and present, else ../shared/data when present, else $LINK_HOME/datasets."""
@@ -74,9 +94,10 @@ async def execute(spec: RunSpec):
     """Run `spec` end to end and return the `evals.runner.RunResult`.
 
     Raises:
-        ValueError: unknown suite, split or target; a judge-based suite without --judge; MissingCredentialsError.
+        ValueError: unknown suite, split or target; no items; a judge-based suite without --judge;
+            MissingCredentialsError.
         FileNotFoundError: the suite's data is missing. link.config.ConfigError: an invalid --config.
-        evals.targets.TargetError: a --base-url server that cannot be reached.
+        evals.targets.TargetError: a --base-url server that cannot be reached, or refuses the key (status 401).
     """
     from link.config import load_config
     from link.settings import get_settings
@@ -87,8 +108,6 @@ async def execute(spec: RunSpec):
     from evals.target_gateway import in_process_gateway, remote_gateway
     from evals.targets import resolve_targets
 
-    if spec.style not in ("auto", "chat", "completion"):
-        raise ValueError(f"--style must be auto, chat or completion, not {spec.style!r}")
     overrides = {"config": spec.config} if spec.config else {}
     settings = get_settings(**overrides)
     data_dir = spec.data_dir or default_data_dir(settings)
@@ -100,12 +119,14 @@ async def execute(spec: RunSpec):
     if suite.needs_judge and not spec.judge:
         raise ValueError(f"suite {spec.suite!r} is graded by a judge model: pass --judge MODEL")
     items = suite.sample(suite.load(spec.split), spec.limit)
+    if not items:
+        raise ValueError(f"suite {spec.suite!r} has no items in split {spec.split!r}")
     if spec.base_url is None:
         config = load_config(settings.config)
         _precheck_closed_models([*spec.targets, spec.judge or ""], config)
         gateway = in_process_gateway(settings, config, api_key=spec.api_key)
     else:
-        gateway = remote_gateway(spec.base_url, spec.api_key)
+        gateway = remote_gateway(spec.base_url, spec.api_key or os.environ.get(API_KEY_ENV) or None)
     async with gateway as connection:
         targets = resolve_targets(spec.targets, connection.cards, connection.client, prices=connection.prices)
         judge = resolve_targets([spec.judge], connection.cards, connection.client, prices=connection.prices)[0] \
@@ -128,18 +149,24 @@ async def execute(spec: RunSpec):
 
 
 def summary_table(result) -> Table:
-    """The end-of-run table: per target n, score, errors, cost, judge cost, latency p50 (+ suite extras)."""
-    extras = [k for k in ("win_rate", "lc_win_rate") if any(k in t for t in result.totals.values())]
+    """The end-of-run table: per target n, score, errors, cost, judge cost (when any), latency p50 (+ suite extras).
+    Target names are never cut: a name wider than its column folds onto a second line."""
+    totals = result.totals.values()
+    extras = [k for k in ("win_rate", "lc_win_rate") if any(k in t for t in totals)]
+    has_judge_cost = any(t["judge_cost_usd"] for t in totals)
     table = Table(title=f"run {result.run_id} ({result.stopped_reason})")
-    for column in ("target", "n", "score", "errors", "cost USD", "judge USD", "latency p50 s", *extras):
-        table.add_column(column, justify="left" if column == "target" else "right")
+    longest = max((len(name) for name in result.totals), default=6)
+    table.add_column("target", min_width=min(longest, 16), overflow="fold")
+    for column in ("n", "score", "errors", "cost USD", *(["judge USD"] if has_judge_cost else []), "latency p50 s", *extras):
+        table.add_column(column, justify="right")
 
     def fmt(value, digits=3):
         return "-" if value is None else f"{value:.{digits}f}"
 
     for name, t in result.totals.items():
-        table.add_row(name, str(t["n"]), fmt(t["score"]), str(t["errors"]), fmt(t["cost_usd"], 6),
-                      fmt(t["judge_cost_usd"], 6), fmt(t["latency_p50_s"], 2), *(fmt(t.get(k)) for k in extras))
+        judge = [fmt(t["judge_cost_usd"], 6)] if has_judge_cost else []
+        table.add_row(name, str(t["n"]), fmt(t["score"]), str(t["errors"]), fmt(t["cost_usd"], 6), *judge,
+                      fmt(t["latency_p50_s"], 2), *(fmt(t.get(k)) for k in extras))
     return table
 
 
@@ -153,7 +180,8 @@ def run(
     seed: int = typer.Option(0, help="Seeds the sample, few-shot picks and retry jitter."),
     base_url: str = typer.Option(None, "--base-url", help="A running gateway or OpenAI-compatible server (.../v1); "
                                  "default: the gateway in this process."),
-    api_key: str = typer.Option(None, "--api-key", help="Gateway key (default: LINK_MASTER_KEY, else open mode)."),
+    api_key: str = typer.Option(None, "--api-key", help="Key of the --base-url server (default: LINK_API_KEY). "
+                                "The in-process gateway needs none: it makes its own master key."),
     config: Path = typer.Option(None, "--config", "-c", help="link.yaml of the in-process gateway."),
     data_dir: Path = typer.Option(None, "--data-dir", help="Data folder laid out like ../shared/data."),
     shots: int = typer.Option(None, help="Few-shot examples (default: the suite's)."),
@@ -178,19 +206,33 @@ def run(
     from evals.targets import TargetError
 
     options = {k: v for k, v in {"path": path, "baseline": baseline, "categories": category or None}.items() if v is not None}
-    spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, base_url=base_url, api_key=api_key,
-                   config=config, data_dir=data_dir, shots=shots, style=style, concurrency=concurrency, order=order, retries=retries,
-                   max_cost_usd=max_cost, judge=judge, out_dir=out, progress=progress, options=options)
     try:
-        result = asyncio.run(execute(spec))
+        spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, base_url=base_url,
+                       api_key=api_key, config=config, data_dir=data_dir, shots=shots, style=style, concurrency=concurrency,
+                       order=order, retries=retries, max_cost_usd=max_cost, judge=judge, out_dir=out, progress=progress,
+                       options=options)
+        # SIGTERM (a scheduler or `kill`) stops the run like Ctrl-C: in-flight calls are cancelled, the
+        # run is recorded as interrupted, and a rerun resumes from the cache.
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            result = asyncio.run(execute(spec))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     except (ValueError, FileNotFoundError, ConfigError, ValidationError, TargetError) as exc:
         message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        if isinstance(exc, TargetError) and exc.status == 401:
+            message = message.rstrip(".") + (f"; pass --api-key KEY (or set {API_KEY_ENV})" if base_url else
+                                             "; drop --api-key: the in-process gateway makes its own master key")
         err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err_console.print("interrupted: run the same command again to resume (finished answers are cached)")
         raise typer.Exit(130) from None
     console.print(summary_table(result))
+    hits = sum(c["cache_hits"] for c in result.calls.values())
+    if hits:
+        total = hits + sum(c["calls"] for c in result.calls.values())
+        console.print(f"{hits} of {total} answers from the cache", highlight=False)
     console.print(f"run id: {result.run_id}   outcomes: {result.out_dir / 'outcomes.jsonl'}", highlight=False)
     if result.stopped_reason == "max_cost":
         console.print(f"stopped: the next call could exceed --max-cost (spent ${result.spent_usd:.6f})", highlight=False)

@@ -6,7 +6,8 @@
 Matplotlib is used through its object API on the Agg canvas (no pyplot, no global backend), so plotting
 works headless and from threads. The x axis is logarithmic; when a model is free (cost 0, local
 models) it is symlog instead (linear below the cheapest paid model, log above), so the free model sits
-at 0 rather than vanishing from a log axis; when every model is free it is linear.
+at 0 rather than vanishing from a log axis; when every model is free it is linear from 0 to 1. The axis
+never shows negative costs.
 """
 
 from __future__ import annotations
@@ -35,39 +36,63 @@ def pareto_frontier(costs: Sequence[float], scores: Sequence[float]) -> list[int
     return frontier
 
 
+def _groups_of(groups: Sequence[str] | None, n: int) -> dict[str, list[int]]:
+    """Group name -> point indices, in order of appearance (one group "" when `groups` is None)."""
+    out: dict[str, list[int]] = {}
+    for i in range(n):
+        out.setdefault(groups[i] if groups is not None else "", []).append(i)
+    return out
+
+
 def quality_cost_figure(names: Sequence[str], costs_per_1k: Sequence[float], scores: Sequence[float], *,
-                        ci: Sequence[tuple[float, float]] | None = None, title: str = "") -> Figure:
+                        ci: Sequence[tuple[float, float]] | None = None, title: str = "",
+                        groups: Sequence[str] | None = None) -> Figure:
     """A figure of `scores` (y, with 95% CI bars when `ci` is given) against `costs_per_1k` (x, USD per
     1,000 queries), each point labelled with its name, and the Pareto frontier as a step line (label
     `FRONTIER_LABEL`) through the non-dominated points, carried on to the largest cost: the best score
-    reachable at each budget. Frontier points are red, the others blue."""
+    reachable at each budget. Frontier points are red, the others blue.
+
+    `groups` (one name per point, e.g. the suite) draws one frontier per group, each in its group's colour
+    (label "Pareto frontier: <group>"); scores of different suites are not comparable. The x axis never
+    goes below 0; labels alternate above and below their points (in cost order) so neighbours overlap less."""
     fig = Figure(figsize=(8, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     if ci is not None:
-        yerr = [[s - lo for s, (lo, _) in zip(scores, ci)], [hi - s for s, (_, hi) in zip(scores, ci)]]
-        ax.errorbar(costs_per_1k, scores, yerr=yerr, fmt="none", ecolor="0.6", elinewidth=1, capsize=3)
-    frontier = pareto_frontier(costs_per_1k, scores)
-    on_frontier = set(frontier)
-    for i, name in enumerate(names):
-        ax.scatter([costs_per_1k[i]], [scores[i]], s=40, zorder=3, color="tab:red" if i in on_frontier else "tab:blue")
-        ax.annotate(name, (costs_per_1k[i], scores[i]), xytext=(5, 4), textcoords="offset points", fontsize=8)
-    if frontier:
-        xs = [costs_per_1k[i] for i in frontier]
-        ys = [scores[i] for i in frontier]
-        if max(costs_per_1k) > xs[-1]:  # the best score stays reachable at any larger budget
-            xs, ys = xs + [max(costs_per_1k)], ys + [ys[-1]]
-        ax.step(xs, ys, where="post", color="tab:red", linewidth=1.5, label=FRONTIER_LABEL, zorder=2)
+        yerr = [[max(0.0, s - lo) for s, (lo, _) in zip(scores, ci)], [max(0.0, hi - s) for s, (_, hi) in zip(scores, ci)]]
+        ax.errorbar(costs_per_1k, scores, yerr=yerr, fmt="none", ecolor="0.6", elinewidth=1, capsize=3,
+                    clip_on=False, zorder=2.6)  # above the y spine, where free models sit
+    by_group = _groups_of(groups, len(names))
+    for number, (group, members) in enumerate(by_group.items()):
+        colour = f"C{number}" if groups is not None else None
+        cost_of = [costs_per_1k[i] for i in members]
+        frontier = [members[j] for j in pareto_frontier(cost_of, [scores[i] for i in members])]
+        for i in members:
+            point_colour = colour or ("tab:red" if i in frontier else "tab:blue")
+            ax.scatter([costs_per_1k[i]], [scores[i]], s=40 if i in frontier else 25, zorder=3, color=point_colour,
+                       clip_on=False)
+        if frontier:
+            xs = [costs_per_1k[i] for i in frontier]
+            ys = [scores[i] for i in frontier]
+            if max(cost_of) > xs[-1]:  # the best score stays reachable at any larger budget
+                xs, ys = xs + [max(cost_of)], ys + [ys[-1]]
+            ax.step(xs, ys, where="post", color=colour or "tab:red", linewidth=1.5, zorder=2,
+                    label=f"{FRONTIER_LABEL}: {group}" if groups is not None else FRONTIER_LABEL)
+    for k, i in enumerate(sorted(range(len(names)), key=lambda i: (costs_per_1k[i], scores[i], i))):
+        above = k % 2 == 0
+        ax.annotate(names[i], (costs_per_1k[i], scores[i]), xytext=(5, 4 if above else -4), textcoords="offset points",
+                    va="bottom" if above else "top", fontsize=8, annotation_clip=False)
     positive = [c for c in costs_per_1k if c > 0]
     if positive and len(positive) == len(costs_per_1k):
         ax.set_xscale("log")
         ax.set_xlabel("cost per 1,000 queries (USD, log axis)")
     elif positive:
         ax.set_xscale("symlog", linthresh=min(positive))
-        ax.set_xlim(left=-0.2 * min(positive))  # a margin, so free models do not sit on the axis
+        ax.set_xlim(left=0)  # free models sit on the y axis; markers are not clipped
         ax.set_xlabel("cost per 1,000 queries (USD; symlog axis: linear below the cheapest paid model, 0 = free)")
     else:
-        ax.set_xlabel("cost per 1,000 queries (USD)")
+        ax.set_xlim(0, 1)  # every model is free: no negative costs on the axis
+        ax.set_xlabel("cost per 1,000 queries (USD; every model here is free)")
     ax.set_ylabel("score (mean, 95% CI)")
     ax.set_title(title or "Quality vs cost")
     ax.grid(True, alpha=0.3)

@@ -27,7 +27,7 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
         n: the number of trials, > 0.
         z: the normal quantile (1.96 for 95%).
     Returns:
-        (lo, hi) within [0, 1].
+        (lo, hi) within [0, 1], lo <= p <= hi.
     Raises:
         ValueError: n <= 0 or successes outside [0, n].
     """
@@ -39,7 +39,8 @@ def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, f
     denominator = 1 + z2 / n
     centre = (p + z2 / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval always contains p; rounding could leave hi a hair below 1 at p = 1 (n = 6: 0.9999999999999999).
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def mean_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float, float]:

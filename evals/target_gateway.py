@@ -12,6 +12,8 @@ that answered (`x-link-model`, from the gateway's config); else the target's own
 
 from __future__ import annotations
 
+import secrets
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,16 +27,45 @@ from evals.targets import Completion, Prices, TargetError
 
 COST_HEADER = "x-link-cost-usd"
 MODEL_HEADER = "x-link-model"
-# The `openai` client needs some key; the gateway ignores it in open mode (development, no keys yet).
+# The `openai` client needs some key; a server without keys (open mode, a mock) ignores it.
 OPEN_MODE_KEY = "sk-link-eval-open-mode"
 
 
+def connection_reason(exc: BaseException) -> str:
+    """Why a connection failed, from the exception chain: "connection refused", "unknown host", "timed out",
+    else the innermost message."""
+    reason, seen = str(exc), set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(exc, socket.gaierror):
+            return "unknown host"
+        if isinstance(exc, (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)):
+            return "timed out"
+        if str(exc):
+            reason = str(exc)
+        exc = exc.__cause__ or exc.__context__
+    return reason
+
+
+def _request_url(exc: Exception) -> str | None:
+    try:
+        return str(exc.request.url)  # openai and httpx errors carry the request
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def target_error(exc: Exception) -> TargetError:
-    """Map an `openai` client error to `TargetError`: retryable for timeouts, connection errors, 429 and 5xx."""
+    """Map an `openai` client error to `TargetError`: retryable for timeouts, connection errors, 429 and 5xx.
+    A connection error names the URL and the reason ("cannot reach http://...: connection refused")."""
     if isinstance(exc, TargetError):
         return exc
-    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError, httpx.TimeoutException, httpx.TransportError)):
+    if isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException)):
         return TargetError(f"{type(exc).__name__}: {exc}", retryable=True)
+    if isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
+        reason = connection_reason(exc)
+        return TargetError(f"cannot reach {_request_url(exc) or 'the server'}: {reason}", retryable=True, reason=reason)
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         return TargetError(f"HTTP {status}: {exc.message}", retryable=status == 429 or status >= 500, status=status)
@@ -166,18 +197,24 @@ async def in_process_gateway(settings: Any = None, config: Any = None, *,
     Args:
         settings: `link.settings.Settings` (default: the LINK_* environment); its database is migrated.
         config: `link.config.LinkConfig` (default: settings.config, else the embedded two local models).
-        api_key: the key sent (default: the master key, else any key: the gateway's open mode).
+        api_key: the key sent. Default: a random master key made for this app alone (a settings override,
+            never stored or printed), so the run works in open mode and once keys exist alike.
     Raises:
         link.config.ConfigError, pydantic.ValidationError: invalid config or settings.
     """
+    from pydantic import SecretStr
+
     from link.app import create_app
     from link.config import load_config
     from link.settings import get_settings
 
     settings = settings or get_settings()
     config = config or load_config(settings.config)
+    key = api_key
+    if key is None:
+        key = "sk-link-eval-" + secrets.token_urlsafe(24)
+        settings = settings.model_copy(update={"master_key": SecretStr(key)})
     app = create_app(settings, config)
-    key = api_key or (settings.master_key.get_secret_value() if settings.master_key else OPEN_MODE_KEY)
     prices = {d.name: Prices(d.input_cost_per_million, d.output_cost_per_million) for d in config.models}
     async with app.router.lifespan_context(app):
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://link.local", timeout=None)
@@ -194,11 +231,17 @@ async def remote_gateway(base_url: str, api_key: str | None = None, *,
     """A running gateway or any OpenAI-compatible server at `base_url` (".../v1"), over real HTTP.
 
     Raises:
-        TargetError: the server is unreachable or refuses the key (listing /v1/models).
+        TargetError: listing /v1/models failed: "cannot reach URL: connection refused" (no status), or the
+            server's answer, e.g. status 401 when it refuses the key (None sends a placeholder).
     """
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or OPEN_MODE_KEY, timeout=timeout_s, max_retries=0)
     try:
-        yield GatewayConnection(client, await _cards(client))
+        try:
+            cards = await _cards(client)
+        except TargetError as exc:  # name the URL the user gave, not the /models endpoint
+            message = f"cannot reach {base_url}: {exc.reason}" if exc.reason else f"{base_url}: {exc}"
+            raise TargetError(message, retryable=exc.retryable, status=exc.status) from exc
+        yield GatewayConnection(client, cards)
     finally:
         await client.close()
 

@@ -52,11 +52,12 @@ class Target(Protocol):
 
 
 class TargetError(RuntimeError):
-    """A target call failed. `retryable` is True for timeouts, connection errors, 429 and 5xx."""
+    """A target call failed. `retryable` is True for timeouts, connection errors, 429 and 5xx; `status` is the
+    HTTP status when the server answered; `reason` says why a connection failed ("connection refused")."""
 
-    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None):
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None, reason: str | None = None):
         super().__init__(message)
-        self.retryable, self.status = retryable, status
+        self.retryable, self.status, self.reason = retryable, status, reason
 
 
 class MissingCredentialsError(ValueError):

@@ -215,6 +215,24 @@ def _keys_session(database_url: str | None):
 DATABASE_URL_OPTION = typer.Option(None, "--database-url", help="Database URL (default: LINK_DATABASE_URL or $LINK_HOME/link.db).")
 
 
+_KEY_OPTIONS = {"name": "NAME", "budget_usd": "--budget-usd", "rpm_limit": "--rpm", "tpm_limit": "--tpm"}
+
+
+def _key_option_error(exc) -> str:
+    """A key's pydantic ValidationError -> one line naming the CLI option: "--rpm must be at least 1 (got -5)"."""
+    first = exc.errors()[0]
+    option = _KEY_OPTIONS.get(str(first["loc"][0]) if first["loc"] else "", "a value")
+    ctx, value = first.get("ctx") or {}, first.get("input")
+    if first["type"] == "string_too_short":
+        return f"{option} must not be empty"
+    if first["type"] == "string_too_long":
+        return f"{option} must be at most {ctx['max_length']} characters"
+    if first["type"] in ("greater_than_equal", "greater_than"):
+        bound = ctx.get("ge", ctx.get("gt"))
+        return f"{option} must be {'at least' if 'ge' in ctx else 'more than'} {bound:g} (got {value:g})"
+    return f"{option}: {first['msg']} (got {value!r})"
+
+
 @keys_app.command("create")
 def keys_create(
     name: str = typer.Argument(..., help="A label for the key."),
@@ -226,14 +244,16 @@ def keys_create(
     """Create an API key; prints the key once (only its hash is stored)."""
     from pydantic import ValidationError
 
+    from link.db.models import ApiKeyCreate
     from link.keys import create_key
 
+    try:  # checked before the database is opened: one line naming the option, exit code 2
+        ApiKeyCreate(name=name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm)
+    except ValidationError as exc:
+        err_console.print(f"[red]error:[/red] {_key_option_error(exc)}", soft_wrap=True)
+        raise typer.Exit(2) from None
     with _keys_session(database_url) as session:
-        try:
-            key, plaintext = create_key(session, name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm)
-        except ValidationError as exc:
-            err_console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+        key, plaintext = create_key(session, name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm)
     err_console.print(f"created key {key.id} ({key.name}); store it now, it is not shown again:")
     print(plaintext)
 

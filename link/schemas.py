@@ -5,8 +5,12 @@ tool_choice, parallel_tool_calls, response_format, user, metadata, store, servic
 reasoning_effort, modalities, audio, web_search_options, the legacy functions/function_call, logprobs,
 stream_options, n, stop, seed, max_tokens/max_completion_tokens) and vLLM's sampling extensions, and
 passes them to the backend untouched; a field outside that schema is a 400 ("Unrecognized request
-argument supplied: foo"), as with OpenAI. A local model refuses what it cannot honour (audio, web search,
-legacy functions) with a 400 naming the field. Every failure answers with OpenAI's error object
+argument supplied: foo"), as with OpenAI, at the top level and inside messages, content parts, tools,
+tool_choice, response_format and stream_options (`serving/api/chat_fields.py`). As OpenAI does, it also
+refuses `tool_choice` or `parallel_tool_calls` without `tools`, an empty `tools`, a tool or JSON-schema
+name outside `^[a-zA-Z0-9_-]{1,64}$`, and `max_tokens` together with `max_completion_tokens`. A local
+model refuses what it cannot honour (audio, web search, legacy functions, image/audio/file parts) with a
+400 naming the field or the content part. Every failure answers with OpenAI's error object
 `{"error": {"message", "type", "param", "code"}}`, `param` being the client's field path (`stop`,
 `messages[0].content`).
 """

@@ -12,8 +12,9 @@ character is then fed to the enclosing frame ("re-feed").
 
 Tagged blocks (`JsonAutomaton.tagged`, vLLM's "structural tag"): the output is one to `max_blocks`
 blocks, each a structure's `begin` text, a JSON document that follows its schema and its `end` text,
-joined by `separator`. Forced tool calls use it (`serving.guided_tools`): begin `<tool_call>\\n{"name":
-"f", "arguments": `, the parameters schema, end `}\\n</tool_call>`.
+joined by `separator`, optionally with compact whitespace (a run is one space). Forced tool calls use it
+(`serving.guided_tools`): begin `<tool_call>\\n{"name": "f", "arguments": `, the parameters schema, end
+`}\\n</tool_call>`, compact.
 
 Bounds, so that a constrained model always heads for the end of the document (a small model left free
 looped on digits, on ever longer keys and on new members until max_tokens). "Free-form" means a value
@@ -60,10 +61,11 @@ class JsonAutomaton:
     """
 
     def __init__(self, schema: dict):
-        self.blocks, self.max_blocks, self._again = (("", compile_schema(schema), ""),), 1, ()
+        self.blocks, self.max_blocks, self._again, self.compact = (("", compile_schema(schema), ""),), 1, (), False
 
     @classmethod
-    def tagged(cls, structures: list[dict], max_blocks: int = 1, separator: str = "\n") -> JsonAutomaton:
+    def tagged(cls, structures: list[dict], max_blocks: int = 1, separator: str = "\n",
+               whitespace: str = "any") -> JsonAutomaton:
         """An automaton over 1..max_blocks blocks `begin + document + end`, any structure each time.
 
         Args:
@@ -71,9 +73,13 @@ class JsonAutomaton:
             max_blocks: the most blocks, >= 1.
             separator: the text between blocks ("" writes them back to back); with max_blocks > 1,
                 separator + each begin must be non-empty, so that a next block is told from the end.
+            whitespace: "any" (the bounded runs of the module docstring) or "compact" (a run is one space,
+                no newline: `{"a": 1, "b": [2, 3]}` passes, pretty-printed JSON does not).
         Raises:
-            UnsupportedSchemaError: a malformed structure, or an unsupported schema keyword.
+            UnsupportedSchemaError: a malformed structure, an unsupported schema keyword, or an unknown whitespace.
         """
+        if whitespace not in ("any", "compact"):
+            raise UnsupportedSchemaError(f"whitespace must be 'any' or 'compact', got {whitespace!r}")
         if not structures or not all(isinstance(s, dict) and isinstance(s.get("schema"), dict) for s in structures):
             raise UnsupportedSchemaError("a structural tag needs structures [{\"begin\", \"schema\", \"end\"}, ...]")
         marked = all(separator + str(s.get("begin", "")) for s in structures)
@@ -82,6 +88,7 @@ class JsonAutomaton:
         self = cls.__new__(cls)
         self.blocks = tuple((str(s.get("begin", "")), compile_schema(s["schema"]), str(s.get("end", ""))) for s in structures)
         self.max_blocks, self._again = max_blocks, tuple((separator + begin, node, end) for begin, node, end in self.blocks)
+        self.compact = whitespace == "compact"
         return self
 
     def start(self) -> State:
@@ -90,7 +97,7 @@ class JsonAutomaton:
     def feed(self, state: State, text: str) -> State | None:
         """The state after `text`, or None when no continuation of the text can be valid."""
         for c in text:
-            nxt = [cfg for old in state for cfg in step(old, c)]
+            nxt = [cfg for old in state for cfg in step(old, c, self.compact)]
             if not nxt:
                 return None
             state = tuple(nxt) if len(nxt) == 1 else tuple(dict.fromkeys(nxt))
@@ -126,7 +133,8 @@ def automaton_for(guided_json: str | None, structural_tag: str | None) -> JsonAu
             return JsonAutomaton(json.loads(guided_json))
         if structural_tag is not None:
             tag = json.loads(structural_tag)
-            return JsonAutomaton.tagged(tag.get("structures"), tag.get("max_blocks", 1), tag.get("separator", "\n"))
+            return JsonAutomaton.tagged(tag.get("structures"), tag.get("max_blocks", 1), tag.get("separator", "\n"),
+                                        tag.get("whitespace", "any"))
     except (json.JSONDecodeError, AttributeError) as exc:
         raise UnsupportedSchemaError(f"guided decoding spec is not a JSON object: {exc}") from None
     return None

@@ -49,13 +49,14 @@ def can_end(frame: tuple) -> bool:
     return (frame[0] == "num" and frame[2] in _NUM_END) or (frame[0] == "lit" and any(len(t) == frame[2] for t in frame[1]))
 
 
-def step(cfg: tuple, c: str) -> list:
-    """The configurations after character `c` (none: `c` cannot follow)."""
+def step(cfg: tuple, c: str, compact: bool = False) -> list:
+    """The configurations after character `c` (none: `c` cannot follow); `compact`: a whitespace run is one space."""
     stack, ws = cfg
     frame, parent = stack
     kind = frame[0]
     if c in " \n" and (kind in ("obj", "arr") or (kind == "val" and parent[0][0] != "root")):
-        return [(stack, ws + 1)] if (ws == 0 if c == "\n" else ws < MAX_WHITESPACE) else []
+        allowed = (c == " " and ws == 0) if compact else (ws == 0 if c == "\n" else ws < MAX_WHITESPACE)
+        return [(stack, ws + 1)] if allowed else []
     if kind == "val":
         return _start(frame[1], parent, c)
     if kind == "str":
@@ -64,7 +65,7 @@ def step(cfg: tuple, c: str) -> list:
         nxt = _number(frame, c) if kind == "num" else _literal(frame, c)
         if nxt is not None:
             return [((nxt, parent), 0)]
-        return step((_complete(parent), 0), c) if can_end(frame) else []
+        return step((_complete(parent), 0), c, compact) if can_end(frame) else []
     if kind == "obj":
         return _object(frame, parent, c)
     if kind == "arr":
@@ -75,7 +76,7 @@ def step(cfg: tuple, c: str) -> list:
             return []
         return [(((then if pos + 1 == len(text) else ("text", text, pos + 1, then)), parent), 0)]
     _, left, reopen = frame  # "done": nothing follows, but another block may
-    return [cfg for begin, node, end in reopen for cfg in step(open_block(begin, node, end, left - 1, reopen), c)] if left else []
+    return [cfg for begin, node, end in reopen for cfg in step(open_block(begin, node, end, left - 1, reopen), c, compact)] if left else []
 
 
 def _complete(parent: tuple) -> tuple:

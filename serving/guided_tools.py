@@ -12,7 +12,9 @@ offers only its own structure and allows one call; "required" offers every tool 
 `parallel_tool_calls`, up to `MAX_PARALLEL_CALLS` blocks written back to back. No separator is
 allowed between blocks: SmolLM2 prefers a newline after `</tool_call>` to ending its turn, and with a
 newline separator it went on calling until max_tokens; without one it ends after the calls it means to
-make. "auto" and "none" are not constrained.
+make. "auto" and "none" are not constrained. The arguments are compact JSON (a whitespace run is one
+space, no newline: the form `render_tool_call` shows the model in past calls), which saves the
+tokens of pretty-printing (SmolLM2 wrote `{\\n    "city": ...` unconstrained).
 
 An object schema that lists `properties` and leaves `additionalProperties` unsaid is closed
 (additionalProperties false, OpenAI strict mode's rule): every output still validates against the
@@ -22,6 +24,9 @@ object, as OpenAI's non-strict function calling promises no more; with `"strict"
 
     tag = forced_tool_tag(tools, tool_choice, parallel_tool_calls)   # JSON text or None
     params = dataclasses.replace(params, structural_tag=tag)
+    parsed = parse_forced_calls(output_text, forced_tools(tools, tool_choice))   # content None, the calls
+
+A forced output always comes back as `tool_calls`, even when max_tokens cut it (`parse_forced_calls`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import json
 from typing import Any, Sequence
 
 from serving.guided_json import JsonAutomaton, UnsupportedSchemaError
-from serving.toolcalls import CALL_CLOSE, CALL_OPEN, ToolFormatError, forced_tool_name, tool_functions
+from serving.toolcalls import (
+    CALL_CLOSE, CALL_OPEN, ParsedOutput, ToolFormatError, forced_tool_name, parse_tool_calls, tool_call, tool_functions,
+)
 
 MAX_PARALLEL_CALLS = 4
 
@@ -54,8 +61,12 @@ def call_structure(function: dict) -> dict:
             raise ToolFormatError(f"tools: function {function['name']!r} is strict but its parameters cannot be "
                                   f"enforced on a local model: {exc}") from None
         schema = {"type": "object"}
-    begin = f"{CALL_OPEN}\n{{\"name\": {json.dumps(function['name'], ensure_ascii=False)}, \"arguments\": "
-    return {"begin": begin, "schema": schema, "end": f"}}\n{CALL_CLOSE}"}
+    return {"begin": call_begin(function["name"]), "schema": schema, "end": f"}}\n{CALL_CLOSE}"}
+
+
+def call_begin(name: str) -> str:
+    """The fixed text before a call's arguments: `<tool_call>\\n{"name": "<name>", "arguments": `."""
+    return f"{CALL_OPEN}\n{{\"name\": {json.dumps(name, ensure_ascii=False)}, \"arguments\": "
 
 
 def _closed(schema):
@@ -74,6 +85,21 @@ def _closed(schema):
     return out
 
 
+def forced_tools(tools: Sequence[dict] | None, tool_choice: Any) -> list[dict] | None:
+    """The tools a forcing `tool_choice` lets the output call ("required": all; a named function: its own),
+    or None when `tool_choice` does not force a call.
+
+    Raises:
+        ToolFormatError: malformed tools or tool_choice.
+    """
+    if not tools:
+        return None
+    name = forced_tool_name(tool_choice, tools)
+    if name is None and tool_choice != "required":
+        return None
+    return [tool for tool, fn in zip(tools, tool_functions(tools)) if name is None or fn["name"] == name]
+
+
 def forced_tool_tag(tools: Sequence[dict] | None, tool_choice: Any, parallel_tool_calls: bool = True) -> str | None:
     """The `SamplingParams.structural_tag` (JSON text) that forces the calls `tool_choice` asks for, or None.
 
@@ -85,12 +111,46 @@ def forced_tool_tag(tools: Sequence[dict] | None, tool_choice: Any, parallel_too
     Raises:
         ToolFormatError: malformed tools or tool_choice, or a strict function that cannot be enforced.
     """
-    if not tools:
+    allowed = forced_tools(tools, tool_choice)
+    if allowed is None:
         return None
-    name = forced_tool_name(tool_choice, tools)
-    if name is None and tool_choice != "required":
-        return None
-    functions = [fn for fn in tool_functions(tools) if name is None or fn["name"] == name]
-    max_blocks = MAX_PARALLEL_CALLS if parallel_tool_calls and name is None else 1
-    return json.dumps({"structures": [call_structure(fn) for fn in functions], "max_blocks": max_blocks, "separator": ""},
-                      ensure_ascii=False)
+    max_blocks = MAX_PARALLEL_CALLS if parallel_tool_calls and tool_choice == "required" else 1
+    return json.dumps({"structures": [call_structure(fn) for fn in tool_functions(allowed)], "max_blocks": max_blocks,
+                       "separator": "", "whitespace": "compact"}, ensure_ascii=False)
+
+
+def parse_forced_calls(text: str, tools: Sequence[dict]) -> ParsedOutput:
+    """The calls of a forced output: the blocks the tag allowed, the last one perhaps cut short (max_tokens).
+
+    Whole blocks parse as usual. A block cut after its arguments closed (`}}\n</` with the end tag missing)
+    is a whole call. A block cut inside its arguments is a call whose `arguments` is the text produced so far,
+    incomplete JSON, as OpenAI returns it with finish_reason "length". A block cut inside its begin text is a
+    call of the one allowed function whose begin it starts, with arguments ""; when several could still
+    follow (max_tokens below a dozen) there is no call. The content is always None: the tag allows nothing
+    but blocks, so the `<tool_call>` markup never reaches the client.
+
+    Args:
+        text: the model's output under `forced_tool_tag`.
+        tools: the tools the tag allowed (`forced_tools`).
+    """
+    parsed = parse_tool_calls(text, tools, cut=True)
+    tail = ((parsed.content or "") if parsed.tool_calls else text).strip()
+    calls = parsed.tool_calls
+    if tail:
+        functions = tool_functions(tools)
+        begins = {fn["name"]: call_begin(fn["name"]) for fn in functions}
+        whole = [name for name, begin in begins.items() if tail.startswith(begin)]
+        if whole:
+            calls.append(tool_call(whole[0], _arguments_so_far(tail[len(begins[whole[0]]):])))
+        elif len(started := [name for name, begin in begins.items() if begin.startswith(tail)]) == 1:
+            calls.append(tool_call(started[0], ""))
+    return ParsedOutput(None, calls)
+
+
+def _arguments_so_far(text: str) -> str:
+    """A cut call's arguments: the object re-serialized when it closed (as whole calls are), else the text as produced."""
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError:
+        return text
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else text

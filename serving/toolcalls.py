@@ -190,22 +190,38 @@ def _calls_in_block(body: str, names: set[str] | None) -> list[dict] | None:
                 return None
         if not isinstance(args, dict) or (names is not None and item["name"] not in names):
             return None
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": item["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+        calls.append(tool_call(item["name"], json.dumps(args, ensure_ascii=False)))
     return calls
 
 
-def parse_tool_calls(text: str, tools: Sequence[dict] | None = None) -> ParsedOutput:
+def tool_call(name: str, arguments: str) -> dict:
+    """One OpenAI tool call with a fresh id; `arguments` is JSON text (OpenAI's wire form)."""
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _without_cut_close(body: str) -> str:
+    """An unclosed block's body less the start of a `</tool_call>` (and whitespace) that ends it."""
+    body = body.rstrip()
+    for k in range(len(CALL_CLOSE) - 1, 0, -1):
+        if body.endswith(CALL_CLOSE[:k]):
+            return body[:-k].rstrip()
+    return body
+
+
+def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: bool = False) -> ParsedOutput:
     """Split a model output into content and OpenAI `tool_calls`; never raises on model text.
 
     A block whose body is not a JSON call object (or a list of them), or that names a function not in
-    `tools` (when given), stays in the content verbatim, as does an unclosed `<tool_call>`. Without any
-    call the content is `text` unchanged; with calls it is the text outside the accepted blocks
+    `tools` (when given), stays in the content verbatim, as does an unclosed `<tool_call>` (unless `cut`).
+    Without any call the content is `text` unchanged; with calls it is the text outside the accepted blocks
     (whitespace next to a block trimmed, pieces joined by newlines), or None when that is empty.
 
     Args:
         text: the model's output.
         tools: the offered OpenAI tools, to check names against; None accepts any name.
+        cut: the output was cut short (max_tokens): a last block whose body is already a whole call, only
+            its `</tool_call>` (or the end of it) missing, is a call too. An output that ended on its own
+            without closing the block is not trusted that far.
     Raises:
         ToolFormatError: only for malformed `tools`.
     """
@@ -216,6 +232,11 @@ def parse_tool_calls(text: str, tools: Sequence[dict] | None = None) -> ParsedOu
     while (start := text.find(CALL_OPEN, pos)) >= 0:
         end = text.find(CALL_CLOSE, start + len(CALL_OPEN))
         if end < 0:
+            found = _calls_in_block(_without_cut_close(text[start + len(CALL_OPEN):]), names) if cut else None
+            if found is not None:
+                pieces.append(current + text[pos:start])
+                current, pos = "", len(text)
+                calls.extend(found)
             break
         found = _calls_in_block(text[start + len(CALL_OPEN):end], names)
         if found is None:

@@ -7,7 +7,7 @@ Row fields:
     prompt     a string, or a list of chat messages [{"role", "content"}, ...]
     reference  the gold answer, in the grader's form
     grader     one of `graders.GRADERS`: exact, contains, numeric, choice, regex, json
-    max_tokens optional per-row limit (default: the suite's `max_tokens` option, else 512)
+    max_tokens optional per-row limit, an integer >= 1 (default: the suite's `max_tokens` option, else 512)
     any other field is kept in `Item.metadata`.
 
 A relative `path` is resolved against the working directory first, then `data_dir`. Style "chat" sends
@@ -29,6 +29,11 @@ from evals.targets import Target
 REQUIRED = ("prompt", "reference", "grader")
 
 
+def _is_token_limit(value: Any) -> bool:
+    """An integer >= 1 (not a bool, not a float): a valid `max_tokens`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def transcript(messages: list[dict[str, Any]]) -> str:
     """Chat messages as a plain-text prompt for a base model ("User: ...\\n\\nAssistant:")."""
     turns = [f"{str(m.get('role', 'user')).capitalize()}: {m.get('content', '')}" for m in messages]
@@ -47,7 +52,7 @@ class JSONLSuite(Suite):
         """The suite file. Raises ValueError when the `path` option is missing."""
         raw = self.options.get("path")
         if not raw:
-            raise ValueError("the jsonl suite needs a file: pass path=... (`--option path=FILE` on the CLI)")
+            raise ValueError("the jsonl suite needs a file: pass --path FILE (make_suite(..., path=FILE) in Python)")
         path = Path(raw).expanduser()
         if not path.is_absolute() and not path.exists() and (self.data_dir / path).exists():
             path = self.data_dir / path
@@ -58,10 +63,13 @@ class JSONLSuite(Suite):
 
         Raises:
             FileNotFoundError: the file is missing (named).
-            ValueError: a line that is not a JSON object, lacks prompt/reference/grader, names an unknown
-                grader (the message names the line and the available graders), has a reference its grader
-                cannot use, or repeats an id.
+            ValueError: a file without rows; a line that is not a JSON object, lacks prompt/reference/grader,
+                names an unknown grader (the message names the line and the available graders), has a reference
+                its grader cannot use or a max_tokens below 1, or repeats an id.
         """
+        default = self.options.get("max_tokens")
+        if default is not None and not _is_token_limit(default):
+            raise ValueError(f"the max_tokens option must be an integer >= 1, got {default!r}")
         path = self.path
         if not path.is_file():
             raise FileNotFoundError(f"JSONL suite file not found: {path}")
@@ -82,6 +90,9 @@ class JSONLSuite(Suite):
                 get_grader(row["grader"])("", row["reference"])
             except (ValueError, re.error) as exc:
                 raise ValueError(f"{where}: bad reference for the {row['grader']!r} grader: {exc}") from None
+            limit = row.get("max_tokens")
+            if limit is not None and not _is_token_limit(limit):
+                raise ValueError(f"{where}: max_tokens must be an integer >= 1, got {limit!r}")
             prompt = row["prompt"]
             is_messages = isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)
             if not isinstance(prompt, str) and not is_messages:
@@ -95,10 +106,15 @@ class JSONLSuite(Suite):
             meta = {k: v for k, v in row.items() if k not in ("id", "prompt", "reference")}
             meta["messages"] = prompt if isinstance(prompt, list) else None
             items.append(Item(id=item_id, prompt=text, reference=row["reference"], metadata=meta))
+        if not items:
+            raise ValueError(f"no rows in {path}")
         return items
 
     def request(self, item: Item) -> tuple[PromptStyle, dict[str, Any]]:
-        params = {"max_tokens": int(item.metadata.get("max_tokens") or self.options.get("max_tokens") or 512)}
+        limit = item.metadata.get("max_tokens")  # `is None`, not `or`: a 0 must never become the default
+        if limit is None:
+            limit = self.options.get("max_tokens")
+        params = {"max_tokens": 512 if limit is None else int(limit)}
         messages = item.metadata.get("messages")
         if self.style == "completion":
             return "completion", {"prompt": transcript(messages) if messages else item.prompt, "params": params}

@@ -1,13 +1,18 @@
 """Tools and `response_format` on the chat endpoint: request -> messages and constraint, output -> message.
 
-- `prepare_chat`: renders `tools` into the messages (`serving.toolcalls`), turns a forcing
-  `tool_choice` ("required", a named function) into the structural tag the engine enforces
-  (`serving.guided_tools`) and `response_format` into the JSON Schema it enforces
-  (`serving.guided_json`), with 400s naming the field.
+- `prepare_chat`: refuses what a local text model cannot honour (`unservable_fields`), renders `tools`
+  into the messages (`serving.toolcalls`), turns a forcing `tool_choice` ("required", a named function)
+  into the structural tag the engine enforces (`serving.guided_tools`) and `response_format` into the
+  JSON Schema it enforces (`serving.guided_json`), with 400s naming the field.
 - `tool_message`: a finished output -> the OpenAI assistant message and finish reason
-  (`tool_calls` and finish_reason "tool_calls" when the model called functions).
-- `ToolStream`: the streamed form: content is held back from where a `<tool_call>` tag may start, and
-  the calls are sent at the end as `delta.tool_calls` chunks.
+  (`tool_calls` and finish_reason "tool_calls" when the model called functions). A forced output is
+  always calls, content null, even when max_tokens cut it (arguments as far as they got, finish_reason
+  "length"; `serving.guided_tools.parse_forced_calls`). In "auto" mode an output cut by max_tokens right
+  after a whole call, inside its `</tool_call>`, is that call too (finish_reason stays "length"); any
+  other unclosed or malformed block stays content.
+- `ToolStream`: the streamed form: content is held back from where a `<tool_call>` tag may start (a
+  forced output sends none), and the calls are sent at the end as `delta.tool_calls` chunks, parsed as
+  the whole response parses them, so streamed equals whole.
 """
 
 from __future__ import annotations
@@ -17,21 +22,51 @@ from dataclasses import dataclass
 
 from serving.api.protocol import ChatCompletionRequest, ValidationProblem
 from serving.guided_json import UnsupportedSchemaError, response_format_schema
-from serving.guided_tools import forced_tool_tag
+from serving.guided_tools import forced_tool_tag, forced_tools, parse_forced_calls
 from serving.toolcalls import ParsedOutput, ToolFormatError, parse_tool_calls, render_messages, streamable_length, with_system_text
 
 
 @dataclass(frozen=True)
 class ChatSetup:
     """messages: for the chat template; guided_json: the schema as JSON text or None; tools: the tools
-    whose calls are parsed from the output (None: no parsing); parallel: several calls allowed;
-    structural_tag: the forced tool calls (`SamplingParams.structural_tag`) or None."""
+    whose calls are parsed from the output (None: no parsing; a named tool_choice: that tool); parallel:
+    several calls allowed; structural_tag: the forced tool calls (`SamplingParams.structural_tag`) or None;
+    forced: the output is forced calls."""
 
     messages: list[dict]
     guided_json: str | None
     tools: list[dict] | None
     parallel: bool = True
     structural_tag: str | None = None
+    forced: bool = False
+
+
+def unservable_fields(body: ChatCompletionRequest) -> None:
+    """Refuse the chat fields a local text model cannot honour (accepted by the schema for providers).
+
+    Raises:
+        ValidationProblem: naming the field, or the content part (`messages[0].content[1]`) it cannot read.
+    """
+    if body.audio is not None or "audio" in (body.modalities or ()):
+        raise ValidationProblem("this model only produces text: audio output (`modalities` with \"audio\", `audio`) is "
+                                "not supported", param="audio" if body.audio is not None else "modalities")
+    if body.functions is not None or body.function_call is not None:
+        raise ValidationProblem("the legacy `functions` / `function_call` are not supported by this model; send the same "
+                                "functions as `tools` (type \"function\") and `tool_choice`",
+                                param="functions" if body.functions is not None else "function_call")
+    if body.web_search_options is not None:
+        raise ValidationProblem("this model cannot search the web: `web_search_options` is not supported",
+                                param="web_search_options")
+    for i, message in enumerate(body.messages):
+        parts = message.get("content")
+        for j, part in enumerate(parts if isinstance(parts, list) else ()):
+            if part["type"] != "text":
+                raise ValidationProblem(f"this model reads text only: a content part of type {part['type']!r} is not "
+                                        f"supported", param=f"messages[{i}].content[{j}]")
+    for i, tool in enumerate(body.tools or ()):
+        if tool["type"] != "function":
+            raise ValidationProblem(f"this model calls function tools only, not {tool['type']!r} tools",
+                                    param=f"tools[{i}].type")
 
 
 def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
@@ -40,6 +75,7 @@ def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
             or response_format json together with active tools. (`stop` with response_format is accepted, as
             by OpenAI: a stop sequence may end the output before the JSON closes.)
     """
+    unservable_fields(body)
     tools = body.tools or None
     active = bool(tools) and body.tool_choice != "none"
     parallel = body.parallel_tool_calls is not False
@@ -48,6 +84,7 @@ def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages if isinstance(m, dict)):
             messages = render_messages(messages, tools, body.tool_choice or "auto", parallel)
         tag = forced_tool_tag(tools, body.tool_choice, parallel)
+        forced = forced_tools(tools, body.tool_choice)
     except ToolFormatError as exc:
         param = "tool_choice" if "tool_choice" in str(exc) else "messages" if "messages[" in str(exc) else "tools"
         raise ValidationProblem(str(exc), param=param) from None
@@ -63,21 +100,24 @@ def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
         if schema != {"type": "object"}:
             hint += f" It must follow this JSON Schema:\n{json.dumps(schema, ensure_ascii=False)}"
         messages = with_system_text(messages, hint)
-    return ChatSetup(messages, None if schema is None else json.dumps(schema), list(tools) if active else None, parallel, tag)
+    parsed_tools = forced if forced is not None else list(tools) if active else None
+    return ChatSetup(messages, None if schema is None else json.dumps(schema), parsed_tools, parallel, tag, forced is not None)
 
 
-def _parse(text: str, tools: list[dict], parallel: bool) -> ParsedOutput:
-    parsed = parse_tool_calls(text, tools)
+def _parse(text: str, finish: str | None, tools: list[dict], parallel: bool, forced: bool) -> ParsedOutput:
+    parsed = parse_forced_calls(text, tools) if forced else parse_tool_calls(text, tools, cut=finish == "length")
     if not parallel:
         parsed.tool_calls = parsed.tool_calls[:1]
     return parsed
 
 
-def tool_message(text: str, finish: str | None, tools: list[dict] | None, parallel: bool = True) -> tuple[dict, str | None]:
-    """The assistant message of a whole response and its finish reason ("tool_calls" after calls)."""
+def tool_message(text: str, finish: str | None, tools: list[dict] | None, parallel: bool = True,
+                 forced: bool = False) -> tuple[dict, str | None]:
+    """The assistant message of a whole response and its finish reason ("tool_calls" after calls that
+    ended on their own; "length" stays)."""
     if tools is None:
         return {"role": "assistant", "content": text}, finish
-    parsed = _parse(text, tools, parallel)
+    parsed = _parse(text, finish, tools, parallel, forced)
     message = {"role": "assistant", "content": parsed.content}
     if not parsed.tool_calls:
         return message, finish
@@ -88,19 +128,18 @@ def tool_message(text: str, finish: str | None, tools: list[dict] | None, parall
 class ToolStream:
     """Per-choice streaming of a chat output whose tool calls are parsed (see the module docstring)."""
 
-    def __init__(self, tools: list[dict], parallel: bool = True):
-        self.tools, self.parallel = tools, parallel
+    def __init__(self, tools: list[dict], parallel: bool = True, forced: bool = False):
+        self.tools, self.parallel, self.forced = tools, parallel, forced
 
-    @staticmethod
-    def safe_length(text: str, sent: int) -> int:
+    def safe_length(self, text: str, sent: int) -> int:
         """Characters of `text` that may be sent as content before the output ends."""
-        return max(sent, streamable_length(text))
+        return sent if self.forced else max(sent, streamable_length(text))
 
     def final_deltas(self, text: str, sent: int, finish: str | None) -> tuple[list[dict], str | None]:
         """The deltas that finish a choice (the rest of the content, then one per tool call) and its
         finish reason; the last delta is the one to carry the finish reason."""
-        parsed = _parse(text, self.tools, self.parallel)
-        rest = (parsed.content or "")[sent:] if parsed.tool_calls else text[sent:]
+        parsed = _parse(text, finish, self.tools, self.parallel, self.forced)
+        rest = (parsed.content or "")[sent:] if parsed.tool_calls or self.forced else text[sent:]
         deltas = [{"content": rest}] if rest else []
         for i, call in enumerate(parsed.tool_calls):
             deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",

@@ -3,11 +3,15 @@
 Field names, defaults and ranges follow the OpenAI API reference; vLLM's extra sampling fields
 (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `min_tokens`) are accepted
 too. As with OpenAI, a field the reference does not list is a 400 ("Unrecognized request argument
-supplied: foo"), types are strict ("n": "2" or "max_tokens": 5.0 is a 400 naming the field; a float
-field still takes an integer), every message needs a role and its content (an assistant message may
-omit content when it has tool calls), and `stream_options` needs `stream: true`. Fields that a local
-model cannot honour but a provider behind the gateway may (`audio`, `web_search_options`, ...) are
-accepted here and refused by the local request plan (`serving/api/responses.py`).
+supplied: foo"), at the top level and inside messages, content parts, tools, tool_choice,
+response_format and stream_options (`serving/api/chat_fields.py`); types are strict ("n": "2" or
+"max_tokens": 5.0 is a 400 naming the field; a float field still takes an integer), every message needs
+a role and its content (an assistant message may omit content when it has tool calls), `stream_options`
+needs `stream: true`, `tool_choice` needs `tools`, and `max_tokens` with `max_completion_tokens` is a
+400 (OpenAI: "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
+param `max_tokens`). Fields that a local model cannot honour but a provider behind the gateway may
+(`audio`, `web_search_options`, image parts, ...) are accepted here and refused by the local request
+plan (`serving/api/chat_tools.py: unservable_fields`).
 `describe_errors` turns pydantic errors into the client's field path (`stop`, `messages[0].content`).
 """
 
@@ -17,59 +21,19 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
+from serving.api.chat_fields import CHAT_ROLES, check_messages, check_response_format, check_tools, json_type, problem
 from serving.sampling_params import MAX_LOGIT_BIAS
 
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-
-
-def json_type(value: Any) -> str:
-    """The JSON type of a value, as OpenAI's messages name it ("a string", "an array", ...)."""
-    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
-                       (list, "an array"), (dict, "an object")):
-        if isinstance(value, kind):
-            return name
-    return "null" if value is None else type(value).__name__
-
-
-def _problem(kind: str, message: str, param: str) -> PydanticCustomError:
-    """A validation error that names the client's field path itself (`ctx.param`, read by `describe_errors`)."""
-    return PydanticCustomError(kind, message, {"param": param})  # only "{param}" would be substituted
-
-
-def check_messages(messages: list[dict[str, Any]]) -> None:
-    """Every message has a known role and content (a string or an array of parts); an assistant message
-    may omit content when it carries tool calls; a tool message names its `tool_call_id`.
-
-    Raises:
-        PydanticCustomError: naming the first offending field, e.g. `messages[1].content`.
-    """
-    for i, message in enumerate(messages):
-        at = f"messages[{i}]"
-        role = message.get("role")
-        if role is None:
-            raise _problem("missing_parameter", f"Missing required parameter: '{at}.role'.", f"{at}.role")
-        if role not in CHAT_ROLES:
-            supported = ", ".join(f"'{r}'" for r in CHAT_ROLES)
-            raise _problem("invalid_value", f"Invalid value for '{at}.role': {role!r}. Supported values are: {supported}.",
-                           f"{at}.role")
-        content = message.get("content")
-        if content is None:
-            if role == "assistant" and (message.get("tool_calls") or message.get("function_call")):
-                continue
-            raise _problem("missing_parameter", f"Missing required parameter: '{at}.content'.", f"{at}.content")
-        if not isinstance(content, (str, list)):
-            raise _problem("invalid_type", f"Invalid type for '{at}.content': expected a string or an array of content "
-                           f"parts, but got {json_type(content)} instead.", f"{at}.content")
-        if role == "tool" and not message.get("tool_call_id"):
-            raise _problem("missing_parameter", f"Missing required parameter: '{at}.tool_call_id'.", f"{at}.tool_call_id")
+__all__ = ["CHAT_ROLES", "ChatCompletionRequest", "CompletionRequest", "ErrorBody", "StreamOptions", "ValidationProblem",
+           "check_messages", "client_param", "describe_errors", "error_body", "json_type", "usage"]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's; nothing to obfuscate here
 
 
 class SamplingFields(BaseModel):
@@ -112,8 +76,8 @@ class SamplingFields(BaseModel):
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
         if self.stream_options is not None and not self.stream:
-            raise PydanticCustomError("invalid_parameter", "The 'stream_options' parameter is only allowed when 'stream' "
-                                      "is enabled.", {"param": "stream_options"})
+            raise problem("invalid_parameter", "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                          "stream_options")
         return self
 
 
@@ -144,8 +108,14 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _messages_have_roles_and_content(self):
+    def _nested_objects_and_combinations(self):
         check_messages(self.messages)
+        check_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+        if self.response_format is not None:
+            check_response_format(self.response_format)
+        if self.max_tokens is not None and self.max_completion_tokens is not None:  # as OpenAI (invalid_parameter_combination)
+            raise problem("invalid_parameter_combination", "Setting 'max_tokens' and 'max_completion_tokens' at the same "
+                          "time is not supported.", "max_tokens")
         return self
 
 

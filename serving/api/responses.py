@@ -37,6 +37,7 @@ class RequestPlan:
     echo: bool = False
     tools: list[dict] | None = None  # chat: the offered tools whose calls are parsed from the output
     parallel_tool_calls: bool = True
+    forced_tool_calls: bool = False  # chat: the output is calls forced by tool_choice (content always null)
     response_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -94,28 +95,13 @@ def _max_tokens(requested: int | None, prompt_lens: list[int], ctx: int, default
     return wanted
 
 
-def _unservable_fields(body: ChatCompletionRequest) -> None:
-    """Refuse the chat fields a local text model cannot honour (accepted by the schema for providers)."""
-    if body.audio is not None or "audio" in (body.modalities or ()):
-        raise ValidationProblem("this model only produces text: audio output (`modalities` with \"audio\", `audio`) is "
-                                "not supported", param="audio" if body.audio is not None else "modalities")
-    if body.functions is not None or body.function_call is not None:
-        raise ValidationProblem("the legacy `functions` / `function_call` are not supported by this model; send the same "
-                                "functions as `tools` (type \"function\") and `tool_choice`",
-                                param="functions" if body.functions is not None else "function_call")
-    if body.web_search_options is not None:
-        raise ValidationProblem("this model cannot search the web: `web_search_options` is not supported",
-                                param="web_search_options")
-
-
 def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
     """Validate a chat request and render its messages with the model's chat format.
 
     Raises:
         ValidationProblem: a field the model cannot serve, or a prompt that does not fit (see `_max_tokens`).
     """
-    _unservable_fields(body)
-    setup = prepare_chat(body)  # tools rendered into the messages (serving/toolcalls.py); response_format schema
+    setup = prepare_chat(body)  # unservable fields refused; tools rendered into the messages; response_format schema
     if body.top_logprobs is not None and not body.logprobs:
         raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")
     fmt = lm.chat_format
@@ -130,7 +116,7 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int) 
     params = fmt.reply_params(params)  # the format's turn markers as stop strings, after the client's; its reply's opening space
     return RequestPlan("chat", body.model, params, [ids], [prompt], body.stream,
                        bool(body.stream_options and body.stream_options.include_usage), top,
-                       tools=setup.tools, parallel_tool_calls=setup.parallel)
+                       tools=setup.tools, parallel_tool_calls=setup.parallel, forced_tool_calls=setup.forced)
 
 
 def plan_completion(body: CompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
@@ -168,7 +154,7 @@ def _choice(plan: RequestPlan, state, prompt_index: int, completion, text: str, 
     index = prompt_index * plan.params.n + completion.index
     if plan.kind == "chat":
         logprobs = chat_logprobs(token_ids, entries, state.loaded.tokenizer, plan.top_logprobs) if entries is not None else None
-        message, finish = tool_message(text, finish, plan.tools, plan.parallel_tool_calls)
+        message, finish = tool_message(text, finish, plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls)
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     prefix = plan.prompt_texts[prompt_index] if plan.echo else ""
     logprobs = None
@@ -244,7 +230,7 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
     text_offsets: dict[int, TextOffsets] = {}  # completions logprobs: per choice, offsets of the tokens sent
     start = time.monotonic()
     completion_tokens = 0
-    tool_stream = ToolStream(plan.tools, plan.parallel_tool_calls) if plan.tools is not None else None
+    tool_stream = ToolStream(plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls) if plan.tools is not None else None
 
     def chunk(choices: list[dict]) -> dict:
         body = {"id": plan.id, "object": chunk_object, "created": plan.created, "model": plan.model, "choices": choices}

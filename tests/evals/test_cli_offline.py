@@ -72,7 +72,8 @@ def test_replay_prints_a_table_with_the_policy_the_oracle_and_the_models(tmp_pat
     (["eval", "replay", "routerbench:test", "--policy", "fixed:claude-v1,claude-v2"], "exactly one"),
     (["eval", "replay", "routerbench:test", "--policy", "x", "--policy-type", "fallback", "--models", "claude-v1,nope"],
      "unknown model"),
-    (["eval", "replay", "routerbench:test", "--policy", "claude-v1", "--options", "{bad"], "Expecting property name"),
+    (["eval", "replay", "routerbench:test", "--policy", "claude-v1", "--options", "{bad"],
+     "--options is not valid JSON: Expecting property name"),
     (["eval", "replay", "routerbench:test", "--policy", "claude-v1", "--options", "[1]"], "JSON object"),
     (["eval", "report", "no-such-run"], "no eval run 'no-such-run'"),
     (["eval", "report", "missing.jsonl"], "no outcome file"),
@@ -112,3 +113,13 @@ def test_report_of_run_ids_is_stored_in_the_database(tmp_path):
     assert stored["title"] == "Runs" and stored["run_ids"] == ["run-a", "run-b"]
     assert stored["markdown"].startswith("# Runs") and stored["png"][:8] == b"\x89PNG\r\n\x1a\n"
     assert stored["data"]["pareto_frontier"] == data["pareto_frontier"]
+
+
+def test_report_of_runs_of_different_suites_keeps_them_apart(tmp_path):
+    for run_id, suite, score in (("run-g", "gsm8k", 1.0), ("run-m", "mmlu", 0.0)):
+        folder = tmp_path / "home" / "evals" / run_id
+        OutcomeTable([Outcome(f"{suite}/1", suite, "q", "m", score)]).write(folder / "outcomes.jsonl")
+    result = _ok(["eval", "report", "run-g", "run-m", "--out", str(tmp_path / "rep"), "--no-save"])
+    lines = result.stdout.splitlines()
+    assert lines[0] == "# gsm8k, mmlu: run-g, run-m"  # default title: the suites and the runs
+    assert "| gsm8k | m | 1 | 1.000 |" in result.stdout and "| mmlu | m | 1 | 0.000 |" in result.stdout

@@ -11,11 +11,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from sqlmodel import Session
+
 from evals.cache import EvalStore
 from evals.outcomes import OutcomeTable
 from link.cli import app
-from tests.link.gateway_launch import mock_deployment
-from tests.link.mock_openai import start_mock_thread
+from link.config import parse_config
+from link.db.engine import make_db_engine
+from link.db.migrate import upgrade
+from link.keys import create_key
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.mock_openai import refused_url, start_mock_thread
 
 runner = CliRunner()
 
@@ -58,6 +64,7 @@ def test_run_writes_outcomes_and_resumes_from_the_cache(link_home, config_file, 
     second = _invoke(*args)
     assert second.exit_code == 0, second.output
     assert mock.stats()["requests"] - before == 6  # all answers came from the cache
+    assert "6 of 6 answers from the cache" in second.output and "from the cache" not in first.output
     again = OutcomeTable.read(link_home / "evals" / _run_id(second.output) / "outcomes.jsonl")
     def rows(t):
         return [(r.prompt_id, r.model, r.score, r.cost_usd) for r in t]
@@ -101,6 +108,12 @@ def test_missing_key_fails_before_anything_runs(link_home, data_dir, mock, monke
     (["--suite", "gsm8k", "--target", "mock", "--style", "weird"], "--style must be"),
     (["--suite", "mt-bench", "--target", "mock"], "pass --judge MODEL"),
     (["--suite", "gsm8k", "--target", "mock", "--split", "validation"], "splits"),
+    (["--suite", "gsm8k", "--target", "mock", "--limit", 0], "--limit must be >= 1, got 0"),
+    (["--suite", "gsm8k", "--target", "mock", "--limit", -1], "--limit must be >= 1, got -1"),
+    (["--suite", "gsm8k", "--target", "mock", "--concurrency", 0], "--concurrency must be >= 1"),
+    (["--suite", "gsm8k", "--target", "mock", "--max-cost", -1], "--max-cost must be >= 0"),
+    (["--suite", "gsm8k", "--target", "mock", "--order", "bogus"], "--order must be interleave or by-target"),
+    (["--suite", "jsonl", "--target", "mock"], "pass --path FILE"),
 ])
 def test_clear_one_line_errors(link_home, config_file, data_dir, args, message):
     result = _invoke(*args, "--config", config_file, "--data-dir", data_dir, "--no-progress")
@@ -111,3 +124,91 @@ def test_clear_one_line_errors(link_home, config_file, data_dir, args, message):
 def test_missing_data_names_the_path(link_home, config_file, tmp_path):
     result = _invoke("--suite", "gsm8k", "--target", "mock", "--config", config_file, "--data-dir", tmp_path / "empty")
     assert result.exit_code == 2 and "not found" in result.output and "gsm8k" in result.output
+
+
+def test_empty_jsonl_file_is_an_error(link_home, config_file, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    result = _invoke("--suite", "jsonl", "--path", empty, "--target", "mock", "--config", config_file, "--no-progress")
+    assert result.exit_code == 2 and f"no rows in {empty}" in result.output.replace("\n", ""), result.output
+    assert not (link_home / "evals").exists()
+
+
+def test_in_process_gateway_runs_once_keys_exist(link_home, config_file, data_dir, mock, monkeypatch):
+    monkeypatch.delenv("LINK_MASTER_KEY", raising=False)
+    link_home.mkdir(parents=True)
+    url = f"sqlite:///{link_home / 'link.db'}"
+    upgrade(url)
+    with Session(make_db_engine(url)) as session:
+        create_key(session, "someone")  # the gateway leaves open mode: a placeholder key would get a 401
+    before = mock.stats()["requests"]
+    result = _invoke("--suite", "gsm8k", "--limit", 2, "--target", "mock", "--config", config_file,
+                     "--data-dir", data_dir, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert mock.stats()["requests"] - before == 2 and "errors" in result.output
+    totals = json.loads((link_home / "evals" / _run_id(result.output) / "run.json").read_text())["totals"]
+    assert totals["mock"]["errors"] == 0
+    stale = _invoke("--suite", "gsm8k", "--limit", 2, "--target", "mock", "--config", config_file, "--data-dir", data_dir,
+                    "--api-key", "sk-link-eval-open-mode")  # what the gateway was sent before: refused now
+    assert stale.exit_code == 2 and "HTTP 401" in stale.output and "drop --api-key" in stale.output, stale.output
+
+
+def test_base_url_errors_name_the_url_and_the_flag(link_home, data_dir, mock, tmp_path, monkeypatch):
+    monkeypatch.delenv("LINK_API_KEY", raising=False)
+    refused = refused_url()
+    result = _invoke("--suite", "gsm8k", "--limit", 1, "--target", "m", "--base-url", refused, "--data-dir", data_dir)
+    assert result.exit_code == 2 and f"error: cannot reach {refused}: connection refused" in result.output, result.output
+    config = parse_config({"models": [mock_deployment("mock", mock.api_base)]})
+    settings = gateway_settings(f"sqlite:///{tmp_path / 'gw.db'}", tmp_path)  # a master key: no open mode
+    gateway = start_gateway_thread(settings, config)
+    try:
+        args = ["--suite", "gsm8k", "--limit", 1, "--target", "mock", "--base-url", gateway.base_url,
+                "--data-dir", data_dir, "--no-progress"]
+        refused_key = _invoke(*args)
+        assert refused_key.exit_code == 2, refused_key.output
+        assert "HTTP 401" in refused_key.output and "pass --api-key KEY (or set LINK_API_KEY)" in refused_key.output
+        monkeypatch.setenv("LINK_API_KEY", MASTER_KEY)
+        assert _invoke(*args).exit_code == 0
+    finally:
+        gateway.stop()
+
+
+def test_summary_table_shows_whole_target_names(link_home, mock, data_dir, tmp_path):
+    name = "a-rather-long-deployment-name-for-the-summary"
+    config = tmp_path / "long.yaml"
+    config.write_text(yaml.safe_dump({"models": [mock_deployment(name, mock.api_base)]}))
+    result = _invoke("--suite", "gsm8k", "--limit", 1, "--target", name, "--config", config, "--data-dir", data_dir,
+                     "--no-progress")
+    assert result.exit_code == 0 and "…" not in result.output, result.output
+    row = [line for line in result.output.splitlines() if line.startswith("│")]  # the name folds, never cut
+    assert "".join(line.split("│")[1].strip() for line in row) == name
+    wide = runner.invoke(app, ["eval", "run", "--suite", "gsm8k", "--limit", "1", "--target", name, "--config", str(config),
+                               "--data-dir", str(data_dir), "--no-progress"], env={"COLUMNS": "160"})
+    assert f"│ {name} │" in wide.output, wide.output
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_interrupts_the_run_and_records_it(link_home, data_dir, tmp_path, signum):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with start_mock_thread(mode="hang", hang_s=60) as hanging:
+        # Python's own SIGINT handler, as in a terminal (a shell's background job would inherit SIG_IGN)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "from link.cli import app; sys.argv = ['link', *sys.argv[1:]]; app()",
+             "eval", "run", "--suite", "gsm8k", "--limit", "2", "--target", "mock-model", "--base-url", hanging.api_base,
+             "--api-key", "sk-anything", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"), "--no-progress"],
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        deadline = time.monotonic() + 60
+        while hanging.options.stats["chat"] < 1 and time.monotonic() < deadline:  # a call is in flight
+            time.sleep(0.1)
+        proc.send_signal(getattr(signal, signum))
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: run the same command again to resume" in stderr and "Traceback" not in stderr
+    runs = EvalStore(f"sqlite:///{link_home / 'link.db'}").list_runs()
+    assert [r["status"] for r in runs] == ["interrupted"]

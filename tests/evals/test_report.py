@@ -28,18 +28,18 @@ def _tables() -> list[OutcomeTable]:
 # C: 0.5 at 30 USD per 1,000, dominated by A (better and cheaper). Frontier: B, then A.
 EXPECTED = [
     {"name": "A", "n": 4, "score": 0.75, "ci_low": 0.300636, "ci_high": 0.954414, "cost_usd": 0.10, "cost_per_1k_usd": 25.0,
-     "latency_p50_s": 2.5, "latency_p95_s": 3.85, "prompt_tokens": 60, "completion_tokens": None},
+     "latency_p50_s": 2.5, "latency_p95_s": 3.85, "prompt_tokens": 60, "completion_tokens": None, "suite": "s"},
     {"name": "C", "n": 2, "score": 0.5, "ci_low": 0.5, "ci_high": 0.5, "cost_usd": 0.06, "cost_per_1k_usd": 30.0,
-     "latency_p50_s": None, "latency_p95_s": None, "prompt_tokens": None, "completion_tokens": None},
+     "latency_p50_s": None, "latency_p95_s": None, "prompt_tokens": None, "completion_tokens": None, "suite": "s"},
     {"name": "B", "n": 2, "score": 0.375, "ci_low": 0.25, "ci_high": 0.5, "cost_usd": 0.0, "cost_per_1k_usd": 0.0,
-     "latency_p50_s": None, "latency_p95_s": None, "prompt_tokens": None, "completion_tokens": None},
+     "latency_p50_s": None, "latency_p95_s": None, "prompt_tokens": None, "completion_tokens": None, "suite": "s"},
 ]
 
 
 def test_summaries_and_json_equal_the_hand_computation():
     report = Report.from_tables(_tables(), title="Small")
     data = report.to_dict()
-    assert data["title"] == "Small" and data["pareto_frontier"] == ["B", "A"]
+    assert data["title"] == "Small" and data["pareto_frontier"] == ["B", "A"] and data["suites"] == ["s"]
     assert [s["name"] for s in data["summaries"]] == ["A", "C", "B"]  # best score first
     for got, want in zip(data["summaries"], EXPECTED):
         assert got.keys() == want.keys()
@@ -100,3 +100,32 @@ def test_from_tables_refuses_duplicates_and_empty_input():
         Report.from_tables([a, a])
     with pytest.raises(ValueError, match="no outcomes"):
         Report.from_tables([])
+
+
+def test_runs_of_different_suites_keep_a_row_per_suite_and_model(tmp_path):
+    gsm8k = OutcomeTable([Outcome("gsm8k/1", "gsm8k", "q", "m", 1.0, 0.01), Outcome("gsm8k/2", "gsm8k", "q", "m", 1.0, 0.01)])
+    mmlu = OutcomeTable([Outcome("mmlu/1", "mmlu", "q", "m", 0.0), Outcome("mmlu/1", "mmlu", "q", "free", 1.0)])
+    report = Report.from_tables([gsm8k, mmlu])
+    assert [(s.suite, s.name, s.n, s.score) for s in report.summaries] == [
+        ("gsm8k", "m", 2, 1.0), ("mmlu", "free", 1, 1.0), ("mmlu", "m", 1, 0.0)]
+    lines = report.to_markdown().splitlines()
+    assert lines[2].startswith("| suite | model | n |") and lines[4].startswith("| gsm8k | m | 2 | 1.000 |")
+    assert report.frontier == ["m (gsm8k)", "free (mmlu)"]  # one frontier per suite
+    texts = sorted(t.get_text() for t in quality_cost_figure(
+        [report.label(s) for s in report.summaries], [s.cost_per_1k_usd for s in report.summaries],
+        [s.score for s in report.summaries], groups=[s.suite for s in report.summaries]).axes[0].texts)
+    assert texts == ["free (mmlu)", "m (gsm8k)", "m (mmlu)"]
+    # Two tables of one suite still merge into one row per model; a mixed table is one group.
+    halves = Report.from_tables([OutcomeTable(list(gsm8k)[:1]), OutcomeTable(list(gsm8k)[1:])])
+    assert [(s.suite, s.n) for s in halves.summaries] == [("gsm8k", 2)] and "suite |" not in halves.to_markdown()
+    assert Report.from_tables([OutcomeTable([*gsm8k, *mmlu])]).suites == ["mixed"]
+
+
+def test_the_cost_axis_never_goes_below_zero():
+    single = quality_cost_figure(["free"], [0.0], [1.0], ci=[(0.61, 1.0 - 1e-16)]).axes[0]  # a CI a hair off is drawn
+    assert single.get_xlim()[0] == 0.0
+    mixed = quality_cost_figure(["free", "paid"], [0.0, 2.0], [0.5, 0.7]).axes[0]
+    assert mixed.get_xlim()[0] == 0.0 and mixed.get_xscale() == "symlog"
+    # labels in cost order alternate above and below their points
+    crowd = quality_cost_figure(["a", "b", "c"], [0.0, 0.0, 0.0], [0.5, 0.51, 0.52]).axes[0]
+    assert [t.get_va() for t in sorted(crowd.texts, key=lambda t: t.get_text())] == ["bottom", "top", "bottom"]

@@ -27,6 +27,7 @@ def test_wilson_interval_is_symmetric_and_narrows_with_n():
     lo, hi = wilson_interval(3, 20)
     assert wilson_interval(17, 20) == pytest.approx((1 - hi, 1 - lo))
     assert wilson_interval(300, 2000)[1] - wilson_interval(300, 2000)[0] < hi - lo
+    assert all(wilson_interval(n, n)[1] == 1.0 and wilson_interval(0, n)[0] == 0.0 for n in range(1, 50))  # p inside
     for bad in [(1, 0), (-1, 5), (6, 5)]:
         with pytest.raises(ValueError):
             wilson_interval(*bad)

@@ -83,6 +83,10 @@ def test_relative_path_against_data_dir(tmp_path, monkeypatch):
     ([{**ROWS[4], "reference": "(unclosed"}], r"mine.jsonl:1: bad reference for the 'regex' grader"),
     ([{**ROWS[2], "reference": "many"}], r"mine.jsonl:1: bad reference for the 'numeric' grader"),
     ([{**ROWS[3], "reference": "B or C"}], r"mine.jsonl:1: bad reference for the 'choice' grader"),
+    ([ROWS[0], {**ROWS[1], "max_tokens": 0}], r"mine.jsonl:2: max_tokens must be an integer >= 1, got 0"),
+    ([{**ROWS[1], "max_tokens": "many"}], r"mine.jsonl:1: max_tokens must be an integer >= 1"),
+    ([], r"no rows in .*mine.jsonl"),
+    (["", "  "], r"no rows in .*mine.jsonl"),
 ])
 def test_bad_rows(tmp_path, rows, message):
     path = write(tmp_path / "mine.jsonl", rows)
@@ -93,5 +97,8 @@ def test_bad_rows(tmp_path, rows, message):
 def test_missing_file_and_option(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         make_suite("jsonl", tmp_path, path=str(tmp_path / "nope.jsonl")).load("test")
-    with pytest.raises(ValueError, match="path="):
+    with pytest.raises(ValueError, match="pass --path FILE"):
         make_suite("jsonl", tmp_path).load("test")
+    write(tmp_path / "ok.jsonl", ROWS[:1])
+    with pytest.raises(ValueError, match="max_tokens option must be an integer >= 1"):
+        make_suite("jsonl", tmp_path, path=str(tmp_path / "ok.jsonl"), max_tokens=0).load("test")

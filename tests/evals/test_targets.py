@@ -86,6 +86,8 @@ def test_connection_errors_and_timeouts_are_retryable(mock):
         with pytest.raises(TargetError) as info:
             asyncio.run(call())
         assert info.value.retryable and info.value.status is None
+        if call is refused:  # the URL and the reason, not "APIConnectionError: Connection error."
+            assert str(info.value).startswith("cannot reach http://127.0.0.1:") and info.value.reason == "connection refused"
 
 
 def _canned(status: int = 200, headers: dict | None = None) -> openai.AsyncOpenAI:

@@ -1,8 +1,10 @@
 """The gateway's request validation and error objects, as OpenAI answers them, over real HTTP against the
 mock backend (fast).
 
-Unknown fields are 400s naming them while every documented field passes through; a message without
-content, `stream_options` without `stream` and a mistyped `stop` name the client's field path; a rate
+Unknown fields are 400s naming them, at the top level and inside messages, content parts, tools,
+tool_choice, response_format and stream_options, while every documented field passes through; a message
+without content, `stream_options` without `stream`, `tool_choice` without `tools`, a bad tool name and a
+mistyped `stop` name the client's field path; a rate
 limit's 429 says which limit (`requests` or `tokens`); an unknown route is OpenAI's "Invalid URL"; every
 error answer names the requested or last tried model and the policy in its x-link-* headers.
 """
@@ -60,7 +62,7 @@ def test_unknown_fields_are_400s_naming_them(gateway):
 
 @pytest.mark.parametrize("field,value", [
     ("user", "u-1"), ("metadata", {"team": "a"}), ("store", True), ("service_tier", "auto"),
-    ("parallel_tool_calls", False), ("logit_bias", {"17": 5}), ("prediction", {"type": "content", "content": "x"}),
+    ("logit_bias", {"17": 5}), ("prediction", {"type": "content", "content": "x"}),
     ("reasoning_effort", "low"), ("modalities", ["text"]), ("audio", {"voice": "alloy", "format": "wav"}),
     ("functions", [{"name": "f", "parameters": {"type": "object"}}]), ("function_call", "auto"),
     ("web_search_options", {}), ("verbosity", "low"), ("safety_identifier", "s-1"), ("prompt_cache_key", "k"),
@@ -69,6 +71,45 @@ def test_documented_fields_reach_the_backend(gateway, mock, field, value):
     response = post(gateway, {**CHAT, field: value})
     assert response.status_code == 200, response.text
     assert mock.last_body()[field] == value
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("patch,param", [
+    ({"messages": [{"role": "user", "content": "hi", "bogus": 1}]}, "messages[0].bogus"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "foo": 1}}]}, "tools[0].function.foo"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}, "bar": 1}]}, "tools[0].bar"),
+    ({"tools": [{"type": "function", "function": {"name": "my func!"}}]}, "tools[0].function.name"),
+    ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, "response_format.json_schema.name"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    ({"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f"}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ({"stream": True, "stream_options": {"foo": True}}, "stream_options.foo"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "bogus"}]}]}, "messages[0].content[1].type"),
+    ({"tool_choice": "none"}, "tool_choice"), ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"max_tokens": 5, "max_completion_tokens": 6}, "max_tokens"),
+])
+def test_malformed_nested_objects_are_400s_naming_their_path(gateway, mock, patch, param):
+    error = error_of(post(gateway, {**CHAT, **patch}))
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_tool_choice_without_tools_is_openais_400(gateway):
+    error = error_of(post(gateway, {**CHAT, "tool_choice": "auto"}))
+    assert error["message"] == "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified."
+
+
+def test_what_openai_accepts_in_nested_objects_reaches_the_backend(gateway, mock):
+    image = {"role": "user", "name": "ann", "content": [{"type": "text", "text": "What is this?"},
+                                                        {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}
+    echoed = {"role": "assistant", "content": "A cat.", "refusal": None, "audio": None, "annotations": []}
+    body = {**CHAT, "messages": [image, echoed, *MESSAGES], "tools": TOOLS, "parallel_tool_calls": False,
+            "tool_choice": {"type": "function", "function": {"name": "lookup"}}}
+    assert post(gateway, body).status_code == 200
+    assert mock.last_body()["messages"] == body["messages"] and mock.last_body()["parallel_tool_calls"] is False
 
 
 @pytest.mark.parametrize("messages,param", [

@@ -86,7 +86,7 @@ def test_unsupported_fields_are_clear_400s(client):
     # tools are served (serving/toolcalls.py, tests/serving/test_toolcalls.py); a malformed tool is a 400 naming it
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[{"type": "function", "function": {}}])
-    assert info.value.body["param"] == "tools" and "tools[0]" in info.value.body["message"]
+    assert info.value.body["param"] == "tools[0].function.name" and "tools[0].function.name" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, logit_bias={"49152": 5})
     assert info.value.body["param"] == "logit_bias"
@@ -108,6 +108,9 @@ def test_unknown_fields_and_messages_without_content_are_400s_naming_them(server
     ({"modalities": ["text", "audio"]}, "modalities"), ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"), ({"function_call": "auto"}, "function_call"),
     ({"web_search_options": {}}, "web_search_options"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
+     "messages[0].content[1]"),
 ])
 def test_fields_a_local_model_cannot_honour_are_clear_400s(server, fields, param):
     body = {"model": MODEL, "messages": QUESTION, "max_tokens": 2, **fields}
@@ -116,10 +119,12 @@ def test_fields_a_local_model_cannot_honour_are_clear_400s(server, fields, param
 
 def test_harmless_fields_are_accepted_and_stop_goes_with_response_format(client):
     call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    call_tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
     history = [*QUESTION, {"role": "assistant", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "Paris"}]
     out = client.chat.completions.create(model=MODEL, messages=history, max_tokens=2, user="u", store=False, metadata={"a": "b"},
                                          service_tier="auto", reasoning_effort="low", modalities=["text"],
-                                         prediction={"type": "content", "content": "Paris"}, parallel_tool_calls=True)
+                                         prediction={"type": "content", "content": "Paris"}, tools=[call_tool], tool_choice="none",
+                                         parallel_tool_calls=True)
     assert out.choices[0].finish_reason in ("stop", "length")
     json_out = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, stop=["}"],
                                               response_format={"type": "json_object"})  # OpenAI accepts both

@@ -14,10 +14,10 @@ import jsonschema
 import openai
 import pytest
 
-from serving.api.chat_tools import prepare_chat
+from serving.api.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.api.protocol import ChatCompletionRequest, ValidationProblem
 from serving.guided_json import automaton_for
-from serving.guided_tools import MAX_PARALLEL_CALLS, forced_tool_tag
+from serving.guided_tools import MAX_PARALLEL_CALLS, forced_tool_tag, forced_tools
 from serving.toolcalls import ToolFormatError, parse_tool_calls, render_tool_call
 
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
@@ -91,6 +91,54 @@ def test_parameter_schemas_closed_loosened_or_refused():
     assert info.value.param == "tools"
 
 
+def test_forced_arguments_are_compact_json():
+    tag = forced_tool_tag(TOOLS, NAMED)
+    head = '<tool_call>\n{"name": "get_weather", "arguments": '
+    assert _accepts(tag, head + '{"city": "Paris", "unit": "celsius"}}\n</tool_call>')
+    assert _accepts(tag, head + '{ "city" : "Paris" , "unit": "celsius" }}\n</tool_call>')  # one space anywhere
+    assert not _accepts(tag, head + '{\n    "city": "Paris", "unit": "celsius"}}\n</tool_call>')  # no pretty-printing
+    assert not _accepts(tag, head + '{"city":  "Paris", "unit": "celsius"}}\n</tool_call>')  # no runs of spaces
+    assert automaton_for(None, json.dumps({"structures": json.loads(tag)["structures"]})).feed(
+        automaton_for(None, tag).start(), head + '{\n  "city"') is not None  # the default "any" is unchanged
+
+
+CUT = [  # (output cut by max_tokens, the call it still is)
+    ('<tool_call>\n{"name": "get_weather", "arguments": {\n    "city": "Paris",\n    "unit": "c',
+     ("get_weather", '{\n    "city": "Paris",\n    "unit": "c')),  # inside the arguments: as produced
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</',
+     ("get_weather", '{"city": "Paris", "unit": "celsius"}')),  # only the end tag cut: a whole call
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}',
+     ("get_weather", '{"city": "Paris", "unit": "celsius"}')),
+    ('<tool_call>\n{"name": "get_ti', ("get_time", "")),  # inside the name, which only one tool starts with
+]
+
+
+@pytest.mark.parametrize("text, call, choice", [(text, call, choice) for text, call in CUT for choice in ("required", NAMED)
+                                                 if choice == "required" or call[0] == "get_weather"])
+def test_a_forced_call_cut_by_max_tokens_is_still_a_tool_call(text, call, choice):
+    tools = forced_tools(TOOLS, choice)
+    message, finish = tool_message(text, "length", tools, forced=True)
+    assert message["content"] is None and finish == "length", message
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [call]
+    stream = ToolStream(tools, forced=True)
+    assert all(stream.safe_length(text[:end], 0) == 0 for end in range(len(text)))  # no markup streamed as content
+    deltas, streamed_finish = stream.final_deltas(text, 0, "length")
+    assert not any(d.get("content") for d in deltas) and streamed_finish == "length"
+    assert [(d["tool_calls"][0]["function"]["name"], d["tool_calls"][0]["function"]["arguments"])
+            for d in deltas if "tool_calls" in d] == [call]
+
+
+def test_a_forced_output_after_whole_calls_keeps_them_and_never_leaks_markup():
+    whole = render_tool_call("get_time", {"city": "Oslo"})
+    message, finish = tool_message(whole + '<tool_call>\n{"name": "get_weather", "arguments": {"ci', "length", TOOLS, forced=True)
+    assert message["content"] is None and finish == "length"
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"city": "Oslo"}', '{"ci']
+    message, finish = tool_message('<tool_call>\n{"name": "get_', "length", TOOLS, forced=True)  # either tool may follow
+    assert message == {"role": "assistant", "content": None} and finish == "length"
+    message, finish = tool_message(whole[:-3], "stop", TOOLS, forced=True)  # a stop string cut the end tag
+    assert finish == "tool_calls" and message["content"] is None and len(message["tool_calls"]) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # The real SmolLM2: engine server and gateway local backend, whole and streamed
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +183,20 @@ def test_real_model_forced_calls_over_the_engine_server(server, tool_choice, nam
     calls = _check_whole(whole, names)
     streamed = [c.model_dump() for c in client.chat.completions.create(**kwargs, stream=True)]
     assert _streamed(streamed) == (None, calls, "tool_calls")
+
+
+@pytest.mark.parametrize("tool_choice, max_tokens", [("required", 24), ("required", 32), (NAMED, 28)])
+def test_real_model_forced_call_cut_by_max_tokens_is_still_a_tool_call(server, tool_choice, max_tokens):
+    client = openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=300)
+    kwargs = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tool_choice, temperature=0, max_tokens=max_tokens)
+    whole = client.chat.completions.create(**kwargs).model_dump()
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None, choice
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]]
+    assert len(calls) == 1 and calls[0][0] in {"get_weather", "get_time"} and "tool_call>" not in json.dumps(whole)
+    assert "\n" not in calls[0][1]  # compact arguments
+    streamed = [c.model_dump() for c in client.chat.completions.create(**kwargs, stream=True)]
+    assert _streamed(streamed) == (None, calls, "length")
 
 
 def test_real_model_forced_calls_through_the_gateway_local_backend(smollm2):

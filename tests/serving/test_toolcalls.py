@@ -139,6 +139,24 @@ def test_streamed_pieces_reassemble_to_the_whole_message(text):
     assert streamable_length(text) <= len(text)
 
 
+@pytest.mark.parametrize("tail", ["", "\n", "\n</", "\n</tool_call"])
+def test_auto_a_whole_call_cut_inside_its_end_tag_by_max_tokens_is_a_call(tail):
+    text = 'Checking.\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Oslo"}}' + tail
+    message, finish = tool_message(text, "length", TOOLS)
+    assert message["content"] == "Checking." and finish == "length"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("get_time", '{"city": "Oslo"}')]
+    stream, sent = ToolStream(TOOLS), 0
+    for end in range(1, len(text)):
+        sent = min(end, stream.safe_length(text[:end], sent))
+    deltas, streamed_finish = stream.final_deltas(text, sent, "length")
+    assert text[:sent] + "".join(d.get("content", "") for d in deltas) == "Checking." and streamed_finish == "length"
+    assert [d["tool_calls"][0]["function"]["arguments"] for d in deltas if "tool_calls" in d] == ['{"city": "Oslo"}']
+    # Not cut by max_tokens (the model ended without closing), or cut inside the JSON: content, as before.
+    assert tool_message(text, "stop", TOOLS)[0] == {"role": "assistant", "content": text}
+    cut_json = text.split('"Oslo"')[0]
+    assert tool_message(cut_json, "length", TOOLS) == ({"role": "assistant", "content": cut_json}, "length")
+
+
 # ---------------------------------------------------------------------------------------------
 # The real model behind the standalone server
 # ---------------------------------------------------------------------------------------------
