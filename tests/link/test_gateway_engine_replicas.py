@@ -20,6 +20,9 @@ from tests.link.test_gateway_replicas import load, replica_health, wait_for
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"
+# Real engines on a shared 2-core CPU: a request can wait behind prefills well past the mock tests' 30 s
+# (the deployments allow 120 s).
+CLIENT_TIMEOUT_S = 120.0
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 
 
@@ -56,7 +59,7 @@ def test_two_engine_servers_share_load_survive_a_kill_and_are_readmitted(engines
                    for server in engines]
     settings = gateway_settings(new_database_url("sqlite"), tmp_path, health_interval_s=0.3, eject_cooldown_s=1.0)
     with start_gateway_thread(settings, parse_config({"models": deployments})) as gateway:
-        responses = asyncio.run(load(gateway.url, 12, 4))
+        responses = asyncio.run(load(gateway.url, 12, 4, timeout_s=CLIENT_TIMEOUT_S))
         assert [r.status_code for r in responses] == [200] * 12
         answers = {r.json()["choices"][0]["message"]["content"] for r in responses}
         assert len(answers) == 1  # greedy: every replica gives the same answer
@@ -70,7 +73,7 @@ def test_two_engine_servers_share_load_survive_a_kill_and_are_readmitted(engines
                 victim.proc.kill()
                 killed.append(i)
 
-        responses = asyncio.run(load(gateway.url, 16, 4, kill_midway))
+        responses = asyncio.run(load(gateway.url, 16, 4, kill_midway, timeout_s=CLIENT_TIMEOUT_S))
         assert killed and [r.status_code for r in responses] == [200] * 16  # no request lost
         assert {r.json()["choices"][0]["message"]["content"] for r in responses} == answers
         assert wait_for(lambda: replica_health(gateway) == [False, True], timeout_s=30)  # ejected

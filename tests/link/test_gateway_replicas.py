@@ -39,10 +39,10 @@ def wait_for(predicate, timeout_s: float = 15.0) -> bool:
     return True
 
 
-async def load(url: str, num_requests: int, concurrency: int, on_progress=None) -> list[httpx.Response]:
+async def load(url: str, num_requests: int, concurrency: int, on_progress=None, timeout_s: float = 30.0) -> list[httpx.Response]:
     """`num_requests` whole chat requests, `concurrency` at a time; on_progress(i) after each answer."""
     semaphore = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
         async def one(i: int) -> httpx.Response:
             async with semaphore:
                 response = await client.post(url + "/v1/chat/completions", json=BODY, headers=AUTH)
