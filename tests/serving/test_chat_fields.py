@@ -101,7 +101,9 @@ def test_tool_choice_without_tools_is_openais_message():
     {"tool_choice": None, "parallel_tool_calls": None},  # null is absent
 ])
 def test_what_openai_accepts_still_passes(fields):
-    ChatCompletionRequest.model_validate({"model": "m", "messages": USER, **fields})
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": USER, **fields})
+    # every field sent with a value is kept; an explicit null stays absent
+    assert all((getattr(request, k) is not None) == (v is not None) for k, v in fields.items())
 
 
 def test_a_local_model_refuses_image_parts_naming_the_part():
