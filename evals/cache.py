@@ -168,7 +168,7 @@ class CachedTarget:
     """A target whose responses are stored in `store`, keyed by `cache_key`; a hit calls no model.
 
     Args:
-        target: the wrapped target (its `name` and `prices` are passed through).
+        target: the wrapped target (its `name`, `prices` and `call_bound` are passed through).
         store: where responses live; None disables the cache (every call goes through).
         suite, item_id: part of the key (and stored for inspection).
     Attributes:
@@ -179,6 +179,7 @@ class CachedTarget:
         self.target, self.store, self.suite, self.item_id = target, store, suite, item_id
         self.name = target.name
         self.prices = getattr(target, "prices", None)
+        self.call_bound = getattr(target, "call_bound", None)
         self.hits = self.misses = 0
 
     async def chat(self, messages: list[dict[str, Any]], **params: Any) -> Completion:

@@ -66,7 +66,13 @@ class RunSpec:
             (self.shots is None or self.shots >= 0, f"--shots must be >= 0, got {self.shots}"),
             (self.order in ("interleave", "by-target"), f"--order must be interleave or by-target, not {self.order!r}"),
             (self.style in ("auto", "chat", "completion"), f"--style must be auto, chat or completion, not {self.style!r}"),
+            (self.options.get("scoring") in (None, "logprob", "generate"),
+             f"--scoring must be logprob or generate, not {self.options.get('scoring')!r}"),
         ]
+        owners = {"scoring": ("--scoring", "mmlu"), "categories": ("--category", "bfcl"),
+                  "baseline": ("--baseline", "alpaca-eval"), "path": ("--path", "jsonl")}
+        for key, (flag, suite) in owners.items():
+            checks.append((key not in self.options or self.suite == suite, f"{flag} applies to --suite {suite} only"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
@@ -196,6 +202,8 @@ def run(
     path: Path = typer.Option(None, "--path", help="The JSONL file of a `jsonl` suite."),
     baseline: str = typer.Option(None, "--baseline", help="alpaca-eval: the baseline whose outputs are compared."),
     category: list[str] = typer.Option(None, "--category", help="bfcl: a category to run (repeat; default all five)."),
+    scoring: str = typer.Option(None, "--scoring", help="mmlu: logprob (the likeliest letter as the next token; "
+                                "default) or generate (the letter read from a short reply)."),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Run a benchmark suite against targets; print scores, cost and latency; write the outcome table."""
@@ -205,7 +213,8 @@ def run(
 
     from evals.targets import TargetError
 
-    options = {k: v for k, v in {"path": path, "baseline": baseline, "categories": category or None}.items() if v is not None}
+    options = {k: v for k, v in {"path": path, "baseline": baseline, "categories": category or None,
+                                     "scoring": scoring}.items() if v is not None}
     try:
         spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, base_url=base_url,
                        api_key=api_key, config=config, data_dir=data_dir, shots=shots, style=style, concurrency=concurrency,

@@ -5,7 +5,9 @@
     completion = await target.chat(messages, max_tokens=512)   # BudgetExhausted when the call might not fit
 
 Before a call, its cost bound is reserved: prompt characters / 2 as tokens x input price + `max_tokens` x output
-price (the target's `prices`; a policy's are its priciest candidate's). With unknown prices, the bound is the
+price (the target's `prices`; a policy's are its priciest candidate's), times the calls one request makes
+for a policy that makes several (a MoA, a cascade: the target's `call_bound`, from the policy's card, each
+call's prompt also holding earlier answers). With unknown prices, the bound is the
 largest cost one call of that target has had so far, and until one call has been charged only one call of
 that target is in flight. A call is launched only when spend + reservations + its bound <= the cap, so the
 spend stays under the cap as long as a prompt has fewer tokens than half its characters (English runs
@@ -19,7 +21,7 @@ import json
 import random
 from typing import Any
 
-from evals.targets import Completion, Prices, Target, TargetError
+from evals.targets import CallBound, Completion, Prices, Target, TargetError
 
 CHARS_PER_TOKEN_BOUND = 2
 # Completion tokens assumed when a request sets no max_tokens.
@@ -31,8 +33,10 @@ class BudgetExhausted(Exception):
     """The next call could exceed --max-cost: the runner stops launching work."""
 
 
-def cost_bound_usd(prices: Prices, request: Any, params: dict[str, Any]) -> float:
-    """Upper bound of a call's USD cost: len(prompt)/2 tokens at the input price + max_tokens at the output price.
+def cost_bound_usd(prices: Prices, request: Any, params: dict[str, Any], calls: CallBound | None = None) -> float:
+    """Upper bound of a request's USD cost: len(prompt)/2 tokens at the input price + max_tokens at the output
+    price; with `calls` (a multi-call policy), calls.calls times that, each call's prompt grown by
+    calls.prompt_tokens_per_max_token x max_tokens + calls.extra_prompt_tokens.
 
     Args:
         request: chat messages (their JSON is counted, so roles and tool schemas are included) or a prompt string.
@@ -42,8 +46,12 @@ def cost_bound_usd(prices: Prices, request: Any, params: dict[str, Any]) -> floa
     if params.get("tools"):
         text += json.dumps(params["tools"], ensure_ascii=False)
     prompt_tokens = -(-len(text) // CHARS_PER_TOKEN_BOUND)
-    max_tokens = params.get("max_completion_tokens") or params.get("max_tokens") or DEFAULT_MAX_TOKENS
-    return prices.cost_usd(prompt_tokens, int(max_tokens) * int(params.get("n") or 1))
+    max_tokens = int(params.get("max_completion_tokens") or params.get("max_tokens") or DEFAULT_MAX_TOKENS)
+    completion_tokens = max_tokens * int(params.get("n") or 1)
+    if calls is None:
+        return prices.cost_usd(prompt_tokens, completion_tokens)
+    per_call_prompt = prompt_tokens + calls.prompt_tokens_per_max_token * max_tokens + calls.extra_prompt_tokens
+    return calls.calls * prices.cost_usd(per_call_prompt, completion_tokens)
 
 
 class CostGuard:
@@ -121,6 +129,7 @@ class GuardedTarget:
         self.target, self.guard, self.retries, self.backoff_s = target, guard, retries, backoff_s
         self.name = target.name
         self.prices: Prices | None = getattr(target, "prices", None)
+        self.call_bound: CallBound | None = getattr(target, "call_bound", None)
         self.rng = rng or random.Random()
         self.sleep = asyncio.sleep  # replaceable in tests
         self.attempts = 0
@@ -132,7 +141,7 @@ class GuardedTarget:
         return await self._call(self.target.complete, prompt, params)
 
     async def _call(self, call, request: Any, params: dict[str, Any]) -> Completion:
-        bound = cost_bound_usd(self.prices, request, params) if self.prices is not None else None
+        bound = cost_bound_usd(self.prices, request, params, self.call_bound) if self.prices is not None else None
         for attempt in range(self.retries + 1):
             reserved = await self.guard.reserve(self.name, bound)
             self.attempts += 1

@@ -114,6 +114,25 @@ def extract_choice(text: str, letters: str = "ABCD") -> str | None:
     return None
 
 
+def choice_from_logprobs(top_logprobs: list[dict[str, float]] | None, letters: str = "ABCD") -> str | None:
+    """The option letter most likely as the next token, from the first generated position's alternatives.
+
+    A token counts for a letter when, stripped of whitespace, it is that letter (" B" and "B" both count;
+    "Be" does not); a letter's log-probability is its best such token's. Letters absent from the top-k
+    count as impossible. None when no letter is among the alternatives (or none were returned).
+    This is the usual log-likelihood scoring of multiple choice (as in Hendrycks et al.'s MMLU harness):
+    the answer is read from the model's distribution instead of from free text.
+    """
+    if not top_logprobs:
+        return None
+    best: dict[str, float] = {}
+    for token, logprob in top_logprobs[0].items():
+        letter = token.strip()
+        if len(letter) == 1 and letter in letters and logprob > best.get(letter, float("-inf")):
+            best[letter] = logprob
+    return max(best, key=best.__getitem__) if best else None
+
+
 # --- the graders ------------------------------------------------------------------------------------
 
 def _squash(text: str) -> str:

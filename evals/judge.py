@@ -126,6 +126,23 @@ def pairwise_messages(instruction: str, response_a: str, response_b: str) -> lis
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": body}]
 
 
+def require_judge(judge: Target | None, suite: str) -> Target:
+    """`judge`, or ValueError naming the flag when a judge-graded suite was given none."""
+    if judge is None:
+        raise ValueError(f"{suite} is graded by a judge model; pass one (--judge)")
+    return judge
+
+
+def judged_score(score: float | None, details: dict[str, Any], judge_cost_usd: float, what: str = "rating"):
+    """The `Grade` of a judge's verdict: `score`, or 0.0 with details["error"] when the judge gave no
+    parsable `what` ("rating", "verdict")."""
+    from evals.base import Grade
+
+    if score is None:
+        return Grade(0.0, {**details, "error": f"the judge gave no parsable {what}"}, judge_cost_usd=judge_cost_usd)
+    return Grade(score, details, judge_cost_usd=judge_cost_usd)
+
+
 async def rate(judge: Target, messages: list[dict[str, str]]) -> tuple[float | None, Completion]:
     """Ask `judge` for a rating; returns (1-10 rating or None when unparsable, the judge's completion).
 

@@ -12,6 +12,14 @@ the prompt are charged (later models in `plan.models` are the fallbacks, as in t
 no planned model covers is skipped and listed in `ReplayResult.skipped`: recorded sets have holes (six
 RouterBench ARC test prompts carry one model only), so a fixed policy scores exactly its model's
 recorded rows. The policy interface is the gateway's, so the routers of issue 6 plug in unchanged.
+
+A plan that makes several calls per request (a `PlanExecutor`: cascade, Mixture-of-Agents, a hybrid's MoA
+option) is charged the one recorded answer that is its answer (`PlanExecutor.replay_model`): a cascade
+scored by the router's predicted quality, its first step predicted at or above the threshold (the skipped
+steps cost nothing); a MoA, the outcomes recorded under its own name (a hybrid: under its MoA column) by
+`link eval run`. Otherwise (a judge-scored cascade, a MoA the table never recorded) `replay` raises
+`ReplayError`: sweep a cascade offline with `link router eval` (its cascade:<router> entries) or measure
+the policy live with `link eval run`.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from evals.outcomes import Outcome, OutcomeTable
 from evals.policy_spec import build_policy  # noqa: F401  (re-exported: replay(build_policy(spec, ...), table))
-from link.policies.base import Policy, PolicyRequest
+from link.policies.base import Plan, Policy, PolicyRequest
 
 DEFAULT_CONCURRENCY = 16
 
@@ -67,6 +75,24 @@ class ReplayResult:
         return {m: n / self.num_prompts for m, n in counts.most_common()}
 
 
+class ReplayError(ValueError):
+    """A policy whose answers the outcome table cannot price (see the module docstring)."""
+
+
+def _executor_model(policy: Policy, plan: Plan, body: dict, table_models: list[str]) -> str:
+    """The recorded column a plan with an executor is charged. Raises ReplayError when there is none."""
+    how = ("sweep a cascade offline with `link router eval` (its cascade:<router> entries, over the same models) "
+           f"or measure the policy live with `link eval run --target {policy.name}`")
+    model = plan.executor.replay_model(body)
+    if model is None:
+        raise ReplayError(f"policy {policy.name!r} ({policy.type}) makes several model calls per request and its "
+                          f"answer is no single recorded answer, so an outcome table cannot replay it: {how}")
+    if model not in table_models:
+        raise ReplayError(f"policy {policy.name!r} ({policy.type}) is replayed from the outcomes recorded as "
+                          f"{model!r}, which the table lacks (it has {', '.join(table_models)}): {how}")
+    return model
+
+
 def _index(table: OutcomeTable) -> dict[tuple[str, str], Outcome]:
     return {(o.prompt_id, o.model): o for o in table}
 
@@ -87,8 +113,12 @@ async def areplay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEF
 
     async def plan(prompt_id: str) -> list[str]:
         suite, prompt = prompts[prompt_id]
+        request = policy_request(prompt_id, suite, prompt, policy.name, models)
         async with gate:
-            return (await policy.plan(policy_request(prompt_id, suite, prompt, policy.name, models))).models
+            planned = await policy.plan(request)
+            if planned.executor is None:
+                return planned.models
+            return [await asyncio.to_thread(_executor_model, policy, planned, request.body, models)]
 
     plans = await asyncio.gather(*(plan(p) for p in table.prompt_ids))
     picks: dict[str, str] = {}
@@ -113,7 +143,10 @@ def replay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CO
         table: recorded outcomes (one prompt may lack some models).
         concurrency: `plan` calls in flight at once (routers may embed the prompt).
     Returns:
-        a `ReplayResult`. Raises ValueError for concurrency < 1; a policy's own errors propagate.
+        a `ReplayResult`.
+    Raises:
+        ValueError: concurrency < 1. ReplayError: a multi-call plan the table cannot price (the module
+            docstring). A policy's own errors propagate.
     Runs its own event loop (`asyncio.run`); inside a running loop, await `areplay` instead.
     """
     return asyncio.run(areplay(policy, table, concurrency=concurrency))

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import openai
 
-from evals.targets import Completion, Prices, TargetError
+from evals.targets import CallBound, Completion, Prices, TargetError, top_logprobs_of
 
 COST_HEADER = "x-link-cost-usd"
 MODEL_HEADER = "x-link-model"
@@ -81,13 +81,14 @@ class GatewayTarget:
         prices: the highest prices this target's calls can be charged (None: unknown); used for --max-cost.
         model_prices: prices by model name, charged for the model named in `x-link-model` when the response
             carries no cost header.
+        call_bound: for a policy making several calls per request (its card's cost_bound), used for --max-cost.
     Raises (from chat/complete):
         TargetError: the call failed; `retryable` for timeouts, connection errors, 429 and 5xx.
     """
 
     def __init__(self, name: str, client: openai.AsyncOpenAI, *, prices: Prices | None = None,
-                 model_prices: dict[str, Prices] | None = None):
-        self.name, self.client, self.prices = name, client, prices
+                 model_prices: dict[str, Prices] | None = None, call_bound: CallBound | None = None):
+        self.name, self.client, self.prices, self.call_bound = name, client, prices, call_bound
         self.model_prices = dict(model_prices or {})
 
     def __repr__(self) -> str:
@@ -125,7 +126,8 @@ class GatewayTarget:
         served = raw.headers.get(MODEL_HEADER) or response.model or self.name
         return Completion(text=text, tool_calls=calls, finish_reason=choice.finish_reason, model=served,
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                          cost_usd=self._cost(raw.headers, served, prompt_tokens, completion_tokens), latency_s=latency)
+                          cost_usd=self._cost(raw.headers, served, prompt_tokens, completion_tokens), latency_s=latency,
+                          top_logprobs=top_logprobs_of(choice, kind))
 
     def _cost(self, headers: httpx.Headers, served: str, prompt_tokens: int, completion_tokens: int) -> float:
         header = headers.get(COST_HEADER)

@@ -27,6 +27,8 @@ class Completion:
         prompt_tokens, completion_tokens: usage reported by the server.
         cost_usd: USD charged for this call (0 when the server reports no price).
         latency_s: seconds from sending the request to the complete response.
+        top_logprobs: per generated token, its most likely alternatives {token text: natural-log
+            probability}, when the request asked for logprobs (chat `top_logprobs`, completions `logprobs`).
     """
 
     text: str
@@ -37,6 +39,25 @@ class Completion:
     completion_tokens: int = 0
     cost_usd: float = 0.0
     latency_s: float = 0.0
+    top_logprobs: list[dict[str, float]] | None = None
+
+
+def top_logprobs_of(choice: Any, kind: str) -> list[dict[str, float]] | None:
+    """The per-token alternatives of an OpenAI choice (an SDK object or a dict), or None when absent.
+
+    Chat: `choice.logprobs.content[i].top_logprobs[j].{token, logprob}`; completions:
+    `choice.logprobs.top_logprobs[i]` ({token: logprob}).
+    """
+    def get(obj: Any, key: str) -> Any:
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    logprobs = get(choice, "logprobs")
+    if logprobs is None:
+        return None
+    if kind == "chat":
+        positions = get(logprobs, "content") or []
+        return [{get(t, "token"): float(get(t, "logprob")) for t in (get(p, "top_logprobs") or [])} for p in positions]
+    return [dict(position or {}) for position in (get(logprobs, "top_logprobs") or [])]
 
 
 @runtime_checkable
@@ -69,7 +90,8 @@ class Prices:
     """USD per million prompt (input) and completion (output) tokens of a model.
 
     Targets may carry `prices: Prices | None`: the highest prices any of their calls can be charged (a policy:
-    the priciest candidate). The runner reserves a call's cost bound from them before launching it (--max-cost).
+    the priciest candidate), and `call_bound: CallBound | None` when one request makes several calls. The
+    runner reserves a call's cost bound from them before launching it (--max-cost).
     """
 
     input_per_million: float = 0.0
@@ -87,6 +109,29 @@ class Prices:
         return Prices(max(p.input_per_million for p in prices), max(p.output_per_million for p in prices))
 
 
+@dataclass(frozen=True)
+class CallBound:
+    """How many calls one request to a multi-call policy (MoA, cascade, hybrid) can make, from its /v1/models
+    card's `link.cost_bound` (link.policies.base.CostBound): at most `calls` calls, each reading the prompt plus
+    `prompt_tokens_per_max_token` x max_tokens plus `extra_prompt_tokens`, each writing at most max_tokens."""
+
+    calls: int = 1
+    prompt_tokens_per_max_token: int = 0
+    extra_prompt_tokens: int = 0
+
+    @classmethod
+    def from_card(cls, bound: dict[str, Any]) -> CallBound:
+        """From a card's `cost_bound` dict. Raises ValueError for a malformed one."""
+        try:
+            out = cls(int(bound["calls"]), int(bound.get("prompt_tokens_per_max_token", 0)),
+                      int(bound.get("extra_prompt_tokens", 0)))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"malformed cost_bound on a policy card: {bound!r}") from None
+        if out.calls < 1 or out.prompt_tokens_per_max_token < 0 or out.extra_prompt_tokens < 0:
+            raise ValueError(f"malformed cost_bound on a policy card: {bound!r}")
+        return out
+
+
 def resolve_targets(names: list[str], served: dict[str, Any], client: Any, *,
                     prices: dict[str, Prices] | None = None) -> list[Target]:
     """Targets for `--target` names, checked before any model is called.
@@ -94,7 +139,8 @@ def resolve_targets(names: list[str], served: dict[str, Any], client: Any, *,
     Args:
         names: target names in the order given; each once.
         served: the gateway's /v1/models cards by id (models and policies); the card's `link` dict may
-            list a policy's `models`.
+            list a policy's `models` and, for a policy making several calls per request, its `cost_bound`
+            (the models it may call and how many calls: the target's `prices` and `call_bound`).
         client: the `openai.AsyncOpenAI` that reaches the gateway (in-process or --base-url).
         prices: per-model prices known from the gateway's config (charged when the gateway sends no
             `x-link-cost-usd` header).
@@ -112,9 +158,11 @@ def resolve_targets(names: list[str], served: dict[str, Any], client: Any, *,
     for name in dict.fromkeys(names):
         if name in served:
             link = (served[name] or {}).get("link") or {}
-            models = link.get("models") or [name]
+            calls = link.get("cost_bound")
+            models = (calls or {}).get("models") or link.get("models") or [name]
             bound = Prices.highest([prices[m] for m in models if m in prices]) if all(m in prices for m in models) else None
-            targets.append(GatewayTarget(name, client, prices=bound, model_prices=prices))
+            targets.append(GatewayTarget(name, client, prices=bound, model_prices=prices,
+                                         call_bound=CallBound.from_card(calls) if calls else None))
         elif "/" in name:
             targets.append(LiteLLMTarget(name))
         else:

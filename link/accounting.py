@@ -10,6 +10,10 @@ Cost = prompt_tokens * input_cost_per_million / 1e6 + completion_tokens * output
 streamed and a whole answer to the same request account identically. When a backend reported no usage
 (a stream that died midway), the prompt is estimated and each content chunk counts as one token, and
 the decision records `"usage": "estimated"`.
+
+A plan that makes several model calls (a Mixture-of-Agents, a cascade: `Plan.executor`) adds each call with
+`add_call`: its tokens at the prices of the deployment that served it. The record's tokens and cost are then
+the sums over every call, and `decision["calls"]` lists them.
 """
 
 from __future__ import annotations
@@ -73,13 +77,15 @@ def num_sequences(endpoint: str, body: dict[str, Any]) -> int:
     return int(body.get("n") or 1) * num_prompts
 
 
-def max_request_cost(endpoint: str, body: dict[str, Any], deployments: list[ModelDeployment]) -> float:
+def max_request_cost(endpoint: str, body: dict[str, Any], deployments: list[ModelDeployment], *,
+                     extra_prompt_tokens: int = 0) -> float:
     """The most a request can cost (USD) on the priciest of the deployments that may answer it.
 
     Completion tokens: max_completion_tokens / max_tokens, else the context length minus the prompt,
-    else DEFAULT_MAX_COMPLETION_TOKENS; times `num_sequences`.
+    else DEFAULT_MAX_COMPLETION_TOKENS; times `num_sequences`. `extra_prompt_tokens` are added to the
+    estimated prompt (e.g. the proposers' answers an aggregator will read).
     """
-    prompt_tokens = estimate_prompt_tokens(endpoint, body)
+    prompt_tokens = estimate_prompt_tokens(endpoint, body) + extra_prompt_tokens
     requested = body.get("max_completion_tokens") or body.get("max_tokens")
     worst = 0.0
     for d in deployments:
@@ -114,6 +120,8 @@ class RequestRecord:
     error: str | None = None
     reservation: Reservation | None = None
     is_finished: bool = False
+    is_executed: bool = False  # a plan of several calls: tokens and cost are the sums of `add_call`
+    calls_cost_usd: float = 0.0
 
     def add_usage(self, usage: dict | None) -> None:
         """Take the token counts of an OpenAI `usage` object (ignored when None)."""
@@ -121,6 +129,22 @@ class RequestRecord:
             self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             self.completion_tokens = int(usage.get("completion_tokens") or 0)
             self.has_usage = True
+
+    def add_call(self, model: str, deployment: ModelDeployment, prompt_tokens: int, completion_tokens: int, *,
+                 estimated: bool = False) -> float:
+        """Account one model call of an executed plan; returns its cost (USD, at `deployment`'s prices)."""
+        cost = deployment.cost_usd(prompt_tokens, completion_tokens)
+        self.is_executed = True
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.calls_cost_usd += cost
+        self.has_usage = True
+        call = {"model": model, "deployment": deployment.deployment_id, "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens, "cost_usd": cost}
+        if estimated:
+            call["usage"] = "estimated"
+        self.decision.setdefault("calls", []).append(call)
+        return cost
 
     def mark_first_token(self) -> None:
         if self.ttft_s is None:
@@ -138,11 +162,13 @@ class RequestRecord:
 
     @property
     def cost_usd(self) -> float:
+        if self.is_executed:
+            return self.calls_cost_usd
         return self.deployment.cost_usd(self.prompt_tokens, self.completion_tokens) if self.deployment else 0.0
 
     def estimate_missing_usage(self) -> None:
         """A backend that answered but reported no usage: estimate it (see the module docstring)."""
-        if self.has_usage or self.deployment is None or self.body is None:
+        if self.has_usage or self.is_executed or self.deployment is None or self.body is None:
             return
         if self.num_content_chunks or self.status == "ok":
             self.prompt_tokens = estimate_prompt_tokens(self.endpoint, self.body)

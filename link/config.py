@@ -13,6 +13,7 @@ never written in the file: `api_key_env` names the environment variable holding 
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 BackendKind = Literal["local", "litellm", "openai"]
-PolicyType = Literal["fixed", "fallback", "router", "moa"]
+PolicyType = Literal["fixed", "fallback", "router", "cascade", "moa", "hybrid"]
+logger = logging.getLogger(__name__)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 
@@ -119,9 +121,11 @@ class PolicyConfig(BaseModel):
 
     Attributes:
         name: the name clients send in `model` (must differ from every model name).
-        type: "fixed" (exactly one model), "fallback" (ordered list, at least two), "router", "moa".
-        models: public model names from `models`.
-        options: type-specific settings (e.g. a router's path and cost penalty).
+        type: "fixed" (exactly one model), "fallback" (ordered list, at least two), "router" (a trained
+            router file), "cascade" (cheap first, escalate on a low score), "moa" (Mixture-of-Agents),
+            "hybrid" (a router choosing between single models and a MoA plan); see link/policies/.
+        models: public model names from `models` (a router's candidates, a cascade's steps, MoA proposers).
+        options: type-specific settings (e.g. a router's path and cost penalty; link.example.yaml lists them).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -181,7 +185,10 @@ class LinkConfig(BaseModel):
         return next((p for p in self.policies if p.name == name), None)
 
 
-# The embedded default: the two local models; each model name is also a fixed policy of itself.
+# The embedded default: the two local models (each model name is also a fixed policy of itself), the
+# Mixture-of-Agents `link/moa` over them and, when its trained file is present, the router `link/auto`.
+# Prices are nominal (USD per million tokens): local compute is not free, and the router's cost penalty and
+# budgets need a price to trade against; gemma-3-270m has twice the parameters of smollm2-135m.
 DEFAULT_CONFIG_YAML = """
 models:
   - name: smollm2-135m-instruct
@@ -189,13 +196,47 @@ models:
     local: smollm2-135m-instruct
     context_length: 8192
     first_token_timeout_s: 120
+    input_cost_per_million: 0.02
+    output_cost_per_million: 0.02
   - name: gemma-3-270m
     kind: local
     local: gemma-3-270m
     context_length: 32768
     first_token_timeout_s: 120
-policies: []
+    input_cost_per_million: 0.04
+    output_cost_per_million: 0.04
+policies:
+  - name: link/moa
+    type: moa
+    models: [smollm2-135m-instruct, gemma-3-270m]
+    options: {aggregator: smollm2-135m-instruct, layers: 1, deadline_s: 120, proposer_max_tokens: 512}
 """
+DEFAULT_AUTO_POLICY = "link/auto"
+# Where the embedded default's trained router lives: routers/trained/ inside the installed `routers` package.
+DEFAULT_ROUTER_FILE = ("trained", "link-auto.safetensors")
+DEFAULT_ROUTER_COMMAND = ("link router train --type knn --data OUTCOMES --out {path} (OUTCOMES: outcome tables "
+                          "that `link eval run` wrote for the local models)")
+
+
+def default_router_path() -> Path:
+    """The embedded default's router file (routers/trained/link-auto.safetensors); it may not exist."""
+    import routers  # the package only (its __init__ imports nothing)
+
+    return Path(routers.__file__).resolve().parent.joinpath(*DEFAULT_ROUTER_FILE)
+
+
+def embedded_default() -> LinkConfig:
+    """The config `link serve` runs without one: the local models, `link/moa`, and `link/auto` when its router
+    file exists (else an INFO log line says how to create it; `link serve` prints it)."""
+    data = yaml.safe_load(DEFAULT_CONFIG_YAML)
+    path = default_router_path()
+    if path.is_file():
+        data["policies"].insert(0, {"name": DEFAULT_AUTO_POLICY, "type": "router", "options": {"path": str(path)},
+                                    "models": ["smollm2-135m-instruct", "gemma-3-270m"]})
+    else:
+        logger.info("%s is not served: its router file %s is missing; create it with: %s", DEFAULT_AUTO_POLICY, path,
+                    DEFAULT_ROUTER_COMMAND.format(path=path))
+    return parse_config(data, "embedded default")
 
 
 def _describe(error: dict, raw: Any) -> str:
@@ -238,13 +279,13 @@ def parse_config(data: Any, source: str = "link.yaml") -> LinkConfig:
 
 
 def load_config(path: Path | str | None = None) -> LinkConfig:
-    """Read `link.yaml` at `path`; None gives the embedded default (the two local models).
+    """Read `link.yaml` at `path`; None gives the embedded default (`embedded_default`).
 
     Raises:
         ConfigError: a missing file, a YAML syntax error (with its line), or invalid fields.
     """
     if path is None:
-        return parse_config(yaml.safe_load(DEFAULT_CONFIG_YAML), "embedded default")
+        return embedded_default()
     path = Path(path).expanduser()
     try:
         text = path.read_text()

@@ -7,7 +7,8 @@
     await pool.aclose()
 
 A replica is ejected for `cooldown_s` after `failures_to_eject` consecutive failures (a connection
-error, a timeout or a 5xx; a 4xx is the request's fault, not the replica's) or a failed health check.
+error, a timeout or a 5xx; a 4xx is the request's fault, not the replica's; a timeout of an in-process
+engine is its queue, not a failure) or a failed health check.
 When its cool-down is over, the health check probes it and readmits it once it answers; a failed
 probe starts another cool-down. Failures escaping `acquire()` are reported automatically. When every
 replica is ejected, `acquire` raises `BackendUnavailable` at once, so a fallback policy moves on
@@ -26,8 +27,11 @@ from typing import AsyncIterator, Callable
 from link.backends.base import Backend, BackendError, BackendTimeout, BackendUnavailable
 
 
-def is_replica_failure(exc: BaseException) -> bool:
-    """True for errors that say the replica (not the request) is at fault: timeouts, connection errors, 5xx."""
+def is_replica_failure(exc: BaseException, backend: Backend | None = None) -> bool:
+    """True for errors that say the replica (not the request) is at fault: timeouts, connection errors, 5xx.
+    A timeout of a backend whose `timeouts_mean_overload` (an in-process engine with a queue) is not one."""
+    if isinstance(exc, BackendTimeout) and backend is not None and backend.timeouts_mean_overload:
+        return False
     return isinstance(exc, (BackendTimeout, BackendUnavailable)) or (isinstance(exc, BackendError) and exc.status_code >= 500)
 
 
@@ -122,7 +126,7 @@ class DeploymentPool:
         try:
             yield replica
         except BaseException as exc:
-            if is_replica_failure(exc):
+            if is_replica_failure(exc, replica.backend):
                 self.report_failure(replica)
             raise
         else:

@@ -12,7 +12,8 @@ fails after that ends with one OpenAI error event `data: {"error": {...}}` and `
 
 The backend is always asked for stream usage (`stream_options.include_usage`) so every stream is
 accounted; the usage chunk is passed on only when the client asked for it. `model` in every answer is
-the public name of the model that served it.
+the public name of the model that served it. Plans of several calls (`Plan.executor`: cascade, MoA) are
+run by link/executor.py, whose model caller makes each call through `complete` / `open_stream` here.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ async def open_stream(pools: dict[str, DeploymentPool], plan: Plan, record: Requ
     return LiveStream(chunks, first, lease)
 
 
-def _has_output(chunk: dict) -> bool:
+def has_output(chunk: dict) -> bool:
+    """True when a chunk carries answer content (text, a content delta, tool calls or a refusal)."""
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") or {}
         if choice.get("text") or delta.get("content") or delta.get("tool_calls") or delta.get("refusal"):
@@ -159,7 +161,7 @@ async def sse_frames(live: LiveStream, record: RequestRecord, include_usage: boo
             record.add_usage(usage)
             chunk["model"] = record.model
             if chunk.get("choices"):
-                if _has_output(chunk):
+                if has_output(chunk):
                     record.num_content_chunks += 1
                     record.mark_first_token()
                 if usage is not None:

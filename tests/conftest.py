@@ -64,3 +64,14 @@ def real_prompts(data_dir) -> list[str]:
         by_category.setdefault(q["category"], q["turns"][0])
     gsm8k = [json.loads(line)["question"] for line in (data_dir / "gsm8k/test.jsonl").read_text().splitlines()[:3]]
     return [by_category["writing"], by_category["reasoning"], by_category["coding"], *gsm8k]
+
+
+@pytest.fixture(scope="module")
+def mock():
+    """A mock OpenAI-compatible server on 127.0.0.1 (tests/link/mock_openai.py, mode "ok"), one per test module.
+    A module that needs another mode or delays defines its own `mock`."""
+    from tests.link.mock_openai import start_mock_thread
+
+    with start_mock_thread() as server:
+        yield server
+

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.base import Answer, Grade, Item, PromptStyle, Suite
-from evals.judge import compare_both_orders
+from evals.judge import compare_both_orders, judged_score, require_judge
 from evals.targets import Target
 
 DEFAULT_BASELINE = "gpt4_1106_preview"
@@ -84,17 +84,13 @@ class AlpacaEval(Suite):
         Raises:
             ValueError: no judge. evals.targets.TargetError: a judge call failed.
         """
-        if judge is None:
-            raise ValueError("alpaca-eval is graded by a judge model; pass one (--judge)")
+        judge = require_judge(judge, "alpaca-eval")
         output = answer.text.strip()
         result = await compare_both_orders(judge, item.prompt, output, item.reference)
         details: dict[str, Any] = {"verdicts": list(result.verdicts), "model_chars": len(output),
                                    "baseline_chars": len(item.reference), "baseline": item.metadata.get("baseline"),
                                    "judgments": list(result.judgments)}
-        if not result.is_parsed:
-            details["error"] = "the judge gave no parsable verdict"
-            return Grade(0.0, details, judge_cost_usd=result.cost_usd)
-        return Grade(result.score, details, judge_cost_usd=result.cost_usd)
+        return judged_score(result.score if result.is_parsed else None, details, result.cost_usd, "verdict")
 
     def summarize(self, rows: list[tuple[Item, Answer, Grade]]) -> dict[str, float | None]:
         """{"win_rate", "lc_win_rate"} over the rows graded without error (None when there are none)."""

@@ -33,6 +33,8 @@ from evals.sandbox import run_python
 from evals.targets import Target
 
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]
+# OpenAI's APIs take at most 4 stop sequences: the server stops at the first four, the grader cuts at all five.
+API_STOP = STOP[:4]
 CHAT_INSTRUCTION = ("Complete the following Python function. Reply with the complete function, including "
                     "its signature and any imports it needs, in a single ```python code block.")
 _MAIN_GUARD = re.compile(r"^if\s+__name__\s*==", re.MULTILINE)
@@ -49,10 +51,16 @@ def extract_code(text: str, entry_point: str) -> str:
     return _MAIN_GUARD.split(code, maxsplit=1)[0]
 
 
+def truncate_at_stop(completion: str, stops: list[str] = STOP) -> str:
+    """`completion` up to the earliest of `stops` (the whole text when none occurs)."""
+    cuts = [i for i in (completion.find(stop) for stop in stops) if i >= 0]
+    return completion[: min(cuts)] if cuts else completion
+
+
 def build_program(prompt: str, completion: str, entry_point: str, style: PromptStyle) -> str:
     """The program to test (without the tests): see the module docstring for the two styles."""
     if style == "completion":
-        return prompt + completion
+        return prompt + truncate_at_stop(completion)
     code = extract_code(completion, entry_point)
     if re.search(rf"^\s*def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE):
         return prompt + "\n\n" + code
@@ -93,7 +101,7 @@ class HumanEval(Suite):
 
     def request(self, item: Item) -> tuple[PromptStyle, dict[str, Any]]:
         if self.style == "completion":
-            return "completion", {"prompt": item.prompt, "params": {"stop": STOP}}
+            return "completion", {"prompt": item.prompt, "params": {"stop": API_STOP}}
         content = f"{CHAT_INSTRUCTION}\n\n```python\n{item.prompt}```"
         return "chat", {"messages": [{"role": "user", "content": content}]}
 

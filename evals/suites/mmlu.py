@@ -10,10 +10,15 @@ headerless rows (question, A, B, C, D, answer letter). Shots are the subject's d
     suite = make_suite("mmlu", data_dir)         # 5-shot
     items = suite.sample(suite.load("test"), 500)   # seeded, across subjects; ids "mmlu/test/anatomy/3"
 
-Styles: "completion" sends the prompt above and reads the letter the model writes next (a few tokens,
-stop at a newline); "chat" sends the same text in one user turn with an instruction to reply with the
-letter only. Grade: `graders.extract_choice` of the reply equals the gold letter (no letter scores 0).
-Option `subjects` (list of names) restricts the subjects loaded.
+Styles: "completion" sends the prompt above; "chat" sends the same text in one user turn with an
+instruction to reply with the letter only. Option `scoring`:
+- "logprob" (default): one token is generated with its top alternatives (completions `logprobs: 5`, chat
+  `top_logprobs: 20`, the APIs' maxima) and the answer is the letter most likely as that token
+  (`graders.choice_from_logprobs`); when no letter is among them, the reply's text is read as below.
+  Small models that always write "A" still rank the options in their distribution, which this reads.
+- "generate": a few tokens are generated (stop at a newline) and `graders.extract_choice` reads the letter.
+Grade: the letter equals the gold letter (no letter scores 0). Option `subjects` (list of names)
+restricts the subjects loaded.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.base import Answer, Grade, Item, PromptStyle, Suite
-from evals.graders import extract_choice
+from evals.graders import choice_from_logprobs, extract_choice
 from evals.targets import Target
 
 LETTERS = "ABCD"
@@ -108,13 +113,30 @@ class MMLU(Suite):
         blocks = [format_question(row, row[5].strip()) for row in shots]
         return "\n\n".join([header, *blocks, format_question(item.metadata["row"])])
 
+    @property
+    def scoring(self) -> str:
+        """"logprob" or "generate" (option `scoring`). Raises ValueError for another value."""
+        scoring = self.options.get("scoring", "logprob")
+        if scoring not in ("logprob", "generate"):
+            raise ValueError(f"mmlu scoring is 'logprob' or 'generate', not {scoring!r}")
+        return scoring
+
     def request(self, item: Item) -> tuple[PromptStyle, dict[str, Any]]:
+        by_logprob = self.scoring == "logprob"
         if self.style == "completion":
-            return "completion", {"prompt": self.prompt_text(item), "params": {"stop": ["\n"]}}
+            params = {"max_tokens": 1, "logprobs": 5} if by_logprob else {"stop": ["\n"]}
+            return "completion", {"prompt": self.prompt_text(item), "params": params}
         content = f"{self.prompt_text(item)}\n\n{CHAT_INSTRUCTION}"
-        return "chat", {"messages": [{"role": "user", "content": content}], "params": {"max_tokens": 32}}
+        params = {"max_tokens": 1, "logprobs": True, "top_logprobs": 20} if by_logprob else {"max_tokens": 32}
+        return "chat", {"messages": [{"role": "user", "content": content}], "params": params}
 
     async def grade(self, item: Item, answer: Answer, judge: Target | None = None) -> Grade:
-        """1.0 when the extracted letter equals the gold letter; details: extracted, gold."""
-        letter = extract_choice(answer.text, LETTERS)
-        return Grade(float(letter == item.reference), {"extracted": letter, "gold": item.reference})
+        """1.0 when the answer's letter equals the gold letter; details: extracted, gold, how it was read
+        ("logprob" or "text")."""
+        letter, read = None, "text"
+        if answer.completions and self.scoring == "logprob":
+            letter = choice_from_logprobs(answer.completions[-1].top_logprobs, LETTERS)
+            read = "logprob" if letter else "text"
+        if letter is None:
+            letter = extract_choice(answer.text, LETTERS)
+        return Grade(float(letter == item.reference), {"extracted": letter, "gold": item.reference, "read": read})

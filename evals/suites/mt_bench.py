@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.base import Answer, Grade, Item, Suite
-from evals.judge import multi_turn_messages, rate, single_answer_messages
+from evals.judge import judged_score, multi_turn_messages, rate, require_judge, single_answer_messages
 from evals.targets import Target
 
 REFERENCE_CATEGORIES = ("math", "reasoning", "coding")
@@ -97,8 +97,7 @@ class MTBench(Suite):
         Raises:
             ValueError: no judge. evals.targets.TargetError: a judge call failed.
         """
-        if judge is None:
-            raise ValueError("mt-bench is graded by a judge model; pass one (--judge)")
+        judge = require_judge(judge, "mt-bench")
         turns: list[str] = item.metadata["turns"]
         replies = [c.text for c in answer.completions]
         if len(replies) != len(turns):
@@ -118,7 +117,4 @@ class MTBench(Suite):
             cost += completion.cost_usd
         parsed = [r for r in ratings if r is not None]
         details: dict[str, Any] = {"ratings": ratings, "category": item.metadata["category"], "judgments": judgments}
-        if not parsed:
-            details["error"] = "the judge gave no parsable rating"
-            return Grade(0.0, details, judge_cost_usd=cost)
-        return Grade(sum(parsed) / len(parsed) / 10.0, details, judge_cost_usd=cost)
+        return judged_score(sum(parsed) / len(parsed) / 10.0 if parsed else None, details, cost)

@@ -80,6 +80,9 @@ class Backend(ABC):
     """
 
     needs: tuple[str, ...] = ()
+    # A timeout says the deployment is overloaded, not broken, when its engine runs in this process: its
+    # requests queue in the engine's scheduler and finish later, so ejecting it would only refuse requests.
+    timeouts_mean_overload: bool = False
 
     def __init__(self, deployment: ModelDeployment):
         self.deployment = deployment

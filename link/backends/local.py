@@ -144,6 +144,7 @@ class LocalBackend(Backend):
     """A local model served by the shared `EnginePool` (kind "local")."""
 
     needs = ("engine_pool",)
+    timeouts_mean_overload = True  # the engine is in-process: a slow answer is a queue, not a dead replica
 
     def __init__(self, deployment: ModelDeployment, engine_pool: EnginePool):
         super().__init__(deployment)

@@ -5,9 +5,13 @@
     plan.models     # ["a", "b"]: the gateway tries them in order (next one only before the first byte)
     plan.decision   # JSON-able details, stored in the request log's `decision` column
 
-A policy type is a subclass of `Policy` registered by name ("fixed", "fallback"; the router issue
-registers "router"), built by `make_policy`, which imports the type's module only when first needed.
-A subclass implements `plan` and may tighten `check` (called when a policy is created or loaded).
+A policy type is a subclass of `Policy` registered by name (fixed, fallback, router, cascade, moa,
+hybrid), built by `make_policy`, which imports the type's module only when first needed. A subclass
+implements `plan` and may tighten `check` (called when a policy is created or loaded).
+
+Most plans are "the first candidate that answers". A plan that needs several model calls per request
+(a cascade, a Mixture-of-Agents) also carries a `PlanExecutor`, which the gateway runs with a
+`routers.calls.ModelCaller` over its deployments (link/executor.py).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, AsyncIterator, Callable, Literal
 
 from link.config import PolicyConfig
 
@@ -41,17 +45,88 @@ class Plan:
 
     Attributes:
         policy: the policy's name (the `x-link-policy` header).
-        models: public model names, first choice first; never empty.
+        models: public model names, first choice first; never empty. With an executor: every model it may
+            call (the request log's "candidates").
         decision: JSON-able details (type, scores, thresholds...) for the request log.
+        executor: runs a plan of several calls (cascade, MoA); None: the first of `models` that answers.
     """
 
     policy: str
     models: list[str]
     decision: dict[str, Any] = field(default_factory=dict)
+    executor: PlanExecutor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError(f"policy {self.policy!r} planned no model")
+
+
+class PlanExecutor(ABC):
+    """Runs one request through several model calls and returns the final answer.
+
+    The `caller` is a `routers.calls.ModelCaller` that the gateway builds per request: every call it makes
+    is accounted (tokens, cost) in the request's record. `decision` is the request log's decision dict;
+    an executor adds what it did (every proposal, every cascade step) there, also when it fails.
+
+    Attributes:
+        keepalive: a streamed answer starts at once (200, headers, SSE keep-alive comments while the first
+            calls run); False: the gateway waits for the first chunk, so errors before it are plain HTTP errors.
+        final_model: the model named in `x-link-model` of an answer that starts before it is known (None:
+            unknown until the answer exists).
+    """
+
+    keepalive: bool = False
+    final_model: str | None = None
+    recorded_as: str | None = None
+
+    def replay_model(self, body: dict[str, Any]) -> str | None:
+        """Offline replay (evals/replay.py): the one outcome column whose recorded answer is this plan's
+        answer to `body`, paid alone; None when no single recorded answer is (a MoA, a judge-scored
+        cascade). Default: `recorded_as`, a column holding this plan's own outcomes (e.g. those that
+        `link eval run` recorded for a MoA policy). May block (a router's embedding): call it in a thread."""
+        return self.recorded_as
+
+    @abstractmethod
+    async def complete(self, caller: Any, body: dict[str, Any], decision: dict[str, Any]) -> dict:
+        """The whole final answer (an OpenAI response dict whose `model` names the model that wrote it).
+        Raises link.backends.BackendError."""
+
+    @abstractmethod
+    def stream(self, caller: Any, body: dict[str, Any], decision: dict[str, Any]) -> AsyncIterator[dict]:
+        """The final answer's OpenAI chunks. Raises link.backends.BackendError while iterating."""
+
+    @abstractmethod
+    def max_cost_usd(self, endpoint: str, body: dict[str, Any], deployments: Callable[[str], list]) -> float:
+        """The most the request can cost (USD) over all its calls; `deployments(model)` gives a model's
+        replicas (link.config.ModelDeployment). Reserved in the key's budget before the first call."""
+
+
+@dataclass(frozen=True)
+class CostBound:
+    """The most one request to a policy can cost, in a form a client prices without the gateway's config
+    (published on the policy's /v1/models card as `link.cost_bound`; `link eval run --max-cost` reserves it):
+    at most `calls` model calls, each at the prices of the priciest of `models`, each reading the request's
+    prompt plus `prompt_tokens_per_max_token` x the request's max tokens plus `extra_prompt_tokens` (earlier
+    answers and instructions: the assumptions of the executor's own `max_cost_usd`), and each writing at most
+    the request's max tokens.
+
+    Raises:
+        ValueError: calls < 1, no models, or a negative token count.
+    """
+
+    calls: int
+    models: tuple[str, ...]
+    prompt_tokens_per_max_token: int = 0
+    extra_prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.calls < 1 or not self.models or self.prompt_tokens_per_max_token < 0 or self.extra_prompt_tokens < 0:
+            raise ValueError(f"invalid cost bound {self}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"calls": self.calls, "models": list(self.models),
+                "prompt_tokens_per_max_token": self.prompt_tokens_per_max_token,
+                "extra_prompt_tokens": self.extra_prompt_tokens}
 
 
 class PolicyError(ValueError):
@@ -93,15 +168,28 @@ class Policy(ABC):
     async def plan(self, request: PolicyRequest) -> Plan:
         """The ordered candidates for `request`; never raises for a valid request."""
 
+    def cost_bound(self) -> CostBound | None:
+        """The most a request can cost when a plan may make several calls (`CostBound`); None (the default):
+        one call to one of the plan's models, which are among the policy's `models`."""
+        return None
+
     def describe(self) -> dict[str, Any]:
-        """The policy as JSON (for /v1/models and /api/policies)."""
-        return {"name": self.name, "type": self.type, "models": list(self.config.models), "options": dict(self.config.options)}
+        """The policy as JSON (for /v1/models and /api/policies), with its "cost_bound" when it has one."""
+        out = {"name": self.name, "type": self.type, "models": list(self.config.models), "options": dict(self.config.options)}
+        bound = self.cost_bound()
+        if bound is not None:
+            out["cost_bound"] = bound.to_dict()
+        return out
 
 
 # type -> "module:Class"; a module is imported when a policy of its type is first built.
 POLICIES: dict[str, str] = {
     "fixed": "link.policies.fixed:FixedPolicy",
     "fallback": "link.policies.fallback:FallbackPolicy",
+    "router": "link.policies.router:RouterPolicy",
+    "cascade": "link.policies.cascade:CascadePolicy",
+    "moa": "link.policies.moa:MoAPolicy",
+    "hybrid": "link.policies.hybrid:HybridPolicy",
 }
 
 

@@ -78,6 +78,10 @@ class PolicyStore:
             rows = session.exec(select(PolicyRow)).all()
         stored = {}
         for row in rows:
+            old = self._stored.get(row.name)
+            if old is not None and (old.config.type, old.config.models, old.config.options) == (row.type, row.models, row.options):
+                stored[row.name] = old  # unchanged: keep it (a router policy keeps its loaded router file)
+                continue
             try:
                 stored[row.name] = make_policy(PolicyConfig(name=row.name, type=row.type, models=row.models,
                                                             options=row.options), self.model_names)

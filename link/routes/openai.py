@@ -7,6 +7,7 @@ A request's life (`handle`):
     4. resolve the model name or policy (404) and plan the candidates      link/policies/
     5. reserve the request's maximum cost in the key's budget (429 insufficient_quota)  link/accounting.py
     6. call the backends: fallback across replicas and models before the first byte   link/proxy.py
+       (a plan with an executor, cascade or MoA, makes several calls: link/executor.py)
     7. settle the real cost, count tokens, write the request-log row, observe metrics (always, in `finally`)
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from typing import AsyncIterator
 
 import anyio
 from fastapi import APIRouter, Request
@@ -27,6 +29,7 @@ from link.accounting import Accounting, RequestRecord, max_request_cost
 from link.backends import BackendError
 from link.config import ModelDeployment
 from link.deps import StateDep
+from link.executor import ExecutedStream, GatewayCaller, execute_whole, executed_frames, start_executed_stream
 from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
 from link.schemas import OpenAIError, model_card, model_not_found, parse_json_object, validate_request
@@ -39,11 +42,12 @@ router = APIRouter()
 
 
 class GatewayStream(StreamingResponse):
-    """A streamed answer that finishes its accounting however the stream ends (also when never started)."""
+    """A streamed answer that finishes its accounting however the stream ends (also when never started).
+    `live` is a proxy.LiveStream or an executor.ExecutedStream; `frames` its SSE bytes."""
 
-    def __init__(self, live: LiveStream, record: RequestRecord, accounting: Accounting, include_usage: bool):
-        super().__init__(sse_frames(live, record, include_usage), media_type="text/event-stream",
-                         headers=_headers(record, record.model or ""))
+    def __init__(self, live: LiveStream | ExecutedStream, record: RequestRecord, accounting: Accounting,
+                 frames: AsyncIterator[bytes]):
+        super().__init__(frames, media_type="text/event-stream", headers=_headers(record, record.model or ""))
         self.live, self.record, self.accounting = live, record, accounting
 
     async def __call__(self, scope, receive, send) -> None:
@@ -110,14 +114,28 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
                                                  *(p.name for p in state.policies.stored_policies())])
         plan = await policy.plan(PolicyRequest(endpoint, body, state.model_names))
         record.policy, record.decision = plan.policy, {**plan.decision, "candidates": list(plan.models)}
-        deployments = [d for m in plan.models for d in state.config.deployments(m)]
-        await state.accounting.reserve(record, max_request_cost(endpoint, body, deployments))
-        if parsed.stream:
+        executor = plan.executor
+        if executor is None:
+            deployments = [d for m in plan.models for d in state.config.deployments(m)]
+            max_cost = max_request_cost(endpoint, body, deployments)
+        else:
+            max_cost = executor.max_cost_usd(endpoint, body, state.config.deployments)
+        await state.accounting.reserve(record, max_cost)
+        include_usage = bool(parsed.stream and parsed.stream_options and parsed.stream_options.include_usage)
+        if parsed.stream and executor is None:
             live = await open_stream(state.pools, plan, record, endpoint, body)
-            include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
             is_streaming = True
-            return GatewayStream(live, record, state.accounting, include_usage)
-        response = await unless_disconnected(request, complete(state.pools, plan, record, endpoint, body))
+            return GatewayStream(live, record, state.accounting, sse_frames(live, record, include_usage))
+        if parsed.stream:
+            caller = GatewayCaller(state.pools, record, plan.policy)
+            executed = await start_executed_stream(executor, caller, record, body)
+            is_streaming = True
+            return GatewayStream(executed, record, state.accounting, executed_frames(executed, record, caller, include_usage))
+        if executor is None:
+            response = await unless_disconnected(request, complete(state.pools, plan, record, endpoint, body))
+        else:
+            caller = GatewayCaller(state.pools, record, plan.policy)
+            response = await unless_disconnected(request, execute_whole(executor, caller, record, body))
         record.status, record.http_status = "ok", 200
         record.estimate_missing_usage()
         # The cost of a whole answer is known now (a stream's only after its last chunk): clients such as

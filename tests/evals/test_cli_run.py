@@ -26,12 +26,6 @@ from tests.link.mock_openai import refused_url, start_mock_thread
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def mock():
-    with start_mock_thread(mode="ok") as server:
-        yield server
-
-
 @pytest.fixture
 def config_file(tmp_path, mock):
     path = tmp_path / "link.yaml"

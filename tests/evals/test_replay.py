@@ -16,32 +16,32 @@ from tests.evals.best_per_task import BestPerTask
 
 
 @pytest.fixture(scope="module")
-def test_table(data_dir) -> OutcomeTable:
+def routerbench_test(data_dir) -> OutcomeTable:
     return load_routerbench(data_dir, "test")
 
 
 @pytest.fixture(scope="module")
-def test_rows(data_dir) -> list[dict[str, str]]:
+def routerbench_test_csv_rows(data_dir) -> list[dict[str, str]]:
     return ref.read(data_dir, "test")
 
 
-def test_fixed_policies_reproduce_each_models_recorded_accuracy_and_cost(test_table, test_rows):
-    assert len(ref.models(test_rows)) == 11
-    for model in ref.models(test_rows):
-        n, accuracy, cost = ref.accuracy_and_cost(test_rows, model)
-        result = replay(build_policy(model, test_table.models), test_table)
+def test_fixed_policies_reproduce_each_models_recorded_accuracy_and_cost(routerbench_test, routerbench_test_csv_rows):
+    assert len(ref.models(routerbench_test_csv_rows)) == 11
+    for model in ref.models(routerbench_test_csv_rows):
+        n, accuracy, cost = ref.accuracy_and_cost(routerbench_test_csv_rows, model)
+        result = replay(build_policy(model, routerbench_test.models), routerbench_test)
         assert result.num_prompts == n
         assert result.mean_score == pytest.approx(accuracy, abs=1e-12)
         assert result.total_cost_usd == pytest.approx(cost, rel=1e-12)
         assert result.pick_share == {model: 1.0}
         # the prompts a model has no recorded outcome for are skipped, not charged
-        assert len(result.skipped) == len(test_table.prompt_ids) - n
+        assert len(result.skipped) == len(routerbench_test.prompt_ids) - n
 
 
-def test_learned_best_per_task_policy_gives_the_hand_computed_accuracy_and_cost(data_dir, test_table):
-    config = PolicyConfig(name="best-per-task", type="router", models=list(test_table.models),
+def test_learned_best_per_task_policy_gives_the_hand_computed_accuracy_and_cost(data_dir, routerbench_test):
+    config = PolicyConfig(name="best-per-task", type="router", models=list(routerbench_test.models),
                           options={"data_dir": str(data_dir)})
-    result = replay(BestPerTask(config, test_table.models), test_table)
+    result = replay(BestPerTask(config, routerbench_test.models), routerbench_test)
     n, accuracy, cost = ref.best_per_task_expected(data_dir)
     assert (result.num_prompts, result.skipped) == (n, [])
     assert result.mean_score == pytest.approx(accuracy, abs=1e-12)
@@ -51,18 +51,18 @@ def test_learned_best_per_task_policy_gives_the_hand_computed_accuracy_and_cost(
     assert result.pick_share["gpt-4-1106-preview"] == pytest.approx(947 / 952)
 
 
-def test_oracle_is_the_best_recorded_score_at_the_lowest_cost_per_prompt(test_table, test_rows):
-    filled, _ = ref.cells(test_rows)
+def test_oracle_is_the_best_recorded_score_at_the_lowest_cost_per_prompt(routerbench_test, routerbench_test_csv_rows):
+    filled, _ = ref.cells(routerbench_test_csv_rows)
     by_prompt: dict[str, list[tuple[float, float]]] = {}
     for (sample_id, _model), (score, cost) in filled.items():
         by_prompt.setdefault(sample_id, []).append((score, cost))
     best = {p: max(v, key=lambda sc: (sc[0], -sc[1])) for p, v in by_prompt.items()}
-    result = oracle(test_table)
+    result = oracle(routerbench_test)
     assert result.num_prompts == len(best) == 952
     assert result.mean_score == pytest.approx(sum(s for s, _ in best.values()) / len(best), abs=1e-12)
     assert result.total_cost_usd == pytest.approx(sum(c for _, c in best.values()), rel=1e-12)
-    for model in ref.models(test_rows):
-        assert result.mean_score >= ref.accuracy_and_cost(test_rows, model)[1]
+    for model in ref.models(routerbench_test_csv_rows):
+        assert result.mean_score >= ref.accuracy_and_cost(routerbench_test_csv_rows, model)[1]
 
 
 def _table() -> OutcomeTable:

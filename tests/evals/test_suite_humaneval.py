@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from evals.base import Answer, make_suite
-from evals.suites.humaneval import STOP, build_program, extract_code
+from evals.suites.humaneval import API_STOP, build_program, extract_code, truncate_at_stop
 from evals.targets import Completion
 from tests.evals.fakes import FakeTarget
 
@@ -53,7 +53,7 @@ def test_completion_request(data_dir, items):
     answer = asyncio.run(suite.answer(items[2], target))
     kind, prompt, params = target.requests[0]
     assert kind == "completion" and prompt == items[2].prompt
-    assert params["stop"] == STOP and params["temperature"] == 0.0 and params["max_tokens"] == 384
+    assert params["stop"] == API_STOP and len(API_STOP) <= 4 and params["temperature"] == 0.0 and params["max_tokens"] == 384
     assert grade(suite, items[2], answer.text).score == 1.0
 
 
@@ -90,3 +90,13 @@ def test_helpers():
 def test_missing_data(tmp_path):
     with pytest.raises(FileNotFoundError, match="human-eval/HumanEval.jsonl.gz"):
         make_suite("humaneval", tmp_path).load("test")
+
+
+def test_completion_bodies_are_cut_at_every_stop_sequence():
+    """The server stops at four sequences (the API's limit); the program is cut at the fifth ("\\n#") too."""
+    body = "    return x + 1\n# a trailing comment\nprint(f(1))"
+    assert truncate_at_stop(body) == "    return x + 1"
+    assert truncate_at_stop("    return 1\n") == "    return 1\n"
+    program = build_program("def f(x):\n", body, "f", "completion")
+    assert program == "def f(x):\n    return x + 1"
+

@@ -46,7 +46,7 @@ def test_real_data(data_dir):
 
 
 def test_completion_prompt_is_the_papers_format(tiny_dir):
-    suite = make_suite("mmlu", tiny_dir, shots=2, style="completion")
+    suite = make_suite("mmlu", tiny_dir, shots=2, style="completion", scoring="generate")
     item = suite.load("test")[2]  # virology test 0
     kind, payload = suite.request(item)
     expected = ("The following are multiple choice questions (with answers) about virology.\n\n"
@@ -72,7 +72,7 @@ def test_default_is_five_shot_and_dev_items_skip_themselves(tiny_dir):
 
 
 def test_chat_answer_and_grade(tiny_dir):
-    suite = make_suite("mmlu", tiny_dir, shots=1)
+    suite = make_suite("mmlu", tiny_dir, shots=1, scoring="generate")
     item = suite.load("test")[0]
     target = FakeTarget("fake", "The answer is (D) because 4 is largest.")
     answer = asyncio.run(suite.answer(item, target))
@@ -80,15 +80,43 @@ def test_chat_answer_and_grade(tiny_dir):
     assert kind == "chat" and len(messages) == 1 and messages[0]["content"].endswith(f"Answer:\n\n{CHAT_INSTRUCTION}")
     assert params["max_tokens"] == 32 and params["temperature"] == 0.0
     grade = asyncio.run(suite.grade(item, answer))
-    assert grade.score == 1.0 and grade.details == {"extracted": "D", "gold": "D"}
+    assert grade.score == 1.0 and grade.details == {"extracted": "D", "gold": "D", "read": "text"}
 
 
 @pytest.mark.parametrize("reply, score", [(" D", 1.0), ("D", 1.0), ("d)", 1.0), ("Answer: D", 1.0),
                                           (" A", 0.0), ("I do not know", 0.0), ("", 0.0)])
 def test_grade_letters(tiny_dir, reply, score):
-    suite = make_suite("mmlu", tiny_dir, style="completion")
+    suite = make_suite("mmlu", tiny_dir, style="completion", scoring="generate")
     item = suite.load("test")[0]
     assert asyncio.run(suite.grade(item, Answer([Completion(reply)]))).score == score
+
+
+def test_logprob_scoring_requests_one_token_with_alternatives(tiny_dir):
+    completion = make_suite("mmlu", tiny_dir, style="completion")
+    assert completion.scoring == "logprob"
+    assert completion.request(completion.load("test")[0])[1]["params"] == {"max_tokens": 1, "logprobs": 5}
+    chat = make_suite("mmlu", tiny_dir)
+    assert chat.request(chat.load("test")[0])[1]["params"] == {"max_tokens": 1, "logprobs": True, "top_logprobs": 20}
+    with pytest.raises(ValueError, match="'logprob' or 'generate'"):
+        make_suite("mmlu", tiny_dir, scoring="vote").scoring
+
+
+@pytest.mark.parametrize("text, top, extracted, read", [
+    # The greedy token says A, but D is the likeliest letter among the alternatives: D is read.
+    (" A", [{" A": -1.2, " D": -0.9, " The": -0.5, "B": -3.0}], "D", "logprob"),
+    # "Be" and "AB" are not letters; " C" is the only one.
+    (" Be", [{" Be": -0.1, "AB": -0.2, " C": -4.0}], "C", "logprob"),
+    # No letter among the alternatives: the text is read instead.
+    ("The answer is D", [{"The": -0.1, " I": -2.0}], "D", "text"),
+    # No logprobs returned (a server without them): the text.
+    ("B", None, "B", "text"),
+])
+def test_logprob_grade(tiny_dir, text, top, extracted, read):
+    suite = make_suite("mmlu", tiny_dir)
+    item = suite.load("test")[0]  # gold D
+    grade = asyncio.run(suite.grade(item, Answer([Completion(text, top_logprobs=top)])))
+    assert grade.details == {"extracted": extracted, "gold": "D", "read": read}
+    assert grade.score == float(extracted == "D")
 
 
 def test_subjects_option_and_missing_data(tiny_dir, tmp_path):

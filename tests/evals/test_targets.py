@@ -17,17 +17,11 @@ from evals.target_litellm import LiteLLMTarget
 from evals.targets import MissingCredentialsError, Prices, TargetError, resolve_targets
 from link.config import load_config, parse_config
 from tests.link.gateway_launch import gateway_settings, mock_deployment
-from tests.link.mock_openai import refused_url, start_mock_thread
+from tests.link.mock_openai import refused_url
 
 HI = [{"role": "user", "content": "hi there"}]
 # The mock answers "You said: hi there": 2 prompt words, 4 completion words; mock_deployment prices: $1000 / $2000 per M.
 EXPECTED_COST = (2 * 1000 + 4 * 2000) / 1e6
-
-
-@pytest.fixture(scope="module")
-def mock():
-    with start_mock_thread(mode="ok") as server:
-        yield server
 
 
 def _client(base_url: str, **kwargs) -> openai.AsyncOpenAI:
@@ -171,3 +165,29 @@ def test_litellm_target_calls_an_openai_compatible_server(mock):
     completion = asyncio.run(target.chat(HI, max_tokens=16, temperature=0))
     assert completion.text == "You said: hi there" and (completion.prompt_tokens, completion.completion_tokens) == (2, 4)
     assert completion.cost_usd == 0.0  # "mock-model" has no price anywhere
+
+
+def test_top_logprobs_from_the_real_engine(tmp_path, new_database_url):
+    """Logprobs of a real local model through the gateway: the greedy token is its own likeliest alternative,
+    in both APIs, and every alternative is a log-probability (<= 0)."""
+    config = parse_config({"models": [{"name": "smollm2-135m-instruct", "kind": "local", "local": "smollm2-135m-instruct"}]})
+    settings = gateway_settings(new_database_url("sqlite"), tmp_path)
+    prompt = "Question: Which is a fruit?\nA. car\nB. apple\nC. rock\nD. pen\nAnswer:"
+
+    async def go():
+        async with in_process_gateway(settings, config) as gateway:
+            target = GatewayTarget("smollm2-135m-instruct", gateway.client)
+            text = await target.complete("The capital of France is", max_tokens=1, temperature=0, logprobs=5)
+            chat = await target.chat([{"role": "user", "content": prompt}], max_tokens=2, temperature=0,
+                                     logprobs=True, top_logprobs=3)
+            plain = await target.chat([{"role": "user", "content": prompt}], max_tokens=1, temperature=0)
+            return text, chat, plain
+
+    text, chat, plain = asyncio.run(go())
+    assert len(text.top_logprobs) == 1 and len(text.top_logprobs[0]) == 5
+    assert len(chat.top_logprobs) == 2 and all(len(p) == 3 for p in chat.top_logprobs)
+    for completion in (text, chat):
+        first = completion.top_logprobs[0]
+        assert all(v <= 0 for v in first.values())
+        assert completion.text.startswith(max(first, key=first.get))
+    assert plain.top_logprobs is None

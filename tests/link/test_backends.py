@@ -34,12 +34,6 @@ def body(kind: str, endpoint: str, **fields) -> dict:
     return {"model": "openai/mock-model" if kind == "litellm" else "mock-model", **(CHAT if endpoint == "chat" else COMPLETION), **fields}
 
 
-@pytest.fixture(scope="module")
-def mock():
-    with start_mock_thread() as server:
-        yield server
-
-
 @pytest.fixture
 def mock_in_mode():
     """start(mode, **options) -> a fresh mock server in that mode, stopped after the test."""

@@ -80,6 +80,25 @@ def test_acquire_counts_outstanding_and_reports_failures_by_kind():
     assert not is_replica_failure(BackendError("x", status_code=404)) and is_replica_failure(BackendError("x", status_code=502))
 
 
+def test_an_in_process_engine_is_not_ejected_for_being_slow():
+    """A local engine's timeout is its queue: the replica stays in rotation; its real failures still count."""
+    engine = FakeBackend("local")
+    engine.timeouts_mean_overload = True
+    pool = DeploymentPool("m", [engine], failures_to_eject=1)
+
+    async def fail_with(exc):
+        with pytest.raises(BackendError):
+            async with pool.acquire():
+                raise exc
+
+    for _ in range(3):
+        asyncio.run(fail_with(BackendTimeout("no answer within 600 s")))
+    assert not pool.replicas[0].is_ejected and pool.replicas[0].num_failures == 0
+    asyncio.run(fail_with(BackendUnavailable("the engine loop failed")))
+    assert pool.replicas[0].is_ejected
+    assert is_replica_failure(BackendTimeout("slow")) and not is_replica_failure(BackendTimeout("slow"), engine)
+
+
 def test_ejection_cooldown_and_readmission_by_health_check():
     clock = Clock()
     a, b = FakeBackend("a"), FakeBackend("b")

@@ -18,18 +18,11 @@ import openai
 import pytest
 
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
-from tests.link.mock_launch import start_mock_thread
 from tests.link.sse import sse_events
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 HEADERS = ("x-link-request-id", "x-link-policy", "x-link-model")
 CHAT = {"model": "mock-a", "messages": [{"role": "user", "content": "hello there world"}]}
-
-
-@pytest.fixture(scope="module")
-def mock():
-    with start_mock_thread() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,10 @@ from sqlmodel import Session
 from link.db import make_db_engine
 from link.keys import create_key
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
-from tests.link.mock_launch import refused_url, start_mock_thread
+from tests.link.mock_launch import refused_url
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 LOCAL = "smollm2-135m-instruct"
-
-
-@pytest.fixture(scope="module")
-def mock():
-    with start_mock_thread() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

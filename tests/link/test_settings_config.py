@@ -69,12 +69,35 @@ def test_embedded_default_serves_the_two_local_models():
     assert len(smol) == 1 and smol[0].kind == "local" and smol[0].local == "smollm2-135m-instruct"
     assert smol[0].deployment_id == "smollm2-135m-instruct#0" and smol[0].provider_model == "smollm2-135m-instruct"
     assert config.deployments("gemma-3-270m")[0].context_length == 32768
-    assert config.policies == [] and config.deployments("nope") == []
+    assert config.deployments("nope") == []
+    # Nominal prices (USD per million tokens): local compute is not free, and routing trades quality against cost.
+    assert (smol[0].input_cost_per_million, smol[0].output_cost_per_million) == (0.02, 0.02)
+    gemma = config.deployments("gemma-3-270m")[0]
+    assert (gemma.input_cost_per_million, gemma.output_cost_per_million) == (0.04, 0.04)
+    moa = config.policy("link/moa")
+    assert moa.type == "moa" and moa.models == ["smollm2-135m-instruct", "gemma-3-270m"]
+    assert moa.options["aggregator"] == "smollm2-135m-instruct"
+
+
+def test_embedded_default_serves_link_auto_only_with_its_router_file(monkeypatch, tmp_path, caplog):
+    import link.config
+
+    monkeypatch.setattr(link.config, "default_router_path", lambda: tmp_path / "link-auto.safetensors")
+    with caplog.at_level("WARNING", logger="link.config"):
+        config = load_config(None)
+    assert config.policy("link/auto") is None and [p.name for p in config.policies] == ["link/moa"]
+    (line,) = [r.getMessage() for r in caplog.records if "link/auto" in r.getMessage()]
+    assert str(tmp_path / "link-auto.safetensors") in line and "link router train" in line
+    (tmp_path / "link-auto.safetensors").write_bytes(b"")  # only its existence is checked here
+    auto = load_config(None).policy("link/auto")
+    assert auto.type == "router" and auto.options == {"path": str(tmp_path / "link-auto.safetensors")}
+    assert auto.models == ["smollm2-135m-instruct", "gemma-3-270m"]
 
 
 def test_example_config_parses_and_equals_the_default_models():
     example = load_config(ROOT / "link.example.yaml")
     assert example.model_names == load_config(None).model_names
+    assert example.policy("link/moa") == load_config(None).policy("link/moa")
 
 
 def test_replicas_prices_timeouts_and_policies(tmp_path, monkeypatch):

@@ -1,0 +1,155 @@
+"""`cascade`: the cheapest model answers first; its answer is scored and escalated below a threshold.
+
+    - name: cheap-then-strong
+      type: cascade
+      models: [smollm2-135m-instruct, gemma-3-270m]   # escalation order, cheapest first
+      options:
+        threshold: 0.5          # one value, or one per step but the last; in [0, 1]; default: the one
+                                # `link router calibrate --rule cascade` stored in the router file for
+                                # these steps (scorer router), else 0.5
+        scorer: judge           # judge (a model's yes/no verdict on the answer) | router (predicted quality)
+        judge: gemma-3-270m     # scorer judge: the judge model (default: the last model)
+        judge_logprobs: true    # scorer judge: read P(yes) from the judge's top logprobs when it returns them
+        path: routers/trained/link-auto.safetensors   # scorer router: a router file trained on these models
+
+Only the final answer reaches the client: intermediate steps run whole, and an accepted one is streamed as
+chunks made from it (routers/cascade.py). Each step's score, acceptance or error goes into the request
+log's decision ("cascade"); every call (steps and judge) is accounted. The threshold is calibrated like a
+router's knob: `routers.cascade.replay_cascade` charges it on recorded outcomes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Callable
+
+from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
+from link.config import PolicyConfig
+from link.policies.base import CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
+from link.policies.router import LazyRouter, router_path
+
+OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path")
+JUDGE_TOKENS = 256  # a bound on the judge's instruction and framing around the request and the answer
+SCORERS = ("judge", "router")
+
+
+class CascadeExecutor(PlanExecutor):
+    """Runs a `routers.cascade.Cascade` for one request (streams only once the final answer is known)."""
+
+    keepalive = False
+
+    def __init__(self, cascade):
+        self.cascade = cascade
+
+    async def complete(self, caller, body: dict[str, Any], decision: dict[str, Any]) -> dict:
+        from routers.cascade import CascadeTrace
+
+        trace = CascadeTrace()
+        try:
+            return await self.cascade.complete(caller, body, trace)
+        finally:
+            decision["cascade"] = trace.to_dict()
+
+    async def stream(self, caller, body: dict[str, Any], decision: dict[str, Any]) -> AsyncIterator[dict]:
+        from routers.cascade import CascadeTrace
+
+        trace = CascadeTrace()
+        try:
+            async for chunk in self.cascade.stream(caller, body, trace):
+                yield chunk
+        finally:
+            decision["cascade"] = trace.to_dict()
+
+    def replay_model(self, body: dict[str, Any]) -> str | None:
+        """With the router's predicted quality as scorer: the first step predicted at or above its threshold
+        (else the last), whose recorded answer is the cascade's, paid alone (the steps before it are skipped
+        without a call). A judge's verdicts are not recorded: None."""
+        cascade = self.cascade
+        predict = getattr(cascade.scorer, "predict", None)
+        if cascade.scorer.needs_answer or predict is None:
+            return None
+        scores = predict(body)
+        return next((m for m, t in zip(cascade.models, cascade.thresholds) if scores[m] >= t), cascade.models[-1])
+
+    def max_cost_usd(self, endpoint: str, body: dict[str, Any], deployments: Callable[[str], list]) -> float:
+        """Every step at its cap, plus (judge scorer) a verdict on every step but the last."""
+        cascade = self.cascade
+        total = sum(max_request_cost(endpoint, body, deployments(m)) for m in cascade.models)
+        judge = getattr(cascade.scorer, "model", None)
+        if judge is not None:
+            answer = int(body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_COMPLETION_TOKENS)
+            verdict = cascade.scorer.judge_body(body, "")
+            total += (len(cascade.models) - 1) * max_request_cost("chat", verdict, deployments(judge), extra_prompt_tokens=answer)
+        return total
+
+
+def default_threshold(config: PolicyConfig, router: LazyRouter | None) -> float:
+    """The threshold when `options.threshold` is unset: the one `link router calibrate --rule cascade` stored in
+    the router file for these same steps, else 0.5."""
+    calibrated = ((router.header.get("decision") or {}).get("cascade") or {}) if router is not None else {}
+    if calibrated.get("models") == list(config.models) and isinstance(calibrated.get("threshold"), (int, float)):
+        return float(calibrated["threshold"])
+    return 0.5
+
+
+def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = None):
+    """(a `routers.cascade.Cascade`, the LazyRouter of a router scorer or None) from a policy definition.
+    Raises PolicyError."""
+    from routers.cascade import Cascade, JudgeScorer, PredictedQuality
+
+    options = config.options
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise PolicyError(f"unknown cascade option(s) {unknown}; options: {list(OPTIONS)}", param="options")
+    scorer_name = options.get("scorer", "judge")
+    if scorer_name not in SCORERS:
+        raise PolicyError(f"options.scorer must be one of {SCORERS}, got {scorer_name!r}", param="options.scorer")
+    if scorer_name == "judge":
+        judge = options.get("judge", config.models[-1])
+        if model_names is not None and judge not in model_names:
+            raise PolicyError(f"judge model {judge!r} is not served; the gateway serves {sorted(model_names)}",
+                              param="options.judge")
+        scorer, router = JudgeScorer(judge, use_logprobs=bool(options.get("judge_logprobs", True))), None
+    else:
+        router = LazyRouter(router_path(config))
+        outside = [m for m in config.models[:-1] if m not in router.models]
+        if outside:
+            raise PolicyError(f"step model(s) {outside} are not among the router's models {router.models}", param="models")
+        scorer = PredictedQuality(lambda body: router.get().router.score(body))
+    try:
+        return Cascade(config.models, scorer, options.get("threshold", default_threshold(config, router))), router
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"cascade: {exc}", param="options.threshold" if "threshold" in str(exc) else "models") from None
+
+
+class CascadePolicy(Policy):
+    """A cascade over the policy's models (see the module docstring)."""
+
+    type = "cascade"
+
+    @classmethod
+    def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:
+        super().check(config, model_names)
+        build_cascade(config, model_names)
+
+    def __init__(self, config: PolicyConfig, model_names: tuple[str, ...] | list[str]):
+        super().__init__(config, model_names)
+        self.cascade, router = build_cascade(config)
+        if router is not None:
+            router.preload()
+        self.executor = CascadeExecutor(self.cascade)
+
+    def cost_bound(self) -> CostBound:
+        """Every step, plus (judge scorer) a verdict on each step but the last, reading the request and an answer."""
+        cascade = self.cascade
+        judge = getattr(cascade.scorer, "model", None)
+        if judge is None:
+            return CostBound(len(cascade.models), tuple(cascade.models))
+        return CostBound(2 * len(cascade.models) - 1, tuple(dict.fromkeys([*cascade.models, judge])),
+                         prompt_tokens_per_max_token=1, extra_prompt_tokens=JUDGE_TOKENS)
+
+    async def plan(self, request: PolicyRequest) -> Plan:
+        scorer = self.cascade.scorer
+        decision = {"type": self.type, "scorer": scorer.name, "thresholds": self.cascade.thresholds}
+        judge = getattr(scorer, "model", None)
+        models = list(dict.fromkeys([*self.cascade.models, *([judge] if judge else [])]))
+        return Plan(self.name, models, decision, executor=self.executor)

@@ -1,0 +1,141 @@
+"""`hybrid`: a router chooses between the single models and a Mixture-of-Agents plan, by predicted gain
+against cost.
+
+    - name: link/hybrid
+      type: hybrid
+      models: [smollm2-135m-instruct, gemma-3-270m]   # the single-model candidates
+      options:
+        path: routers/trained/link-auto.safetensors   # a router over these models (and maybe the MoA's column)
+        moa: {models: [smollm2-135m-instruct, gemma-3-270m], aggregator: smollm2-135m-instruct}   # a moa policy's options
+        moa_column: link/moa     # optional: the router's column that predicts the MoA's quality (trained on
+                                 #   outcomes of the moa policy); default "link/moa" when the router has it
+        moa_gain: 0.03           # without a column: predicted MoA quality = its best proposer's + moa_gain
+        cost_penalty: 200        # optional, as a router policy's (default: the file's lambda rule knob, else 0)
+        max_cost_usd: 0.01       # optional, as a router policy's
+
+Every option, the MoA included, gets an objective predicted quality - lambda * expected cost; the best one
+is planned: a single model (then the other single models by the objective, as fallbacks), or the MoA plan.
+Without a column the MoA's expected cost is the sum of its calls' (proposers in every layer, then the
+aggregator), each priced by the router's cost model; with one, the cost model's own estimate for it. The
+request's `metadata` may override lambda and the ceiling like a router policy's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from link.config import PolicyConfig
+from link.policies.base import CostBound, Plan, Policy, PolicyError, PolicyRequest
+from link.policies.moa import MoAExecutor, build_moa, moa_cost_bound
+from link.policies.router import LazyRouter, nonnegative_number, request_overrides, router_path
+
+OPTIONS = ("path", "moa", "moa_column", "moa_gain", "cost_penalty", "max_cost_usd")
+DEFAULT_MOA_COLUMN = "link/moa"
+MOA = "moa"  # the MoA option's name in the decision
+
+
+def hybrid_choice(quality: dict[str, float], cost: dict[str, float], cost_penalty: float,
+                  max_cost_usd: float | None = None) -> tuple[list[str], dict[str, float], list[str]]:
+    """Options ranked by quality - cost_penalty * cost (ties: the cheaper first).
+
+    Args:
+        quality, cost: by option name (models and "moa"): predicted quality in [0, 1], expected USD.
+        max_cost_usd: options expected to cost more are excluded (all excluded: the cheapest stays).
+    Returns:
+        (ranked option names, objective by option, excluded option names).
+    """
+    names = list(quality)
+    allowed = [n for n in names if max_cost_usd is None or cost[n] <= max_cost_usd]
+    if not allowed:
+        allowed = [min(names, key=lambda n: cost[n])]
+    objective = {n: quality[n] - cost_penalty * cost[n] for n in names}
+    ranked = sorted(allowed, key=lambda n: (-objective[n], cost[n]))
+    return ranked, objective, [n for n in names if n not in allowed]
+
+
+class HybridPolicy(Policy):
+    """Single models or a MoA plan, whichever the router's objective prefers (see the module docstring)."""
+
+    type = "hybrid"
+
+    @classmethod
+    def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:
+        super().check(config, model_names)
+        cls._parts(config, model_names)
+
+    @classmethod
+    def _parts(cls, config: PolicyConfig, model_names: tuple[str, ...] | None):
+        options = config.options
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise PolicyError(f"unknown hybrid option(s) {unknown}; options: {list(OPTIONS)}", param="options")
+        router = LazyRouter(router_path(config))
+        outside = [m for m in config.models if m not in router.models]
+        if outside:
+            raise PolicyError(f"model(s) {outside} are not among the router's models {router.models}", param="models")
+        moa_options = dict(options.get("moa") or {})
+        moa_models = moa_options.pop("models", None) or list(config.models)
+        moa = build_moa(moa_options, list(moa_models), model_names)
+        column = options.get("moa_column", DEFAULT_MOA_COLUMN if DEFAULT_MOA_COLUMN in router.models else None)
+        if column is not None and column not in router.models:
+            raise PolicyError(f"options.moa_column {column!r} is not among the router's models {router.models}",
+                              param="options.moa_column")
+        if column is None:
+            unpriced = [m for m in moa.models if m not in router.models]
+            if unpriced:
+                raise PolicyError(f"MoA model(s) {unpriced} are not among the router's models {router.models}: without "
+                                  "options.moa_column the MoA is predicted from its models' scores", param="options.moa")
+        gain = nonnegative_number(options.get("moa_gain", 0.0), "options.moa_gain", "options.moa_gain")
+        return router, moa, column, gain
+
+    def __init__(self, config: PolicyConfig, model_names: tuple[str, ...] | list[str]):
+        super().__init__(config, model_names)
+        self.router, self.moa, self.moa_column, self.moa_gain = self._parts(config, None)
+        self.router.preload()
+        self.executor = MoAExecutor(self.moa)
+        self.executor.recorded_as = self.moa_column   # offline replay: the MoA option's recorded outcomes
+        self.cost_penalty = nonnegative_number(config.options.get("cost_penalty"), "cost_penalty", "options.cost_penalty")
+        self.max_cost_usd = nonnegative_number(config.options.get("max_cost_usd"), "max_cost_usd", "options.max_cost_usd")
+
+    def cost_bound(self) -> CostBound:
+        """The MoA plan's (a single model's one call costs less), priced over every model either plan calls."""
+        return moa_cost_bound(self.moa, list(dict.fromkeys([*self.config.models, *self.moa.models])))
+
+    def decide(self, body: dict[str, Any], cost_penalty: float | None, max_cost_usd: float | None) -> dict[str, Any]:
+        """The request log's decision dict, "order" holding the ranked options (blocking; a worker thread)."""
+        started = time.perf_counter()
+        loaded = self.router.get()
+        scores = loaded.router.score(body)
+        costs = dict(zip(loaded.models, (float(c) for c in loaded.expected_cost(body))))
+        if cost_penalty is None:
+            saved = loaded.decision
+            cost_penalty = float(saved.get("cost_penalty", 0.0)) if saved.get("rule", "lambda") == "lambda" else 0.0
+        quality = {m: scores[m] for m in self.config.models}
+        cost = {m: costs[m] for m in self.config.models}
+        if self.moa_column is not None:
+            quality[MOA], cost[MOA] = scores[self.moa_column], costs[self.moa_column]
+        else:
+            moa = self.moa
+            quality[MOA] = min(1.0, max(scores[p.model] for p in moa.proposers) + self.moa_gain)
+            cost[MOA] = moa.layers * sum(costs[p.model] for p in moa.proposers) + costs[moa.aggregator]
+        ranked, objective, excluded = hybrid_choice(quality, cost, cost_penalty, max_cost_usd)
+        decision = {"type": self.type, "router": loaded.router.type, "scores": quality, "expected_cost_usd": cost,
+                    "cost_penalty": cost_penalty, "objective": objective, "chosen": ranked[0], "excluded": excluded,
+                    "order": ranked, "routing_ms": round((time.perf_counter() - started) * 1000, 3)}
+        if max_cost_usd is not None:
+            decision["max_cost_usd"] = max_cost_usd
+        return decision
+
+    async def plan(self, request: PolicyRequest) -> Plan:
+        penalty, max_cost = request_overrides(request.body)
+        penalty = self.cost_penalty if penalty is None else penalty
+        max_cost = self.max_cost_usd if max_cost is None else max_cost
+        decision = await asyncio.to_thread(self.decide, request.body, penalty, max_cost)
+        ranked = decision.pop("order")
+        if ranked[0] == MOA:
+            decision["moa_plan"] = {"aggregator": self.moa.aggregator,
+                                    "proposers": [{"model": p.model, "temperature": p.temperature} for p in self.moa.proposers]}
+            return Plan(self.name, self.moa.models, decision, executor=self.executor)
+        return Plan(self.name, [m for m in ranked if m != MOA], decision)

@@ -1,0 +1,204 @@
+"""`router`: a trained router file picks the model: argmax of predicted quality - lambda * expected cost.
+
+    - name: link/auto
+      type: router
+      models: [smollm2-135m-instruct, gemma-3-270m]     # the candidates (a subset of the router's models)
+      options:
+        path: routers/trained/link-auto.safetensors     # written by `link router train` (routers.base.save_router)
+        cost_penalty: 200          # optional: lambda in quality points per USD (default: the file's calibrated one)
+        max_cost_usd: 0.01         # optional: skip models expected to cost more per request
+
+The plan is [the chosen model, then the other candidates by the same objective] (fallbacks before the
+first byte). The decision (each model's predicted quality and expected cost, lambda, the chosen model)
+goes into the request log. A request may override the knobs in its OpenAI `metadata` (string values):
+`{"link_cost_penalty": "50"}` and `{"link_max_cost_usd": "0.001"}`.
+
+The file is read when the policy is built (at gateway start), in a daemon thread that also scores one
+warm-up request (loading the embedding model takes seconds); a request arriving before that waits for it.
+Each decision (one embedding, milliseconds of CPU) runs in a worker thread; its prompt is encoded on the
+embedder's own one-thread worker, and loading a router limits numpy's BLAS to one thread for the process
+(routers/threads.py says why). A relative `path` is relative to the gateway's working directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from link.config import PolicyConfig
+from link.policies.base import Plan, Policy, PolicyError, PolicyRequest
+from link.schemas import OpenAIError
+
+logger = logging.getLogger(__name__)
+# Per-request overrides in the OpenAI `metadata` (values are strings there): key -> what it sets.
+METADATA_COST_PENALTY = "link_cost_penalty"
+METADATA_MAX_COST = "link_max_cost_usd"
+
+
+def nonnegative_number(value: Any, name: str, param: str) -> float | None:
+    """A non-negative finite number (a string too) or None. Raises PolicyError naming `param`."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise PolicyError(f"{name} must be a number, got {value!r}", param=param) from None
+    if not math.isfinite(number) or number < 0:
+        raise PolicyError(f"{name} must be a finite number >= 0, got {value!r}", param=param)
+    return number
+
+
+def request_overrides(body: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(cost penalty, max cost in USD) a request sets in `metadata`, None where not set.
+
+    Raises:
+        OpenAIError: 400 naming `metadata.<key>` for a value that is not a number >= 0.
+    """
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    values = []
+    for key in (METADATA_COST_PENALTY, METADATA_MAX_COST):
+        try:
+            values.append(nonnegative_number(metadata.get(key), key, f"metadata.{key}"))
+        except PolicyError as exc:
+            raise OpenAIError(400, exc.message, param=exc.param) from None
+    return values[0], values[1]
+
+
+class LazyRouter:
+    """A router file loaded once, on first use, from any thread (`routers.base.load_router`).
+
+    Args:
+        path: the file; checked (its header read) at construction.
+    Raises:
+        PolicyError: (constructor, `header`) no such file or not a router file (param "options.path").
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path).expanduser()
+        self.header = self.read_header(self.path)
+        self._loaded = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def read_header(path: str | Path) -> dict[str, Any]:
+        from routers.base import read_header
+
+        try:
+            return read_header(path)
+        except (FileNotFoundError, ValueError) as exc:
+            raise PolicyError(f"options.path: {exc}", param="options.path") from None
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.header.get("models") or [])
+
+    def get(self):
+        """The `routers.base.LoadedRouter`, loaded now if needed and warmed by scoring one request (which loads
+        the embedding model). Blocking: call it from a worker thread.
+
+        Raises:
+            FileNotFoundError, ValueError: the file went missing or is not a router (`routers.base.load_router`).
+        """
+        with self._lock:
+            if self._loaded is None:
+                from routers.base import load_router
+                from routers.threads import limit_blas_threads
+
+                loaded = load_router(self.path)
+                try:
+                    loaded.router.score({"messages": [{"role": "user", "content": "warm-up"}]})
+                except Exception:  # noqa: BLE001 - a request will meet the same error and report it
+                    logger.exception("router %s: scoring a warm-up request failed", self.path)
+                # a decision's numpy products are tiny: one BLAS thread, no pool spinning on the cores the
+                # encoder and a local engine need (process-wide, after the warm-up has loaded every BLAS
+                # library the router uses; routers/threads.py has the measurements)
+                limit_blas_threads(1)
+                self._loaded = loaded
+            return self._loaded
+
+    def preload(self) -> None:
+        """Start loading in a daemon thread, so the first request does not wait seconds for the embedding model."""
+        def load() -> None:
+            try:
+                self.get()
+            except Exception:  # noqa: BLE001 - the first request retries and reports it
+                logger.exception("router %s: preloading failed", self.path)
+
+        threading.Thread(target=load, name=f"router-load-{self.path.name}", daemon=True).start()
+
+
+def router_path(config: PolicyConfig) -> str:
+    """The `path` option. Raises PolicyError when missing."""
+    path = config.options.get("path")
+    if not isinstance(path, str) or not path:
+        raise PolicyError(f"a {config.type!r} policy needs options.path: a router file written by `link router train`",
+                          param="options.path")
+    return path
+
+
+def ordered_by_objective(decision, order: list[str]) -> list[str]:
+    """`order` (chosen first) with the rest re-sorted by predicted quality - knob * expected cost (lambda rule)."""
+    if decision.rule != "lambda":
+        return order
+    objective = {m: decision.quality[m] - decision.knob * decision.expected_cost[m] for m in order}
+    return [order[0], *sorted(order[1:], key=lambda m: (-objective[m], decision.expected_cost[m]))]
+
+
+class RouterPolicy(Policy):
+    """Routes each request with a trained router (see the module docstring)."""
+
+    type = "router"
+    OPTIONS = ("path", "cost_penalty", "max_cost_usd")
+
+    @classmethod
+    def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:
+        super().check(config, model_names)
+        unknown = sorted(set(config.options) - set(cls.OPTIONS))
+        if unknown:
+            raise PolicyError(f"unknown option(s) {unknown} of a {cls.type!r} policy; options: {list(cls.OPTIONS)}",
+                              param="options")
+        nonnegative_number(config.options.get("cost_penalty"), "options.cost_penalty", "options.cost_penalty")
+        nonnegative_number(config.options.get("max_cost_usd"), "options.max_cost_usd", "options.max_cost_usd")
+        header = LazyRouter.read_header(Path(router_path(config)).expanduser())
+        outside = [m for m in config.models if m not in (header.get("models") or [])]
+        if outside:
+            raise PolicyError(f"model(s) {outside} are not among the router's models {header.get('models')}; "
+                              "train the router on them or drop them from `models`", param="models")
+
+    def __init__(self, config: PolicyConfig, model_names: tuple[str, ...] | list[str]):
+        super().__init__(config, model_names)
+        self.router = LazyRouter(router_path(config))
+        self.router.preload()
+        self.cost_penalty = nonnegative_number(config.options.get("cost_penalty"), "cost_penalty", "options.cost_penalty")
+        self.max_cost_usd = nonnegative_number(config.options.get("max_cost_usd"), "max_cost_usd", "options.max_cost_usd")
+
+    def decide(self, body: dict[str, Any], cost_penalty: float | None, max_cost_usd: float | None) -> dict[str, Any]:
+        """The routing decision for one request, as the request log's decision dict (blocking; a worker thread).
+        "order" is the plan: the chosen model, then the others by the objective."""
+        started = time.perf_counter()
+        loaded = self.router.get()
+        decision = loaded.decide(body, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd, allowed=self.config.models)
+        result = {"type": self.type, "router": loaded.router.type, "rule": decision.rule,
+                  "scores": decision.quality, "expected_cost_usd": decision.expected_cost, "chosen": decision.chosen,
+                  "order": ordered_by_objective(decision, decision.order), "excluded": decision.excluded}
+        if decision.rule == "lambda":
+            result["cost_penalty"] = decision.knob
+            result["objective"] = {m: decision.quality[m] - decision.knob * decision.expected_cost[m] for m in decision.quality}
+        else:
+            result["threshold"] = decision.knob
+        if max_cost_usd is not None:
+            result["max_cost_usd"] = max_cost_usd
+        result["routing_ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return result
+
+    async def plan(self, request: PolicyRequest) -> Plan:
+        penalty, max_cost = request_overrides(request.body)
+        penalty = self.cost_penalty if penalty is None else penalty
+        max_cost = self.max_cost_usd if max_cost is None else max_cost
+        decision = await asyncio.to_thread(self.decide, request.body, penalty, max_cost)
+        return Plan(self.name, decision.pop("order"), decision)

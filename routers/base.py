@@ -1,0 +1,305 @@
+"""The router interface, its registry, and the one-file format a trained router is saved in.
+
+    router = make_router("knn", models, k=40).fit(data, featurizer.transform(data.prompts))
+    router.score(body)                       # {model: predicted quality} for one OpenAI request
+    save_router(router, "auto.safetensors", costs=CostModel.from_data(data),
+                decision={"rule": "lambda", "cost_penalty": 300.0})
+    loaded = load_router("auto.safetensors")
+    loaded.decide(body).chosen               # what the gateway's router policy sends the request to
+
+A router predicts each candidate's quality for a prompt; it never decides by itself (the decision rule and
+its knob live in `decision.py`, so one trained router serves every cost preference). The file is
+safetensors: the router's and the cost model's arrays, and one JSON header entry ("router") holding the
+type, models, the router's own metadata, the cost model and the calibrated decision. Nothing is pickled,
+so loading a file runs no code from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from routers.data import RoutingData
+from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens
+from routers.features import Featurizer, Features, request_text
+
+FORMAT = "togetherlink-router"
+FORMAT_VERSION = 1
+
+
+class Router(ABC):
+    """Predicts the quality of each candidate model on each prompt.
+
+    Subclasses set `type` (their registry name), implement `fit` and `predict`, and for saving `state` and
+    `from_state`; `add_model` is optional.
+
+    Args:
+        models: [M] candidate names, the column order of `predict`.
+    Raises:
+        ValueError: no models, or a name given twice.
+    """
+
+    type: ClassVar[str] = ""
+
+    def __init__(self, models: Sequence[str]):
+        models = list(models)
+        if not models or len(set(models)) != len(models):
+            raise ValueError(f"a router needs distinct candidate models, got {models}")
+        self.models: list[str] = models
+        self._featurizer: Featurizer | None = None
+
+    @property
+    def num_models(self) -> int:
+        return len(self.models)
+
+    @property
+    def featurizer(self) -> Featurizer:
+        """What `score` uses to read a request (a default `Featurizer` made on first use)."""
+        if self._featurizer is None:
+            self._featurizer = Featurizer()
+        return self._featurizer
+
+    @featurizer.setter
+    def featurizer(self, value: Featurizer) -> None:
+        self._featurizer = value
+
+    def aligned(self, data: RoutingData) -> RoutingData:
+        """`data` with exactly this router's model columns, in order. Raises KeyError for a missing model."""
+        return data if data.models == self.models else data.select_models(self.models)
+
+    @abstractmethod
+    def fit(self, data: RoutingData, features: Features) -> Router:
+        """Learn from labelled prompts: `data` [P prompts] and their `features` (N = P). Returns self."""
+
+    @abstractmethod
+    def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
+        """[N, M] float64 predicted quality in the order of `self.models`; `suites` [N] when known."""
+
+    def add_model(self, name: str, data: RoutingData, features: Features) -> None:
+        """Learn one new candidate `name` from labelled prompts (`data` holds its column) without refitting
+        the others; appends `name` to `self.models`.
+
+        Raises:
+            NotImplementedError: this router type cannot (the default).
+        """
+        raise NotImplementedError(f"the {self.type or type(self).__name__} router cannot add a model without "
+                                  "retraining; train a new router on all models")
+
+    def score(self, body: dict) -> dict[str, float]:
+        """One OpenAI chat/completion request -> {model: predicted quality}. The suite is read from
+        `body["metadata"]["suite"]` when present (offline replay sets it)."""
+        suite = (body.get("metadata") or {}).get("suite")
+        quality = self.predict(self.featurizer.transform_request(body), [suite] if suite else None)[0]
+        return {m: float(q) for m, q in zip(self.models, quality)}
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(arrays, JSON-able metadata) that `from_state` rebuilds the fitted router from."""
+        raise NotImplementedError(f"the {self.type or type(self).__name__} router cannot be saved")
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Router:
+        """Rebuild a fitted router from `state()`; `meta` also holds "models" (the saved candidates)."""
+        raise NotImplementedError(f"the {cls.type or cls.__name__} router cannot be loaded")
+
+
+# --- registry -------------------------------------------------------------------------------------------
+
+ROUTERS: dict[str, str] = {
+    "knn": "routers.knn:KNNRouter",
+    "lgbm": "routers.lgbm:LGBMRouter",
+    "mf": "routers.mf:MFRouter",
+    "random": "routers.baselines:RandomRouter",
+    "single": "routers.baselines:SingleModelRouter",
+    "oracle": "routers.baselines:OracleRouter",
+    "best-per-task": "routers.baselines:BestPerTaskRouter",
+    "length": "routers.evaluate:PromptLengthRouter",
+}
+
+
+def register_router(type_: str, target: str) -> None:
+    """Register a router class as "module:Class" under `type_`."""
+    ROUTERS[type_] = target
+
+
+def router_class(type_: str) -> type[Router]:
+    """The class registered as `type_` (its module imported now). Raises ValueError for an unknown type."""
+    if type_ not in ROUTERS:
+        raise ValueError(f"unknown router type {type_!r}; types: {', '.join(sorted(ROUTERS))}")
+    module, _, name = ROUTERS[type_].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def make_router(type_: str, models: Sequence[str], **options) -> Router:
+    """An unfitted router of `type_` over `models`; `options` go to its constructor."""
+    return router_class(type_)(list(models), **options)
+
+
+# --- the decision a loaded router makes -----------------------------------------------------------------
+
+@dataclass
+class RoutingDecision:
+    """One request's routing: predicted quality and expected USD per model, the knob used, and the models
+    in order (chosen first, then the others by predicted quality). JSON-able via `as_dict`."""
+
+    quality: dict[str, float]
+    expected_cost: dict[str, float]
+    rule: str
+    knob: float
+    chosen: str
+    order: list[str]
+    excluded: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"quality": self.quality, "expected_cost_usd": self.expected_cost, "rule": self.rule,
+                "knob": self.knob, "chosen": self.chosen, "order": self.order, "excluded": self.excluded}
+
+
+@dataclass
+class LoadedRouter:
+    """A router read from a file, with what the gateway needs to decide alone.
+
+    Attributes:
+        router: the fitted router.
+        costs: its cost model (None: every model costs 0, the rule is argmax quality).
+        decision: {"rule": "lambda", "cost_penalty": float} or {"rule": "threshold", "strong": name,
+            "weak": name, "threshold": float}; default lambda 0.
+        info: anything else saved with it (training data, command line, metrics).
+    """
+
+    router: Router
+    costs: CostModel | None = None
+    decision: dict[str, Any] = field(default_factory=lambda: {"rule": "lambda", "cost_penalty": 0.0})
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def models(self) -> list[str]:
+        return self.router.models
+
+    def expected_cost(self, body: dict) -> np.ndarray:
+        """[M] expected USD of each model's answer to `body` (zeros without a cost model)."""
+        if self.costs is None:
+            return np.zeros(len(self.models))
+        suite = (body.get("metadata") or {}).get("suite")
+        tokens = estimate_prompt_tokens([request_text(body)])
+        return self.costs.select_models(self.models).expected_cost(tokens, [suite] if suite else None)[0]
+
+    def decide(self, body: dict, *, cost_penalty: float | None = None, max_cost_usd: float | None = None,
+               allowed: Sequence[str] | None = None) -> RoutingDecision:
+        """Route one OpenAI request with the saved rule.
+
+        Args:
+            cost_penalty: overrides the saved lambda (and switches a threshold rule to the lambda rule).
+            max_cost_usd: models expected to cost more are excluded (all excluded: the cheapest stays).
+            allowed: only these models may be chosen (e.g. the ones the gateway serves now).
+        Raises:
+            ValueError: no allowed model among the router's.
+        """
+        scored = self.router.score(body)
+        quality = np.array([scored[m] for m in self.models])
+        cost = self.expected_cost(body)
+        available = np.array([allowed is None or m in allowed for m in self.models])
+        if not available.any():
+            raise ValueError(f"none of the router's models {self.models} is allowed")
+        if max_cost_usd is not None:
+            within = available & (cost <= max_cost_usd)
+            available = within if within.any() else available & (cost == cost[available].min())
+        q = np.where(available, quality, np.nan)
+        rule = "lambda" if cost_penalty is not None else self.decision.get("rule", "lambda")
+        if rule == "threshold":
+            strong, weak = self.models.index(self.decision["strong"]), self.models.index(self.decision["weak"])
+            knob = float(self.decision["threshold"])
+            if available[strong] and available[weak]:
+                pick = int(choose_threshold(quality[None, :], strong, weak, knob)[0])
+            else:
+                pick = int(choose(q[None, :], cost[None, :], 0.0)[0])
+        else:
+            knob = float(cost_penalty if cost_penalty is not None else self.decision.get("cost_penalty", 0.0))
+            pick = int(choose(q[None, :], cost[None, :], knob)[0])
+        rest = sorted((j for j in range(len(self.models)) if j != pick and available[j]), key=lambda j: -quality[j])
+        return RoutingDecision({m: float(v) for m, v in zip(self.models, quality)},
+                               {m: float(v) for m, v in zip(self.models, cost)}, rule, knob, self.models[pick],
+                               [self.models[pick], *(self.models[j] for j in rest)],
+                               [m for m, ok in zip(self.models, available) if not ok])
+
+
+# --- files ----------------------------------------------------------------------------------------------
+
+def save_router(router: Router, path: str | Path, *, costs: CostModel | None = None,
+                decision: dict[str, Any] | None = None, info: dict[str, Any] | None = None) -> Path:
+    """Write a fitted router, its cost model and its calibrated decision to one safetensors file.
+
+    Arrays are stored as "router/<name>" and "costs/<name>"; the header's metadata entry "router" is JSON:
+    {"format", "version", "type", "models", "router": router meta, "costs": cost meta or null,
+    "decision", "info"}. Returns the path.
+
+    Raises:
+        NotImplementedError: the router cannot be saved. TypeError: non-JSON metadata.
+    """
+    from safetensors.numpy import save_file
+
+    arrays, meta = router.state()
+    tensors = {f"router/{k}": np.ascontiguousarray(v) for k, v in arrays.items()}
+    cost_meta = None
+    if costs is not None:
+        cost_arrays, cost_meta = costs.state()
+        tensors.update({f"costs/{k}": np.ascontiguousarray(v) for k, v in cost_arrays.items()})
+    header = {"format": FORMAT, "version": FORMAT_VERSION, "type": router.type, "models": router.models,
+              "router": meta, "costs": cost_meta, "decision": decision or {"rule": "lambda", "cost_penalty": 0.0},
+              "info": info or {}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"router": json.dumps(header)})
+    return path
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a saved router (no arrays read, no router class imported).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a router file.
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no router file at {path}")
+    try:
+        with safe_open(str(path), framework="np") as f:
+            raw = (f.metadata() or {}).get("router")
+    except Exception as exc:  # safetensors raises its own error types for a malformed file
+        raise ValueError(f"{path} is not a safetensors file: {exc}") from exc
+    header = json.loads(raw) if raw else {}
+    if header.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a saved router (no '{FORMAT}' header)")
+    return header
+
+
+def load_router(path: str | Path) -> LoadedRouter:
+    """Read a file written by `save_router`, whatever its registered type.
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: not a router file, a newer format version, or an
+            unknown router type.
+    """
+    from safetensors.numpy import load_file
+
+    header = read_header(path)
+    if header.get("version", 0) > FORMAT_VERSION:
+        raise ValueError(f"{path} has router format version {header['version']}; this build reads {FORMAT_VERSION}")
+    tensors = load_file(str(path))
+    router_arrays = {k.removeprefix("router/"): v for k, v in tensors.items() if k.startswith("router/")}
+    cls = router_class(header["type"])
+    router = cls.from_state(router_arrays, {**header["router"], "models": header["models"]})
+    costs = None
+    if header.get("costs") is not None:
+        costs = CostModel.from_state({k.removeprefix("costs/"): v for k, v in tensors.items() if k.startswith("costs/")},
+                                     header["costs"])
+    return LoadedRouter(router, costs, header.get("decision") or {"rule": "lambda", "cost_penalty": 0.0},
+                        header.get("info") or {})

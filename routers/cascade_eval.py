@@ -1,0 +1,140 @@
+"""The cascade offline: its escalation-threshold sweep on recorded outcomes, and the threshold's calibration.
+
+    steps = efficient_steps(train.scores, train.costs)                  # model columns, cheapest first
+    result = cascade_sweep(quality[:, steps], test.scores, test.costs, steps)   # a decision.Sweep
+    t = calibrate_cascade(quality[:, steps], steps, Target.parse("cost=0.001"), scores=..., costs=...)
+
+A cascade (FrugalGPT, Chen, Zaharia and Zou 2023, arXiv:2305.05176) asks its steps in order of cost and
+returns the first answer whose score reaches the threshold; the last step always answers. Offline the
+rule is `routers.cascade.replay_cascade` on a score per prompt and step:
+
+    - the router's predicted quality of the step's model (the gateway's `scorer: router`,
+      `routers.cascade.PredictedQuality`): a step scored below the threshold is skipped before its model
+      is called, so a prompt pays only the step that answers (`pays_rejected=False`);
+    - a judge's verdict on the answer (`scorer: judge`): every step up to the answering one was called and
+      is paid (`pays_rejected=True`). With the recorded scores as verdicts this is a perfect judge, the
+      ceiling of any judge-scored cascade (the judge's own calls not counted).
+
+One threshold is shared by every step (the gateway's `threshold: 0.5`); its sweep gives the cascade's
+cost-quality curve, measured like a router's lambda sweep (AIQ, accuracy at cost, ...), and
+`calibrate_cascade` sets it from the same `decision.Target` as a router's knob (`decision.select_setting`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from routers.cascade import replay_cascade
+from routers.decision import DEFAULT_GRID_SIZE, Sweep, Target, select_setting
+
+
+def efficient_steps(scores: np.ndarray, costs: np.ndarray, candidates: Sequence[int] | None = None) -> list[int]:
+    """The cascade's default steps: the models on the cost-accuracy frontier, cheapest first.
+
+    Walking the models by mean cost (ties: the more accurate first), a model is kept when it is strictly more
+    accurate than every cheaper one kept; a dominated model (another is cheaper and at least as accurate)
+    never helps a cascade.
+
+    Args:
+        scores, costs: [N, M] recorded scores and USD (NaN cells left out of the means).
+        candidates: the columns allowed (default: all).
+    Returns:
+        column indices, ascending mean cost and strictly ascending mean score; the last is the most accurate
+        model (ties: the cheaper one).
+    """
+    cols = list(range(scores.shape[1])) if candidates is None else list(candidates)
+    acc, cost = np.nanmean(scores[:, cols], axis=0), np.nanmean(costs[:, cols], axis=0)
+    steps: list[int] = []
+    best = -np.inf
+    for i in np.lexsort((-acc, cost)):
+        if acc[i] > best:
+            steps.append(cols[i])
+            best = acc[i]
+    return steps
+
+
+def threshold_grid(step_scores: np.ndarray, num: int = DEFAULT_GRID_SIZE) -> np.ndarray:
+    """[K] ascending escalation thresholds: `num - 1` quantiles of the scores of every step but the last
+    (the smallest accepts every prompt at the first step) and one just above the largest (every prompt goes
+    to the last step).
+
+    Args:
+        step_scores: [N, S] scores, S >= 2.
+    """
+    values = np.asarray(step_scores, dtype=np.float64)[:, :-1]
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return np.array([0.0])
+    inner = np.quantile(values, np.linspace(0.0, 1.0, max(num - 1, 1)))
+    return np.unique(np.concatenate([inner, [np.nextafter(values.max(), np.inf)]]))
+
+
+def cascade_picks(step_scores: np.ndarray, costs: np.ndarray, steps: Sequence[int], thresholds: np.ndarray, *,
+                  pays_rejected: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Each threshold's answering model and cost per prompt.
+
+    Args:
+        step_scores: [N, S] the scorer's score of each step on each prompt.
+        costs: [N, M] recorded USD of every model column.
+        steps: [S] the model column of each step, in escalation order.
+        thresholds: [K].
+        pays_rejected: see the module docstring.
+    Returns:
+        (picks [K, N] int model column that answered, cost [K, N] USD paid).
+    Raises:
+        ValueError: fewer than two steps, or `step_scores` not [N, len(steps)].
+    """
+    steps = np.asarray(steps, dtype=np.int64)
+    step_scores = np.asarray(step_scores, dtype=np.float64)
+    if steps.size < 2 or step_scores.shape != (len(costs), steps.size):
+        raise ValueError(f"need [N, S>=2] step scores for {steps.size} steps, got {step_scores.shape}")
+    step_costs = np.asarray(costs, dtype=np.float64)[:, steps]
+    picks, paid = [], []
+    for t in np.asarray(thresholds, dtype=np.float64):
+        answered, cost = replay_cascade(step_scores, step_costs, float(t), pays_rejected=pays_rejected)
+        picks.append(steps[answered])
+        paid.append(cost)
+    return np.stack(picks), np.stack(paid)
+
+
+def cascade_sweep(step_scores: np.ndarray, scores: np.ndarray, costs: np.ndarray, steps: Sequence[int], *,
+                  thresholds: np.ndarray | None = None, pays_rejected: bool = False,
+                  num_thresholds: int = DEFAULT_GRID_SIZE) -> Sweep:
+    """Every threshold's cascade charged on recorded outcomes.
+
+    Args:
+        step_scores: [N, S] scores of the steps (the router's predicted quality of each step's model).
+        scores, costs: [N, M] recorded scores and USD of every model column.
+        steps: [S] model columns in escalation order.
+        thresholds: [K] (default `threshold_grid(step_scores, num_thresholds)`).
+    Returns:
+        a `decision.Sweep`: knob = thresholds [K], mean cost [K] USD per request (every called step paid),
+        mean quality [K] (the answering model's recorded score), share [K, M] of prompts each model answered.
+    """
+    knobs = threshold_grid(step_scores, num_thresholds) if thresholds is None else np.asarray(thresholds, dtype=np.float64)
+    picks, paid = cascade_picks(step_scores, costs, steps, knobs, pays_rejected=pays_rejected)
+    rows = np.arange(picks.shape[1])
+    m = np.asarray(scores).shape[1]
+    return Sweep(knobs, np.nanmean(paid, axis=1), np.nanmean(np.asarray(scores)[rows, picks], axis=1),
+                 np.stack([np.bincount(p, minlength=m) / len(p) for p in picks]))
+
+
+def calibrate_cascade(step_scores: np.ndarray, steps: Sequence[int], target: Target, *, scores: np.ndarray,
+                      costs: np.ndarray, models: list[str] | None = None, pays_rejected: bool = False) -> float:
+    """The escalation threshold that meets `target` on held-out prompts (as `decision.calibrate` sets a
+    router's lambda): cost = mean USD per request, share:MODEL = share of prompts MODEL answers, quality =
+    fraction of the best single model's mean score (over the columns of `scores`).
+
+    Args:
+        step_scores: [N, S] the router's predicted quality of each step's model.
+        steps: [S] model columns (of `scores`/`costs`), cheapest first.
+        scores, costs: [N, M] recorded outcomes.
+        models: [M] names (for a share target).
+    Raises:
+        ValueError: as `decision.select_setting`, or fewer than two steps.
+    """
+    result = cascade_sweep(step_scores, scores, costs, steps, pays_rejected=pays_rejected)
+    i = select_setting(result, target, models=models, reference_quality=np.nanmean(scores, axis=0))
+    return float(result.knob[i])

@@ -1,0 +1,356 @@
+"""The decision rule: predicted quality against expected cost, and the knob that trades one for the other.
+
+    costs = CostModel.from_data(train)                                  # USD per answer, per model
+    expected = costs.expected_cost(estimate_prompt_tokens(prompts))     # [N, M]
+    picks = choose(quality, expected, cost_penalty=200.0)               # argmax_m q - lambda * c
+    lam = calibrate(quality, expected, Target.parse("cost=0.001"), costs=held_out.costs)
+
+The cost penalty lambda (quality points per USD) is the inverse of a willingness to pay: a model is worth
+its extra cost when its predicted quality gain exceeds lambda times the extra dollars (RouterBench,
+Hu et al. 2024, sweeps the same trade-off). For a strong/weak pair the rule can instead be RouteLLM's
+threshold on the predicted gain (Ong et al. 2024), calibrated as a quantile.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+CHARS_PER_TOKEN = 4
+DEFAULT_GRID_SIZE = 256
+
+
+def estimate_prompt_tokens(texts: list[str]) -> np.ndarray:
+    """[N] float64 ceil(characters / 4): the prompt tokens assumed when none were counted (as evals.prices)."""
+    return np.array([math.ceil(len(t) / CHARS_PER_TOKEN) for t in texts], dtype=np.float64)
+
+
+@dataclass
+class CostModel:
+    """Expected USD cost of each model's answer to a prompt.
+
+    With prices: input_per_million * prompt_tokens / 1e6 + output_per_million * expected_output_tokens / 1e6.
+    Without (a recorded set with per-row costs only, like RouterBench): a least-squares line in the prompt
+    tokens, cost = per_prompt_token * tokens + intercept, the intercept per suite when the suite is known
+    (output lengths differ by task), else `base_cost`; `mean_cost` when no line was fitted.
+
+    Attributes:
+        models: [M] names.
+        input_per_million, output_per_million: [M] USD per million tokens, NaN where no price is known.
+        expected_output_tokens: [M] mean completion tokens, NaN where unknown.
+        mean_cost: [M] mean recorded USD per answer.
+        per_prompt_token, base_cost: [M] the fitted line (NaN: none fitted).
+        suite_base_cost: suite -> [M] intercepts.
+    """
+
+    models: list[str]
+    input_per_million: np.ndarray
+    output_per_million: np.ndarray
+    expected_output_tokens: np.ndarray
+    mean_cost: np.ndarray
+    per_prompt_token: np.ndarray | None = None
+    base_cost: np.ndarray | None = None
+    suite_base_cost: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m = len(self.models)
+        nan = np.full(m, np.nan)
+        self.per_prompt_token = nan.copy() if self.per_prompt_token is None else self.per_prompt_token
+        self.base_cost = nan.copy() if self.base_cost is None else self.base_cost
+        for name in ("input_per_million", "output_per_million", "expected_output_tokens", "mean_cost",
+                     "per_prompt_token", "base_cost"):
+            value = np.asarray(getattr(self, name), dtype=np.float64).reshape(-1)
+            if value.shape != (m,):
+                raise ValueError(f"{name} must have one value per model ({m}), got shape {value.shape}")
+            setattr(self, name, value)
+        self.suite_base_cost = {s: np.asarray(v, dtype=np.float64).reshape(m) for s, v in self.suite_base_cost.items()}
+
+    @property
+    def num_models(self) -> int:
+        return len(self.models)
+
+    @property
+    def has_price(self) -> np.ndarray:
+        """[M] bool: the model has input and output prices."""
+        return np.isfinite(self.input_per_million) & np.isfinite(self.output_per_million)
+
+    def expected_cost(self, prompt_tokens: np.ndarray, suites: list[str] | None = None) -> np.ndarray:
+        """[N, M] expected USD of each model's answer to N prompts of `prompt_tokens` [N] tokens.
+
+        Args:
+            suites: [N] task labels, for the per-suite intercepts (None or an unknown suite: the global one).
+        """
+        t = np.asarray(prompt_tokens, dtype=np.float64).reshape(-1, 1)
+        out = np.broadcast_to(self.mean_cost, (len(t), self.num_models)).copy()
+        fitted = np.isfinite(self.per_prompt_token) & np.isfinite(self.base_cost)
+        if fitted.any():
+            intercept = np.broadcast_to(self.base_cost, out.shape).copy()
+            if suites is not None:
+                for i, s in enumerate(suites):
+                    if s in self.suite_base_cost:
+                        intercept[i] = self.suite_base_cost[s]
+            line = np.maximum(self.per_prompt_token * t + intercept, 0.0)
+            out[:, fitted] = line[:, fitted]
+        priced = self.has_price
+        if priced.any():
+            out_tokens = np.nan_to_num(self.expected_output_tokens, nan=0.0)
+            by_price = (self.input_per_million * t + self.output_per_million * out_tokens) / 1e6
+            out[:, priced] = by_price[:, priced]
+        return out
+
+    def select_models(self, names: list[str]) -> CostModel:
+        """The cost model of `names` (in that order). Raises KeyError for an unknown model."""
+        missing = [n for n in names if n not in self.models]
+        if missing:
+            raise KeyError(f"no costs for {missing}; models: {self.models}")
+        cols = [self.models.index(n) for n in names]
+        return CostModel(list(names), self.input_per_million[cols], self.output_per_million[cols],
+                         self.expected_output_tokens[cols], self.mean_cost[cols], self.per_prompt_token[cols],
+                         self.base_cost[cols], {s: v[cols] for s, v in self.suite_base_cost.items()})
+
+    @classmethod
+    def from_data(cls, data, prices: dict[str, tuple[float, float]] | None = None) -> CostModel:
+        """Fit from recorded costs (`routers.data.RoutingData`), with optional prices.
+
+        Per model, over the prompts it answered: mean cost; the line cost ~ a * tokens + b by least squares
+        on tokens = ceil(prompt chars / 4), with a >= 0 and b >= 0 (a negative slope becomes a = 0, b = mean;
+        a negative intercept a line through the origin); per-suite intercepts mean(cost - a * tokens) >= 0.
+        With `prices` (model -> (input, output) USD per million tokens): expected output tokens are the mean
+        recorded completion tokens, else solved from the mean cost, and the price formula is used.
+        """
+        prices = prices or {}
+        m = data.num_models
+        tokens = estimate_prompt_tokens(data.prompts)
+        suites = np.asarray(data.suites)
+        inp, outp, exp_out = np.full(m, np.nan), np.full(m, np.nan), np.full(m, np.nan)
+        mean, slope, base = np.full(m, np.nan), np.full(m, np.nan), np.full(m, np.nan)
+        suite_base = {s: np.full(m, np.nan) for s in dict.fromkeys(data.suites)}
+        for j, model in enumerate(data.models):
+            ok = np.isfinite(data.costs[:, j])
+            if not ok.any():
+                continue
+            c, t = data.costs[ok, j], tokens[ok]
+            mean[j] = c.mean()
+            if len(np.unique(t)) >= 2:
+                a, b = np.linalg.lstsq(np.stack([t, np.ones_like(t)], axis=1), c, rcond=None)[0]
+                if a < 0:
+                    a, b = 0.0, c.mean()
+                elif b < 0:
+                    a, b = float(t @ c / (t @ t)), 0.0
+                slope[j], base[j] = a, b
+                for s in suite_base:
+                    in_suite = suites[ok] == s
+                    if in_suite.any():
+                        suite_base[s][j] = max(0.0, float(np.mean(c[in_suite] - a * t[in_suite])))
+            if model in prices:
+                inp[j], outp[j] = prices[model]
+                if data.completion_tokens is not None and np.isfinite(data.completion_tokens[:, j]).any():
+                    exp_out[j] = np.nanmean(data.completion_tokens[:, j])
+                else:
+                    exp_out[j] = max(0.0, (mean[j] - inp[j] * t.mean() / 1e6) / (outp[j] / 1e6)) if outp[j] > 0 else 0.0
+        # suites where a model has no rows fall back to its global intercept
+        for s, v in suite_base.items():
+            suite_base[s] = np.where(np.isfinite(v), v, base)
+        return cls(list(data.models), inp, outp, exp_out, mean, slope, base, suite_base)
+
+    # --- persistence (routers.base.save_router) -----------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """(arrays, JSON metadata) for a safetensors file."""
+        suites = list(self.suite_base_cost)
+        arrays = {"input_per_million": self.input_per_million, "output_per_million": self.output_per_million,
+                  "expected_output_tokens": self.expected_output_tokens, "mean_cost": self.mean_cost,
+                  "per_prompt_token": self.per_prompt_token, "base_cost": self.base_cost,
+                  "suite_base_cost": (np.stack([self.suite_base_cost[s] for s in suites]) if suites
+                                      else np.zeros((0, self.num_models)))}
+        return arrays, {"models": self.models, "suites": suites}
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict) -> CostModel:
+        table = arrays["suite_base_cost"]
+        return cls(list(meta["models"]), arrays["input_per_million"], arrays["output_per_million"],
+                   arrays["expected_output_tokens"], arrays["mean_cost"], arrays["per_prompt_token"],
+                   arrays["base_cost"], {s: table[i] for i, s in enumerate(meta["suites"])})
+
+
+# --- the rule -------------------------------------------------------------------------------------------
+
+def choose(quality: np.ndarray, expected_cost: np.ndarray, cost_penalty: float) -> np.ndarray:
+    """[N] int64 index of argmax_m quality[n, m] - cost_penalty * expected_cost[n, m].
+
+    Args:
+        quality: [N, M] predicted quality (NaN: model unavailable for that prompt).
+        expected_cost: [N, M] USD (NaN: unavailable).
+        cost_penalty: lambda >= 0, quality points per USD.
+    Ties (within 1e-12) go to the cheaper model, then the lower index. A row with no available model
+    gets index 0. Raises ValueError for a negative or NaN penalty or mismatched shapes.
+    """
+    quality, expected_cost = np.asarray(quality, dtype=np.float64), np.asarray(expected_cost, dtype=np.float64)
+    if quality.shape != expected_cost.shape or quality.ndim != 2:
+        raise ValueError(f"quality {quality.shape} and expected_cost {expected_cost.shape} must both be [N, M]")
+    if not cost_penalty >= 0:
+        raise ValueError(f"cost_penalty must be >= 0, got {cost_penalty}")
+    utility = quality - cost_penalty * expected_cost if cost_penalty else quality.copy()
+    utility[np.isnan(utility)] = -np.inf
+    best = utility.max(axis=1, keepdims=True)
+    tied = utility >= best - 1e-12
+    return np.where(tied, np.nan_to_num(expected_cost, nan=np.inf), np.inf).argmin(axis=1)
+
+
+def choose_threshold(quality: np.ndarray, strong: int, weak: int, threshold: float) -> np.ndarray:
+    """[N] int64: `strong` where the predicted gain quality[:, strong] - quality[:, weak] >= threshold, else
+    `weak` (RouteLLM's rule, with the gain in place of the strong model's win probability)."""
+    quality = np.asarray(quality, dtype=np.float64)
+    gain = quality[:, strong] - quality[:, weak]
+    return np.where(gain >= threshold, strong, weak).astype(np.int64)
+
+
+def lambda_grid(quality: np.ndarray, expected_cost: np.ndarray, num: int = DEFAULT_GRID_SIZE) -> np.ndarray:
+    """[K] ascending cost penalties from 0 to past the last switch, for sweeping the rule.
+
+    The picks of one prompt change only at the breakpoints (q_i - q_j) / (c_i - c_j) > 0 of its model pairs;
+    the grid holds 0, `num - 2` quantiles of all breakpoints, and twice the largest (where every prompt gets
+    its cheapest model, up to quality ties).
+    """
+    q, c = np.asarray(quality, dtype=np.float64), np.asarray(expected_cost, dtype=np.float64)
+    dq = q[:, :, None] - q[:, None, :]
+    dc = c[:, :, None] - c[:, None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bp = dq / dc
+    bp = bp[np.isfinite(bp) & (bp > 0) & (dc > 0)]
+    if bp.size == 0:
+        return np.array([0.0])
+    inner = np.quantile(bp, np.linspace(0.0, 1.0, max(num - 2, 1)))
+    return np.unique(np.concatenate([[0.0], inner, [2.0 * bp.max()]]))
+
+
+# --- calibration ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """What `calibrate` aims for.
+
+    kind "cost": average USD per request <= value; "share": share of requests sent to `model` = value;
+    "quality": mean quality >= value x the best single model's mean quality (value in (0, 1]).
+    """
+
+    kind: Literal["cost", "share", "quality"]
+    value: float
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("cost", "share", "quality"):
+            raise ValueError(f"unknown target kind {self.kind!r}; kinds: cost, share, quality")
+        if self.kind == "share" and (not self.model or not 0 <= self.value <= 1):
+            raise ValueError("a share target needs a model and a value in [0, 1]")
+        if self.kind == "quality" and not 0 < self.value <= 1:
+            raise ValueError(f"a quality target is a fraction in (0, 1], got {self.value}")
+        if self.kind == "cost" and not self.value >= 0:
+            raise ValueError(f"a cost target must be >= 0 USD, got {self.value}")
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """"cost=0.001" | "share:MODEL=0.3" | "quality=0.95". Raises ValueError otherwise."""
+        match = re.fullmatch(r"\s*(cost|share|quality)(?::(.+?))?\s*=\s*([0-9.eE+-]+)\s*", text)
+        if not match:
+            raise ValueError(f"bad target {text!r}; expected cost=USD, share:MODEL=FRACTION or quality=FRACTION")
+        kind, model, value = match.groups()
+        return cls(kind, float(value), model)  # type: ignore[arg-type]
+
+
+@dataclass
+class Sweep:
+    """Outcome of each knob setting on a held-out set: knob [K], mean_cost [K] USD, quality [K], share [K, M]."""
+
+    knob: np.ndarray
+    mean_cost: np.ndarray
+    quality: np.ndarray
+    share: np.ndarray
+
+
+def _sweep_picks(picks: np.ndarray, knob: np.ndarray, quality: np.ndarray, costs: np.ndarray) -> Sweep:
+    """picks [K, N] -> per-setting mean cost, mean quality and share of each model."""
+    rows = np.arange(picks.shape[1])
+    m = quality.shape[1]
+    return Sweep(knob, np.nanmean(costs[rows, picks], axis=1), np.nanmean(quality[rows, picks], axis=1),
+                 np.stack([np.bincount(p, minlength=m) / len(p) for p in picks]))
+
+
+def sweep(quality: np.ndarray, expected_cost: np.ndarray, *, scores: np.ndarray | None = None,
+          costs: np.ndarray | None = None, strong: int | None = None, weak: int | None = None,
+          knobs: np.ndarray | None = None) -> Sweep:
+    """Every knob setting's picks charged on held-out data.
+
+    Args:
+        quality, expected_cost: [N, M] the router's predictions.
+        scores, costs: [N, M] recorded scores and USD (default: the predictions themselves).
+        strong, weak: column indices for the threshold rule (knob = threshold, all distinct predicted gains
+            and +inf); else the lambda rule over `knobs` (default `lambda_grid`).
+    """
+    scores = quality if scores is None else scores
+    costs = expected_cost if costs is None else costs
+    if strong is not None and weak is not None:
+        gain = quality[:, strong] - quality[:, weak]
+        knobs = np.concatenate([np.unique(gain[np.isfinite(gain)]), [np.inf]]) if knobs is None else np.asarray(knobs)
+        picks = np.where(gain[None, :] >= knobs[:, None], strong, weak)
+    else:
+        knobs = lambda_grid(quality, expected_cost) if knobs is None else np.asarray(knobs)
+        picks = np.stack([choose(quality, expected_cost, lam) for lam in knobs])
+    return _sweep_picks(picks, knobs, scores, costs)
+
+
+def select_setting(result: Sweep, target: Target, *, models: list[str] | None = None,
+                   reference_quality: np.ndarray | None = None) -> int:
+    """The index of the knob setting in `result` that meets `target` (shared by every knob: a router's lambda
+    or threshold, a cascade's escalation threshold).
+
+    - cost: of the settings whose mean cost <= target, the one of highest quality (none: the cheapest).
+    - share: the setting whose share of `target.model` is closest to the target (ties: higher quality);
+      with a threshold this is RouteLLM's quantile calibration.
+    - quality: of the settings reaching target x max(reference_quality), the cheapest (none: the one of
+      highest quality).
+
+    Args:
+        models: [M] names, the columns of `result.share`, to find a share target's model.
+        reference_quality: [M] each single model's mean quality (a quality target's reference).
+    Raises:
+        ValueError: a share target without `models` or naming an unknown model; a quality target without
+            `reference_quality`.
+    """
+    cost, qual = result.mean_cost, result.quality
+    if target.kind == "cost":
+        ok = cost <= target.value * (1 + 1e-9)
+        return int(np.flatnonzero(ok)[np.argmax(qual[ok])]) if ok.any() else int(np.argmin(cost))
+    if target.kind == "share":
+        if models is None or target.model not in models:
+            raise ValueError(f"share target model {target.model!r} is not among the models {models}")
+        miss = np.abs(result.share[:, models.index(target.model)] - target.value)
+        close = np.flatnonzero(miss <= miss.min() + 1e-12)
+        return int(close[np.argmax(qual[close])])
+    if reference_quality is None:
+        raise ValueError("a quality target needs the single models' mean quality")
+    goal = target.value * float(np.nanmax(reference_quality))
+    ok = qual >= goal - 1e-12
+    return int(np.flatnonzero(ok)[np.argmin(cost[ok])]) if ok.any() else int(np.argmax(qual))
+
+
+def calibrate(quality: np.ndarray, expected_cost: np.ndarray, target: Target, *, models: list[str] | None = None,
+              scores: np.ndarray | None = None, costs: np.ndarray | None = None,
+              strong: int | None = None, weak: int | None = None) -> float:
+    """The knob (lambda, or the threshold when `strong` and `weak` are given) that meets `target` on held-out
+    prompts, charged with their recorded `scores` and `costs` ([N, M]) when given, else the predictions.
+    The setting is chosen by `select_setting` (the best single model's quality: the mean of `scores`).
+
+    Args:
+        models: [M] names, to find a share target's model.
+    Raises:
+        ValueError: a share target without `models` or naming an unknown model.
+    """
+    quality, expected_cost = np.asarray(quality, dtype=np.float64), np.asarray(expected_cost, dtype=np.float64)
+    result = sweep(quality, expected_cost, scores=scores, costs=costs, strong=strong, weak=weak)
+    reference = np.nanmean(quality if scores is None else scores, axis=0)
+    return float(result.knob[select_setting(result, target, models=models, reference_quality=reference)])

@@ -1,0 +1,210 @@
+"""Offline evaluation of routers on recorded outcomes, next to the baselines any claim must beat.
+
+    report = evaluate_split(train, test, EvalSettings(types=("knn", "lgbm", "mf")))      # one train/test pair
+
+(Re-drawn splits, k-fold cross-validation and the add-a-model check are in `crossval.py`; the sweeps and
+metrics of one split in `measure.py`.)
+
+Each router is fitted on the training prompts, predicts the quality of every model on the test prompts
+once, and the decision rule (argmax quality - lambda * expected cost, `decision.choose`) is swept over a
+grid of lambdas; each lambda's picks are charged the recorded scores and costs of the test prompts. From
+that cost-quality curve come RouterBench's AIQ (over costs from 0 to the priciest column's, as in
+RouterBench's code), the accuracy reachable at a fraction of the best single model's cost and the cost of reaching its accuracy;
+for a strong/weak pair also RouteLLM's APGR, CPT(50%) and CPT(80%) from its 10-quantile threshold sweep
+on the predicted gain. Baselines: each single model (points), the zero router (their convex hull),
+random, best model per task (for each lambda, per suite the model maximising training accuracy minus
+lambda times cost), prompt length alone, and the oracle (the test scores themselves).
+
+In the same replay (settings.cascade): each learned router's cascade, "cascade:<type>", over the training
+set's cost-accuracy frontier (`cascade_eval.efficient_steps`; a pair: weak then strong), escalating while the
+router's predicted quality of the step's model is below a threshold; the threshold sweep is its curve, each
+point charged only the step that answered (a predicted-quality scorer skips a step before calling it); and
+"cascade:oracle", a perfect judge that pays every step it called. With ensemble columns (settings.ensembles:
+outcomes of a Mixture-of-Agents or other multi-call policy, e.g. "link/moa" in `link eval run` outcomes) the
+routers and baselines choose among the single models only, and "hybrid:<type>" (a router fitted on every
+column) chooses between the single models and the ensembles, like the gateway's `hybrid` policy. Recorded
+sets without such a column (RouterBench, RouteLLM) get no hybrid entry.
+The report is a JSON-able dict (`routers.plot` draws it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from routers.base import Router, make_router
+from routers.data import RoutingData
+from routers.features import Featurizer, Features
+from routers.measure import COST_FRACTIONS, CPT_FRACTIONS, SplitContext, measure, measure_cascade, split_context
+from routers.metrics import ROUTELLM_NUM_THRESHOLDS, aiq
+
+__all__ = ["BASELINES", "COST_FRACTIONS", "CPT_FRACTIONS", "EvalSettings", "LEARNED_TYPES", "PromptLengthRouter",
+           "SplitContext", "evaluate_split", "measure", "measure_cascade", "split_context"]
+
+LEARNED_TYPES = ("knn", "lgbm", "mf")
+BASELINES = ("random", "best-per-task", "length", "oracle")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What to evaluate and how.
+
+    Attributes:
+        types: learned router types (registry names).
+        baselines: any of BASELINES.
+        options: router type -> constructor options.
+        num_lambdas: lambda grid size per router (`decision.lambda_grid`).
+        pair: (strong, weak) model names for APGR/CPT; default: the two single models when there are two.
+        num_thresholds: RouteLLM's threshold count (10).
+        seed: seeds the random baseline and any router option "seed" not given.
+        keep_curves: keep each router's curve in the report (the plot needs it).
+        cascade: also measure each learned router's cascade and the perfect-judge cascade.
+        cascade_models: the cascade's steps, cheapest first (default: the training frontier).
+        ensembles: columns of multi-call policies (e.g. "link/moa"): left to the "hybrid:<type>" entries.
+    """
+
+    types: tuple[str, ...] = LEARNED_TYPES
+    baselines: tuple[str, ...] = BASELINES
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    num_lambdas: int = 256
+    pair: tuple[str, str] | None = None
+    num_thresholds: int = ROUTELLM_NUM_THRESHOLDS
+    seed: int = 0
+    keep_curves: bool = True
+    cascade: bool = True
+    cascade_models: tuple[str, ...] | None = None
+    ensembles: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = set(self.baselines) - set(BASELINES)
+        if unknown:
+            raise ValueError(f"unknown baselines {sorted(unknown)}; baselines: {', '.join(BASELINES)}")
+        if self.cascade_models is not None and len(self.cascade_models) < 2:
+            raise ValueError(f"a cascade needs at least two models, got {list(self.cascade_models)}")
+
+
+# --- the prompt-length baseline (the others live in routers/baselines.py) ---------------------------------
+
+class PromptLengthRouter(Router):
+    """Prompt length alone: each model's mean training score per decile of prompt length (RouteLLM's
+    length baseline, about 0.60 APGR on its MMLU and GSM8K pairs)."""
+
+    type = "length"
+
+    def __init__(self, models: Sequence[str], num_bins: int = 10):
+        super().__init__(models)
+        self.num_bins = num_bins
+        self.edges = np.zeros(0)
+        self.table = np.zeros((1, len(self.models)))
+
+    def fit(self, data: RoutingData, features: Features) -> PromptLengthRouter:
+        data = self.aligned(data)
+        length = features.text[:, 0]                       # log1p(characters), TEXT_FEATURE_NAMES[0]
+        self.edges = np.unique(np.quantile(length, np.linspace(0, 1, self.num_bins + 1)[1:-1]))
+        bins = np.searchsorted(self.edges, length, side="right")
+        overall = np.nanmean(data.scores, axis=0)
+        self.table = np.stack([np.nanmean(data.scores[bins == b], axis=0) if (bins == b).any() else overall
+                               for b in range(len(self.edges) + 1)])
+        self.table = np.where(np.isnan(self.table), overall, self.table)
+        return self
+
+    def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
+        return self.table[np.searchsorted(self.edges, features.text[:, 0], side="right")]
+
+    def state(self):
+        return {"edges": self.edges, "table": self.table}, {"num_bins": self.num_bins}
+
+    @classmethod
+    def from_state(cls, arrays, meta):
+        router = cls(meta["models"], num_bins=meta["num_bins"])
+        router.edges, router.table = arrays["edges"], arrays["table"]
+        return router
+
+
+def _baseline(name: str, models: list[str], seed: int) -> Router:
+    """An unfitted baseline router: prompt length from here, the others from `routers.baselines`."""
+    if name == "length":
+        return PromptLengthRouter(models)
+    return make_router(name, models, seed=seed) if name == "random" else make_router(name, models)
+
+
+# --- one train/test pair --------------------------------------------------------------------------------
+
+def _fitted(type_: str, train: RoutingData, train_feats: Features, settings: EvalSettings) -> Router:
+    return make_router(type_, train.models, **settings.options.get(type_, {})).fit(train, train_feats)
+
+
+def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings = EvalSettings(), *,
+                   featurizer: Featurizer | None = None, features: tuple[Features, Features] | None = None,
+                   extra: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Fit every router on `train`, measure it on `test` (both complete rows, the same models).
+
+    Args:
+        featurizer: reads the prompts (default `Featurizer()`: MiniLM with the disk cache).
+        features: precomputed (train, test) features instead.
+        extra: more entries, name -> predicted quality [N_test, M] (e.g. a router fitted elsewhere).
+    Returns:
+        {"models", "num_train", "num_test", "reference": {best single model, accuracy, cost_usd}, "cost_range",
+         "pair", "ensembles", "single_models": {name: {accuracy, cost_usd}} (ensemble columns too),
+         "zero_router": {aiq}, "routers": {name: metrics}}: metrics as in the module docstring; the cascade
+         entries also name their "steps"; costs in mean USD per request, shares and CPTs as fractions.
+    Raises:
+        ValueError: different models in train and test, or missing scores in test.
+        KeyError: settings name a model the data lacks.
+    """
+    if train.models != test.models:
+        raise ValueError(f"train and test have different models: {train.models} vs {test.models}")
+    if np.isnan(test.scores).any():
+        raise ValueError("the test set has missing scores; use complete_rows()")
+    if features is None:
+        featurizer = featurizer or Featurizer()
+        features = (featurizer.transform(train.prompts), featurizer.transform(test.prompts))
+    train_feats, test_feats = features
+    ctx = split_context(train, test, settings)
+    singles = [m for m, single in zip(test.models, ctx.singles) if single]
+    acc, mean_cost = np.nanmean(test.scores, axis=0), np.nanmean(test.costs, axis=0)
+    report: dict[str, Any] = {
+        "models": test.models, "num_train": train.num_prompts, "num_test": test.num_prompts,
+        "reference": {"model": test.models[ctx.best], "accuracy": float(acc[ctx.best]),
+                      "cost_usd": float(mean_cost[ctx.best])},
+        "cost_range": [ctx.c_min, ctx.c_max],
+        "pair": None if ctx.pair is None else {"strong": test.models[ctx.pair[0]], "weak": test.models[ctx.pair[1]]},
+        "ensembles": list(settings.ensembles),
+        "single_models": {m: {"accuracy": float(a), "cost_usd": float(c)} for m, a, c in zip(test.models, acc, mean_cost)},
+        "zero_router": {"aiq": aiq(mean_cost[ctx.singles], acc[ctx.singles], ctx.c_min, ctx.c_max)},
+        "routers": {},
+    }
+    single_train = train.select_models(singles)
+
+    def over_singles(quality: np.ndarray) -> np.ndarray:
+        """[N, M_singles] -> [N, M] with NaN in the ensemble columns (never chosen)."""
+        full = np.full((test.num_prompts, test.num_models), np.nan)
+        full[:, ctx.singles] = quality
+        return full
+
+    learned = {}
+    for type_ in settings.types:
+        learned[type_] = over_singles(_fitted(type_, single_train, train_feats, settings).predict(test_feats, test.suites))
+        report["routers"][type_] = measure(ctx, learned[type_])
+    for name in settings.baselines:
+        if name == "oracle":
+            quality = over_singles(test.scores[:, ctx.singles])
+        else:
+            quality = over_singles(_baseline(name, singles, settings.seed).fit(single_train, train_feats)
+                                   .predict(test_feats, test.suites))
+        report["routers"][name] = measure(ctx, quality)
+    if ctx.steps is not None:
+        for type_, quality in learned.items():
+            report["routers"][f"cascade:{type_}"] = measure_cascade(ctx, quality[:, ctx.steps])
+        report["routers"]["cascade:oracle"] = measure_cascade(ctx, test.scores[:, ctx.steps], pays_rejected=True)
+    if settings.ensembles:
+        for type_ in settings.types:
+            report["routers"][f"hybrid:{type_}"] = measure(ctx, _fitted(type_, train, train_feats, settings)
+                                                           .predict(test_feats, test.suites))
+        report["routers"]["hybrid:oracle"] = measure(ctx, test.scores.copy())
+    for name, quality in (extra or {}).items():
+        report["routers"][name] = measure(ctx, quality)
+    return report

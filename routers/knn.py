@@ -1,0 +1,226 @@
+"""k-nearest-neighbour router: a prompt's predicted quality per model is the mean score of its k most
+similar training prompts, shrunk toward the model's mean on the prompt's task.
+
+    router = KNNRouter(models, k=40).fit(train, featurizer.transform(train.prompts))
+    quality = router.predict(featurizer.transform(prompts), suites)      # [N, M]
+    router.add_model("new-model", labelled, featurizer.transform(labelled.prompts))
+
+Similarity is the cosine of the (L2-normalised) MiniLM embeddings. With `by_suite` and a known suite the
+neighbours come from that suite only (the task is the strongest single signal on RouterBench, Hu et al.
+2024). The neighbour mean is shrunk toward a prior, the model's training mean on the suite:
+
+    q[n, m] = (sum_i w_i * s[i, m] + prior * mu[suite(n), m]) / (sum_i w_i + prior)
+
+with w_i = 1 (uniform) or exp(cos_i / temperature). Every model keeps its own bank of labelled prompts, so
+`add_model` only appends a bank for the new model (the others are untouched), as kNN routers in
+RouterBench and RouteLLM's evaluation do without any training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from routers.base import Router
+from routers.data import RoutingData
+from routers.features import Features
+
+GLOBAL = ""          # key of the all-suites prior
+CHUNK = 2048         # query rows per similarity block ([CHUNK, P] float32)
+
+
+class KNNRouter(Router):
+    """Mean score of the k nearest training prompts (cosine on embeddings), shrunk toward the task mean.
+
+    Args:
+        models: [M] candidate names.
+        k: neighbours per prediction (fewer when a bank is smaller).
+        prior: pseudo-count of the shrinkage toward the suite mean (0: the plain neighbour mean).
+        temperature: None for uniform weights, else w = exp(cosine / temperature).
+        by_suite: look for neighbours in the query's suite when that suite was seen in training.
+    Raises:
+        ValueError: k < 1, prior < 0 or temperature <= 0.
+    """
+
+    type = "knn"
+
+    def __init__(self, models: Sequence[str], k: int = 40, prior: float = 4.0, temperature: float | None = None,
+                 by_suite: bool = True):
+        super().__init__(models)
+        if k < 1 or prior < 0 or (temperature is not None and temperature <= 0):
+            raise ValueError(f"need k >= 1, prior >= 0 and temperature > 0; got {k}, {prior}, {temperature}")
+        self.k, self.prior, self.temperature, self.by_suite = int(k), float(prior), temperature, bool(by_suite)
+        # bank: every labelled prompt, [P, D] embeddings, [P] suite, [P, M] scores (NaN: that model has no label)
+        self.embeddings = np.zeros((0, 0), dtype=np.float32)
+        self.bank_suites = np.zeros(0, dtype=object)
+        self.scores = np.zeros((0, len(self.models)))
+
+    # --- training ---------------------------------------------------------------------------------------
+
+    def fit(self, data: RoutingData, features: Features) -> KNNRouter:
+        """Store the labelled prompts. `data` [P] with this router's models; `features` N = P.
+
+        Raises:
+            KeyError: data lacks a model. ValueError: features and data disagree on P.
+        """
+        data = self.aligned(data)
+        _check_rows(data, features)
+        self.embeddings = _normalise(features.embeddings)
+        self.bank_suites = np.asarray(data.suites, dtype=object)
+        self.scores = data.scores.copy()
+        return self
+
+    def add_model(self, name: str, data: RoutingData, features: Features) -> None:
+        """Append a bank for `name` from its labelled prompts ([P'] rows of `data`, NaN scores skipped);
+        the other models' banks and predictions are unchanged.
+
+        Raises:
+            ValueError: `name` is already a candidate, or no prompt has its score.
+            KeyError: `data` has no column `name`.
+        """
+        if name in self.models:
+            raise ValueError(f"{name!r} is already one of the router's models")
+        column = data.select_models([name]).scores[:, 0]
+        _check_rows(data, features)
+        keep = np.isfinite(column)
+        if not keep.any():
+            raise ValueError(f"no labelled prompt for {name!r}")
+        self.models.append(name)
+        new_rows = np.full((int(keep.sum()), len(self.models)), np.nan)
+        new_rows[:, -1] = column[keep]
+        self.scores = np.vstack([np.hstack([self.scores, np.full((len(self.scores), 1), np.nan)]), new_rows])
+        self.embeddings = np.vstack([self.embeddings, _normalise(features.embeddings[keep])])
+        self.bank_suites = np.concatenate([self.bank_suites, np.asarray(data.suites, dtype=object)[keep]])
+
+    # --- prediction -------------------------------------------------------------------------------------
+
+    def suite_means(self) -> dict[str, np.ndarray]:
+        """suite -> [M] mean training score per model ("" for all suites; NaN-free: a model without labels
+        in a suite gets its global mean, one without any labels 0.5)."""
+        overall = np.nan_to_num(_nanmean(self.scores), nan=0.5)
+        means = {GLOBAL: overall}
+        for s in dict.fromkeys(self.bank_suites.tolist()):
+            m = _nanmean(self.scores[self.bank_suites == s])
+            means[s] = np.where(np.isfinite(m), m, overall)
+        return means
+
+    def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
+        """[N, M] float64 predicted quality in [0, 1] for N prompts (`suites` [N] when known)."""
+        return self.neighbour_means(features, suites, (self.k,))[0]
+
+    def neighbour_means(self, features: Features, suites: Sequence[str] | None = None, ks: Sequence[int] = (),
+                        *, exclude: np.ndarray | None = None) -> list[np.ndarray]:
+        """The shrunk neighbour mean [N, M] for each k in `ks` (default: this router's k).
+
+        Args:
+            features: N query prompts; suites: [N] or None.
+            exclude: [N] int, a bank row each query leaves out (-1: none); `np.arange(P)` with the bank's own
+                prompts as queries gives leave-one-out features for stacking (`routers.lgbm`), and
+                `find_in_bank` finds the rows of prompts already in the bank.
+        Raises:
+            RuntimeError: not fitted. ValueError: wrong number of suites or of exclude rows.
+        """
+        if len(self.scores) == 0:
+            raise RuntimeError("the kNN router is not fitted")
+        ks = [int(k) for k in ks] or [self.k]
+        query = _normalise(features.embeddings)
+        n = len(query)
+        suites = [GLOBAL] * n if suites is None else list(suites)
+        if len(suites) != n:
+            raise ValueError(f"{len(suites)} suites for {n} prompts")
+        if exclude is not None and len(exclude) != n:
+            raise ValueError(f"{len(exclude)} exclude rows for {n} prompts")
+        means = self.suite_means()
+        labelled = np.isfinite(self.scores)                                   # [P, M]
+        groups = _column_groups(labelled)
+        out = [np.empty((n, self.num_models)) for _ in ks]
+        suite_of = np.asarray(suites, dtype=object)
+        for suite in dict.fromkeys(suites):
+            rows = np.flatnonzero(suite_of == suite)
+            in_suite = (self.bank_suites == suite) if (self.by_suite and suite != GLOBAL and suite in means) else None
+            prior = means.get(suite, means[GLOBAL])
+            for mask, cols in groups:
+                pool = mask if in_suite is None else mask & in_suite
+                pool = np.flatnonzero(pool if pool.any() else mask)
+                for start in range(0, len(rows), CHUNK):                      # [chunk, pool] similarities
+                    chunk = rows[start:start + CHUNK]
+                    sims = query[chunk] @ self.embeddings[pool].T
+                    if exclude is not None:
+                        sims[np.asarray(exclude)[chunk][:, None] == pool[None, :]] = -np.inf
+                    for k, target in zip(ks, out):
+                        target[np.ix_(chunk, cols)] = self._neighbour_mean(sims, self.scores[np.ix_(pool, cols)], prior[cols], k)
+        return out
+
+    def find_in_bank(self, features: Features, suites: Sequence[str] | None = None) -> np.ndarray:
+        """[N] int the bank row holding the same prompt (embedding cosine >= 1 - 1e-6, same suite when both
+        are known), -1 where none does."""
+        query = _normalise(features.embeddings)
+        out = np.full(len(query), -1, dtype=np.int64)
+        for start in range(0, len(query), CHUNK):
+            sims = query[start:start + CHUNK] @ self.embeddings.T
+            if suites is not None:
+                same = np.asarray(suites, dtype=object)[start:start + CHUNK, None] == self.bank_suites[None, :]
+                sims = np.where(same, sims, -np.inf)
+            best = sims.argmax(axis=1)
+            found = sims[np.arange(len(sims)), best] >= 1 - 1e-6
+            out[start:start + CHUNK] = np.where(found, best, -1)
+        return out
+
+    def _neighbour_mean(self, sims: np.ndarray, scores: np.ndarray, prior: np.ndarray, k: int) -> np.ndarray:
+        """sims [n, p] of the queries to the pool (-inf: left out), scores [p, c] of the pool, prior [c] -> [n, c]."""
+        k = min(k, sims.shape[1])
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k] if k < sims.shape[1] else np.tile(np.arange(k), (len(sims), 1))
+        near = np.take_along_axis(sims, top, axis=1)                          # [n, k]
+        if self.temperature is None:
+            weight = np.isfinite(near).astype(np.float64)
+        else:
+            finite = np.where(np.isfinite(near), near, np.nan)
+            weight = np.nan_to_num(np.exp((finite - np.nanmax(finite, axis=1, keepdims=True)) / self.temperature))
+        total = np.einsum("nk,nkc->nc", weight, scores[top])                  # [n, c]
+        denominator = weight.sum(axis=1, keepdims=True) + self.prior
+        return np.where(denominator > 0, (total + self.prior * prior[None, :]) / np.maximum(denominator, 1e-12),
+                        prior[None, :])
+
+    # --- persistence ------------------------------------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        suites = list(dict.fromkeys(self.bank_suites.tolist()))
+        index = np.array([suites.index(s) for s in self.bank_suites], dtype=np.int64)
+        return ({"embeddings": self.embeddings, "scores": self.scores, "suite_index": index},
+                {"k": self.k, "prior": self.prior, "temperature": self.temperature, "by_suite": self.by_suite,
+                 "suites": suites})
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> KNNRouter:
+        router = cls(meta["models"], k=meta["k"], prior=meta["prior"], temperature=meta["temperature"],
+                     by_suite=meta["by_suite"])
+        router.embeddings = np.asarray(arrays["embeddings"], dtype=np.float32)
+        router.scores = np.asarray(arrays["scores"], dtype=np.float64)
+        router.bank_suites = np.array([meta["suites"][i] for i in arrays["suite_index"]], dtype=object)
+        return router
+
+
+def _check_rows(data: RoutingData, features: Features) -> None:
+    if features.num_rows != data.num_prompts:
+        raise ValueError(f"{features.num_rows} feature rows for {data.num_prompts} prompts")
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _nanmean(x: np.ndarray) -> np.ndarray:
+    """Column means ignoring NaN, NaN for an all-NaN column (without numpy's warning)."""
+    count = np.isfinite(x).sum(axis=0)
+    return np.where(count > 0, np.nansum(x, axis=0) / np.maximum(count, 1), np.nan)
+
+
+def _column_groups(labelled: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Group the model columns that have labels on the same prompts: [(row mask [P], columns)]."""
+    groups: dict[bytes, list[int]] = {}
+    for j in range(labelled.shape[1]):
+        groups.setdefault(np.packbits(labelled[:, j]).tobytes(), []).append(j)
+    return [(labelled[:, cols[0]], np.array(cols)) for cols in groups.values()]

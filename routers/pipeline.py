@@ -1,0 +1,167 @@
+"""The library side of `link router train|calibrate|eval`: one function per subcommand.
+
+    router, costs = train_router("knn", data)                       # fitted on the complete prompts of data
+    path = train_and_save("knn", data, "auto.safetensors")
+    result = calibrate_file("auto.safetensors", held_out, Target.parse("cost=0.001"))
+    report = run_evaluation(train, test, EvalSettings(types=("knn",)), num_splits=5)
+
+`data` is a `RoutingData` (the CLI builds it from outcome tables with `RoutingData.from_outcomes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routers.base import Router, load_router, make_router, save_router
+from routers.cascade_eval import calibrate_cascade, cascade_picks, efficient_steps
+from routers.data import RoutingData
+from routers.decision import CostModel, Target, calibrate, choose, choose_threshold, estimate_prompt_tokens
+from routers.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
+from routers.evaluate import EvalSettings, evaluate_split
+from routers.features import Featurizer
+
+
+def train_router(type_: str, data: RoutingData, *, options: dict[str, Any] | None = None,
+                 featurizer: Featurizer | None = None,
+                 prices: dict[str, tuple[float, float]] | None = None) -> tuple[Router, CostModel]:
+    """Fit a `type_` router on the prompts of `data` that every model answered, and its cost model.
+
+    Args:
+        prices: model -> (input, output) USD per million tokens, for the cost model (`CostModel.from_data`).
+    Raises:
+        ValueError: no prompt has every model's score.
+    """
+    data = data.complete_rows()
+    if data.num_prompts == 0:
+        raise ValueError("no prompt has a score for every model; nothing to train on")
+    featurizer = featurizer or Featurizer()
+    router = make_router(type_, data.models, **(options or {}))
+    router.fit(data, featurizer.transform(data.prompts))
+    router.featurizer = featurizer
+    return router, CostModel.from_data(data, prices)
+
+
+def train_and_save(type_: str, data: RoutingData, out: str | Path, *, options: dict[str, Any] | None = None,
+                   featurizer: Featurizer | None = None, prices: dict[str, tuple[float, float]] | None = None,
+                   info: dict[str, Any] | None = None) -> Path:
+    """`train_router` then `save_router` with the lambda-0 decision (calibrate it afterwards). Returns the path."""
+    router, costs = train_router(type_, data, options=options, featurizer=featurizer, prices=prices)
+    complete = data.complete_rows()
+    meta = {"num_prompts": complete.num_prompts, "suites": sorted(set(complete.suites)), "options": options or {},
+            **(info or {})}
+    return save_router(router, out, costs=costs, decision={"rule": "lambda", "cost_penalty": 0.0}, info=meta)
+
+
+def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule: str = "lambda",
+                   strong: str | None = None, weak: str | None = None, cascade_models: Sequence[str] | None = None,
+                   out: str | Path | None = None, featurizer: Featurizer | None = None) -> dict[str, Any]:
+    """Set a saved router's knob so that `target` holds on held-out `data`, and write it back.
+
+    The router predicts the held-out prompts; expected costs come from its cost model as the gateway would
+    compute them (no suite known); each knob setting is charged the recorded scores and costs (complete
+    prompts only). Rule "lambda" sets the cost penalty; "threshold" the strong/weak threshold; "cascade" the
+    escalation threshold of a cascade scored by this router (`cascade_eval.calibrate_cascade`) over
+    `cascade_models` (default: the data's cost-accuracy frontier), clipped to [0, 1] and stored in the file's
+    decision as {"cascade": {"models", "threshold", "target"}} next to the router's own rule (the cascade
+    policy's `options.threshold`).
+
+    Returns:
+        {"rule", "knob", "target", "num_prompts", "mean_cost_usd", "quality", "share": {model: fraction}, "path"}
+        (+ "steps" for a cascade).
+    Raises:
+        ValueError: a threshold rule without strong and weak, a cascade of fewer than two models, an unknown
+            rule, or no complete prompt.
+        KeyError: the data lacks one of the router's models, or a cascade model is not the router's.
+    """
+    loaded = load_router(path)
+    models = loaded.models
+    data = data.select_models(models).complete_rows()
+    if data.num_prompts == 0:
+        raise ValueError("no held-out prompt has a score for every model of the router")
+    if rule not in ("lambda", "threshold", "cascade"):
+        raise ValueError(f"unknown rule {rule!r}; rules: lambda, threshold, cascade")
+    if rule == "threshold" and (strong not in models or weak not in models):
+        raise ValueError(f"a threshold rule needs --strong and --weak among {models}")
+    featurizer = featurizer or Featurizer()
+    quality = loaded.router.predict(featurizer.transform(data.prompts), None)
+    if rule == "cascade":
+        return _calibrate_cascade_file(loaded, path, data, quality, target, cascade_models, out)
+    expected = (loaded.costs.select_models(models).expected_cost(estimate_prompt_tokens(data.prompts))
+                if loaded.costs is not None else np.zeros_like(quality))
+    s, w = (models.index(strong), models.index(weak)) if rule == "threshold" else (None, None)
+    knob = calibrate(quality, expected, target, models=models, scores=data.scores, costs=data.costs, strong=s, weak=w)
+    picks = choose_threshold(quality, s, w, knob) if rule == "threshold" else choose(quality, expected, knob)
+    rows = np.arange(len(picks))
+    decision: dict[str, Any] = ({"rule": "threshold", "strong": strong, "weak": weak, "threshold": knob}
+                                if rule == "threshold" else {"rule": "lambda", "cost_penalty": knob})
+    decision["target"] = {"kind": target.kind, "value": target.value, "model": target.model}
+    if "cascade" in loaded.decision:   # a cascade threshold calibrated earlier stays
+        decision["cascade"] = loaded.decision["cascade"]
+    target_path = Path(out) if out is not None else Path(path)
+    save_router(loaded.router, target_path, costs=loaded.costs, decision=decision,
+                info={**loaded.info, "calibrated_on": data.num_prompts})
+    return {"rule": rule, "knob": knob, "target": decision["target"], "num_prompts": data.num_prompts,
+            "mean_cost_usd": float(data.costs[rows, picks].mean()), "quality": float(data.scores[rows, picks].mean()),
+            "share": {m: float(np.mean(picks == j)) for j, m in enumerate(models)}, "path": str(target_path)}
+
+
+def _calibrate_cascade_file(loaded, path, data: RoutingData, quality: np.ndarray, target: Target,
+                            cascade_models: Sequence[str] | None, out) -> dict[str, Any]:
+    """`calibrate_file` for rule "cascade" (see there)."""
+    models = loaded.models
+    unknown = [m for m in cascade_models or () if m not in models]
+    if unknown:
+        raise KeyError(f"cascade model(s) {unknown} are not among the router's models {models}")
+    steps = [models.index(m) for m in cascade_models] if cascade_models else efficient_steps(data.scores, data.costs)
+    if len(steps) < 2:
+        raise ValueError(f"a cascade needs at least two models, got {[models[j] for j in steps]}")
+    step_quality = quality[:, steps]
+    knob = min(1.0, max(0.0, calibrate_cascade(step_quality, steps, target, scores=data.scores, costs=data.costs,
+                                                 models=models)))
+    picks, paid = cascade_picks(step_quality, data.costs, steps, np.array([knob]))
+    rows = np.arange(data.num_prompts)
+    names = [models[j] for j in steps]
+    target_info = {"kind": target.kind, "value": target.value, "model": target.model}
+    decision = {**loaded.decision, "cascade": {"models": names, "threshold": knob, "target": target_info}}
+    target_path = Path(out) if out is not None else Path(path)
+    save_router(loaded.router, target_path, costs=loaded.costs, decision=decision,
+                info={**loaded.info, "cascade_calibrated_on": data.num_prompts})
+    return {"rule": "cascade", "knob": knob, "steps": names, "target": target_info, "num_prompts": data.num_prompts,
+            "mean_cost_usd": float(paid[0].mean()), "quality": float(data.scores[rows, picks[0]].mean()),
+            "share": {m: float(np.mean(picks[0] == j)) for j, m in enumerate(models)}, "path": str(target_path)}
+
+
+def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalSettings, *, num_splits: int = 0,
+                   folds: int = 5, seeds: Sequence[int] = (0,), group_by: str | None = None,
+                   add_model: str | None = None, add_prompts: int = 300,
+                   featurizer: Featurizer | None = None) -> dict[str, Any]:
+    """What `link router eval` reports.
+
+    With `test`: the fixed split ("split"), plus `num_splits` re-drawn splits ("resplits") when > 0, plus
+    per learned type the add-a-model check ("add_model": {type: result}) when `add_model` names a model.
+    Without: k-fold cross-validation of `train` ("kfold") over `seeds`, holding out whole `group_by` groups.
+    Every set is cut to its complete prompts first.
+    """
+    featurizer = featurizer or Featurizer()
+    train = train.complete_rows()
+    out: dict[str, Any] = {"settings": {"types": list(settings.types), "baselines": list(settings.baselines),
+                                        "options": settings.options, "num_lambdas": settings.num_lambdas,
+                                        "cascade": settings.cascade, "cascade_models": settings.cascade_models,
+                                        "ensembles": list(settings.ensembles)}}
+    if test is None:
+        out["kfold"] = evaluate_kfold(train, settings, k=folds, seeds=seeds, group_by=group_by, featurizer=featurizer)
+        out["kfold"].update(k=folds, seeds=list(seeds), group_by=group_by)
+        return out
+    test = test.complete_rows()
+    features = (featurizer.transform(train.prompts), featurizer.transform(test.prompts))
+    out["split"] = evaluate_split(train, test, settings, features=features)
+    if num_splits > 0:
+        out["resplits"] = evaluate_resplits(train, test, settings, num_splits=num_splits, featurizer=featurizer)
+    if add_model is not None:
+        out["add_model"] = {t: evaluate_add_model(train, test, t, add_model, num_labelled=add_prompts,
+                                                  settings=settings, features=features) for t in settings.types}
+    return out

@@ -1,0 +1,118 @@
+"""The PNG of an evaluation report: each router's cost-quality curve next to the single models.
+
+    plot_report(evaluate_split(train, test, settings), "routing.png")
+
+Left panel: mean quality against mean USD per request (log axis; symlog when a model is free), each
+router's non-decreasing convex hull as a line (its AIQ in the legend) over its operating points as dots
+(cascades dotted, hybrids dash-dotted, the oracle and random dashed), the single models as labelled black
+points (ensemble columns, e.g. link/moa, as diamonds). Right panel, for a strong/weak pair: quality against the
+share of strong-model calls, RouteLLM's view (APGR in the legend). Matplotlib's object API on the Agg
+canvas: no pyplot, no global backend, safe headless and from threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from routers.metrics import nondecreasing_convex_hull
+
+
+def split_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The one-split report inside whatever `link router eval` wrote (a split, re-splits or folds: the first).
+
+    Raises:
+        ValueError: no split report inside.
+    """
+    if "routers" in report:
+        return report
+    for key in ("split", "resplits", "kfold"):
+        if isinstance(report.get(key), dict):
+            return split_report(report[key])
+    for key in ("splits", "folds"):
+        if report.get(key):
+            return report[key][0]
+    raise ValueError("no split report (with 'routers') inside")
+
+
+def _line_style(name: str) -> str:
+    if name.startswith("cascade:"):
+        return ":"
+    if name.startswith("hybrid:"):
+        return "-."
+    return "--" if name in ("oracle", "random") else "-"
+
+
+def report_figure(report: dict[str, Any], *, title: str = ""):
+    """A matplotlib Figure of `report` (see the module docstring). Routers without a kept curve are skipped."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    report = split_report(report)
+    has_pair = report.get("pair") is not None
+    fig = Figure(figsize=(13 if has_pair else 8.5, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2 if has_pair else 1, squeeze=False)[0]
+    ax = axes[0]
+    singles = report["single_models"]
+    for number, (name, entry) in enumerate(report["routers"].items()):
+        curve = entry.get("curve")
+        if not curve:
+            continue
+        colour = f"C{number % 10}"
+        cost, quality = np.asarray(curve["cost_usd"]), np.asarray(curve["quality"])
+        ax.scatter(cost, quality, s=6, color=colour, alpha=0.35, zorder=2)
+        hx, hy = nondecreasing_convex_hull(cost, quality)
+        hx, hy = np.append(hx, max(report["cost_range"][1], hx[-1])), np.append(hy, hy[-1])
+        # the hull is linear in cost: sample it densely so it stays true on a log axis
+        xs = np.union1d(np.linspace(hx[0], hx[-1], 200), np.geomspace(max(hx[0], 1e-12), max(hx[-1], 1e-12), 200))
+        ax.plot(xs, np.interp(xs, hx, hy), color=colour, linewidth=1.6, zorder=3, label=f"{name} (AIQ {entry['aiq']:.3f})",
+                linestyle=_line_style(name))
+    costs = [s["cost_usd"] for s in singles.values()]
+    ensembles = set(report.get("ensembles") or ())
+    for marker, label, members in (("o", "single models", [n for n in singles if n not in ensembles]),
+                                   ("D", "ensembles", [n for n in singles if n in ensembles])):
+        if members:
+            ax.scatter([singles[n]["cost_usd"] for n in members], [singles[n]["accuracy"] for n in members], color="black",
+                       marker=marker, s=22, zorder=4, label=label)
+    for i, (name, s) in enumerate(sorted(singles.items(), key=lambda kv: kv[1]["cost_usd"])):
+        ax.annotate(name.split("/")[-1], (s["cost_usd"], s["accuracy"]), fontsize=7, xytext=(3, 5 if i % 2 else -9),
+                    textcoords="offset points")
+    if min(costs) > 0:
+        ax.set_xscale("log")
+    else:
+        positive = [c for c in costs if c > 0]
+        ax.set_xscale("symlog", linthresh=min(positive) if positive else 1.0)
+    ax.set_xlabel("mean cost per request (USD)")
+    ax.set_ylabel("mean quality")
+    ax.set_title(title or f"cost-quality ({report['num_test']} test prompts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    if has_pair:
+        pair = report["pair"]
+        bx = axes[1]
+        for number, (name, entry) in enumerate(report["routers"].items()):
+            curve = entry.get("threshold_curve")
+            if not curve:
+                continue
+            order = np.argsort(curve["strong_share"])
+            bx.plot(np.asarray(curve["strong_share"])[order] * 100, np.asarray(curve["quality"])[order], marker=".",
+                    color=f"C{number % 10}", label=f"{name} (APGR {entry['apgr']:.3f})" if entry.get("apgr") is not None else name)
+        for model, style in ((pair["strong"], "--"), (pair["weak"], ":")):
+            bx.axhline(singles[model]["accuracy"], color="grey", linestyle=style, linewidth=1, label=model)
+        bx.set_xlabel(f"calls to {pair['strong']} (%)")
+        bx.set_ylabel("mean quality")
+        bx.set_title("strong/weak threshold sweep (RouteLLM)")
+        bx.grid(alpha=0.3)
+        bx.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def plot_report(report: dict[str, Any], path: str | Path, *, title: str = "") -> Path:
+    """Write `report_figure(report)` as a PNG at `path` (folders created). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report_figure(report, title=title).savefig(path, dpi=120)
+    return path

@@ -1,0 +1,111 @@
+"""`link/moa` of the embedded default with the real local models (smollm2-135m-instruct and gemma-3-270m
+proposing, smollm2 aggregating), through the official `openai` client, whole and streamed; and a MoA that
+also has a slow proposer (a mock answering after 3 s) and a broken one (a refused port): keep-alive
+comments arrive before the first content chunk, the broken proposer is dropped, the answer still comes,
+and the request log holds every proposer's output and the cost of every call at the nominal local prices.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.mock_launch import refused_url, start_mock_thread
+
+pytestmark = pytest.mark.slow
+AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
+QUESTION = [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
+                                        "many clips in May. How many clips did Natalia sell altogether in April and May?"}]
+LOCAL = ("smollm2-135m-instruct", "gemma-3-270m")
+
+
+@pytest.fixture(scope="module")
+def gateway(new_database_url, tmp_path_factory):
+    from link.config import DEFAULT_CONFIG_YAML, parse_config
+
+    with start_mock_thread(mode="hang", hang_s=3.0) as slow:
+        data = yaml.safe_load(DEFAULT_CONFIG_YAML)
+        data["models"] += [mock_deployment("slow", slow.api_base, timeout_s=60.0, first_token_timeout_s=30.0),
+                           mock_deployment("broken", refused_url())]
+        data["policies"].append({"name": "moa-faults", "type": "moa", "models": [*LOCAL, "slow", "broken"],
+                                 "options": {"aggregator": "smollm2-135m-instruct", "proposer_max_tokens": 16}})
+        settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"))
+        with start_gateway_thread(settings, parse_config(data, "test")) as server:
+            yield server
+
+
+@pytest.fixture(scope="module")
+def client(gateway):
+    return openai.OpenAI(base_url=gateway.base_url, api_key=MASTER_KEY, max_retries=0, timeout=600)
+
+
+def logged(gateway, request_id: str) -> dict:
+    deadline = time.monotonic() + 10
+    while True:  # a streamed request's row is queued just after its last byte
+        gateway.flush_log()
+        row = httpx.get(f"{gateway.url}/api/requests/{request_id}", headers=AUTH)
+        if row.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert row.status_code == 200, row.text
+    return row.json()
+
+
+def nominal_cost(calls: list[dict]) -> float:
+    """USD of the calls at the embedded default's nominal prices (per million tokens, input = output)."""
+    price = {"smollm2-135m-instruct": 0.02, "gemma-3-270m": 0.04, "slow": None}
+    total = 0.0
+    for call in calls:
+        if call["model"] == "slow":  # a mock deployment: 1000 / 2000 USD per million
+            total += (call["prompt_tokens"] * 1000 + call["completion_tokens"] * 2000) / 1e6
+        else:
+            total += (call["prompt_tokens"] + call["completion_tokens"]) * price[call["model"]] / 1e6
+    return total
+
+
+def test_default_moa_answers_whole_with_the_local_models(gateway, client):
+    raw = client.chat.completions.with_raw_response.create(model="link/moa", messages=QUESTION, max_tokens=24, temperature=0)
+    answer = raw.parse()
+    assert raw.headers["x-link-policy"] == "link/moa" and raw.headers["x-link-model"] == "smollm2-135m-instruct"
+    assert answer.model == "smollm2-135m-instruct" and answer.choices[0].message.content
+    row = logged(gateway, raw.headers["x-link-request-id"])
+    proposals = row["decision"]["moa"]["proposals"]
+    assert [p["model"] for p in proposals] == list(LOCAL) and all(p["ok"] and p["text"] for p in proposals)
+    calls = row["decision"]["calls"]
+    assert sorted(c["model"] for c in calls) == sorted([*LOCAL, "smollm2-135m-instruct"])
+    assert answer.usage.completion_tokens == sum(c["completion_tokens"] for c in calls)
+    assert row["cost_usd"] == pytest.approx(nominal_cost(calls)) and row["cost_usd"] > 0
+    assert float(raw.headers["x-link-cost-usd"]) == pytest.approx(row["cost_usd"], abs=1e-9)
+
+
+def test_streamed_moa_keeps_alive_drops_the_broken_proposer_and_logs_every_output(gateway, client):
+    with client.chat.completions.with_streaming_response.create(
+            model="moa-faults", messages=QUESTION, max_tokens=24, temperature=0, stream=True,
+            stream_options={"include_usage": True}) as raw:
+        assert raw.headers["x-link-model"] == "smollm2-135m-instruct"
+        request_id = raw.headers["x-link-request-id"]
+        lines = [line for line in raw.iter_lines() if line]
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
+    assert first_data >= 1 and set(lines[:first_data]) == {": keep-alive"}  # the slow proposer alone takes 3 s
+    assert lines[-1] == "data: [DONE]"
+    row = logged(gateway, request_id)
+    assert row["status"] == "ok" and row["ttft_ms"] > 3000
+    proposals = {p["model"]: p for p in row["decision"]["moa"]["proposals"]}
+    assert set(proposals) == {*LOCAL, "slow", "broken"} and row["decision"]["moa"]["num_dropped"] == 1
+    assert not proposals["broken"]["ok"] and "BackendUnavailable" in proposals["broken"]["error"]
+    for name in (*LOCAL, "slow"):
+        assert proposals[name]["ok"] and proposals[name]["text"]
+    assert row["cost_usd"] == pytest.approx(nominal_cost(row["decision"]["calls"]))
+
+
+def test_streamed_and_whole_default_moa_through_the_openai_client(gateway, client):
+    chunks = list(client.chat.completions.create(model="link/moa", messages=QUESTION, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and {c.model for c in chunks} == {"smollm2-135m-instruct"}
+    assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].usage.prompt_tokens > 0

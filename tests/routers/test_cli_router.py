@@ -1,0 +1,199 @@
+"""`link router train|calibrate|eval` end to end on small outcome files, with a fake embedder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from evals.outcomes import Outcome, OutcomeTable
+from link.cli import app
+from routers.base import ROUTERS, Router, load_router, register_router
+
+runner = CliRunner()
+
+
+def fake_embed(self, texts):
+    """Coordinate 0: the prompt says it is hard; 1: a constant."""
+    out = np.zeros((len(texts), 384), dtype=np.float32)
+    out[:, 0] = [1.0 if t.startswith("hard") else 0.0 for t in texts]
+    out[:, 1] = 1.0
+    return out
+
+
+class LinearRouter(Router):
+    """Least squares of each model's score on the first two embedding coordinates."""
+
+    type = "linear"
+
+    def __init__(self, models, ridge: float = 0.0):
+        super().__init__(models)
+        self.ridge = ridge
+        self.weights = np.zeros((2, len(self.models)))
+
+    def fit(self, data, features):
+        data = self.aligned(data)
+        x = features.embeddings[:, :2].astype(np.float64)
+        self.weights = np.linalg.solve(x.T @ x + self.ridge * np.eye(2), x.T @ data.scores)
+        return self
+
+    def predict(self, features, suites=None):
+        return features.embeddings[:, :2].astype(np.float64) @ self.weights
+
+    def state(self):
+        return {"weights": self.weights}, {"ridge": self.ridge}
+
+    @classmethod
+    def from_state(cls, arrays, meta):
+        router = cls(meta["models"], ridge=meta["ridge"])
+        router.weights = arrays["weights"]
+        return router
+
+
+@pytest.fixture(autouse=True)
+def fakes(monkeypatch):
+    monkeypatch.setattr("routers.features.Embedder.embed", fake_embed)
+    register_router("linear", f"{__name__}:LinearRouter")
+    yield
+    ROUTERS.pop("linear", None)
+
+
+def write_outcomes(path, n: int, seed: int, prefix: str):
+    """Strong (1e-3 USD) right 90% of the time; weak (1e-5 USD) right on easy prompts, wrong on hard ones."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        hard = i % 3 == 0
+        prompt = f"{'hard' if hard else 'easy'} question {prefix}{i} " + "x" * int(rng.integers(0, 40))
+        rows.append(Outcome(f"{prefix}/{i}", "toy", prompt, "strong", float(rng.uniform() < 0.9), 1e-3))
+        rows.append(Outcome(f"{prefix}/{i}", "toy", prompt, "weak", 0.0 if hard else float(rng.uniform() < 0.95), 1e-5))
+    return OutcomeTable(rows).write(path)
+
+
+@pytest.fixture()
+def files(tmp_path):
+    return write_outcomes(tmp_path / "train.jsonl", 90, 0, "a"), write_outcomes(tmp_path / "test.csv", 60, 1, "b")
+
+
+def test_train_then_calibrate_a_lambda_and_a_threshold(tmp_path, files):
+    train, test = files
+    out = tmp_path / "r.safetensors"
+    result = runner.invoke(app, ["router", "train", "--type", "linear", "--data", str(train), "--out", str(out),
+                                 "--option", "ridge=0.5"])
+    assert result.exit_code == 0, result.output
+    loaded = load_router(out)
+    assert loaded.router.ridge == 0.5 and loaded.models == ["strong", "weak"]
+    assert loaded.info["data"] == [str(train)] and loaded.info["num_prompts"] == 90
+    assert loaded.decision["cost_penalty"] == 0.0
+
+    result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--target", "cost=0.0005"])
+    assert result.exit_code == 0, result.output
+    decision = load_router(out).decision
+    assert decision["rule"] == "lambda" and decision["cost_penalty"] >= 0
+    assert decision["target"] == {"kind": "cost", "value": 0.0005, "model": None}
+    # the hard third goes to the strong model: 1/3 * 1e-3 + 2/3 * 1e-5 <= 5e-4
+    hard, easy = ({"messages": [{"role": "user", "content": f"{kind} one"}]} for kind in ("hard", "easy"))
+    assert load_router(out).decide(hard).chosen == "strong"
+    assert load_router(out).decide(easy).chosen == "weak"
+    # a budget below that sends everything to the weak model: a positive penalty
+    result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--target", "cost=0.0002"])
+    assert result.exit_code == 0, result.output
+    assert load_router(out).decision["cost_penalty"] > 0 and load_router(out).decide(hard).chosen == "weak"
+
+    other = tmp_path / "t.safetensors"
+    result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--rule", "threshold",
+                                 "--strong", "strong", "--weak", "weak", "--target", "share:strong=0.34",
+                                 "--out", str(other)])
+    assert result.exit_code == 0, result.output
+    assert load_router(other).decision["rule"] == "threshold"
+    assert "share of calls" in result.output
+
+
+def test_eval_a_split_with_resplits_writes_json_and_png(tmp_path, files):
+    train, test = files
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    result = runner.invoke(app, ["router", "eval", "--type", "linear", "--train", str(train), "--test", str(test),
+                                 "--splits", "2", "--json", str(out_json), "--plot", str(out_png), "--lambdas", "32"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out_json.read_text())
+    split = report["split"]
+    assert split["num_test"] == 60 and split["pair"] == {"strong": "strong", "weak": "weak"}
+    assert set(split["routers"]) == {"linear", "random", "best-per-task", "length", "oracle", "cascade:linear",
+                                     "cascade:oracle"}
+    assert split["routers"]["linear"]["apgr"] > split["routers"]["random"]["apgr"]
+    cascade = split["routers"]["cascade:linear"]
+    assert cascade["steps"] == ["weak", "strong"] and cascade["apgr"] > split["routers"]["random"]["apgr"]
+    assert "cascade:<router> escalates weak -> strong" in result.output
+    assert len(report["resplits"]["splits"]) == 2 and "linear" in report["resplits"]["summary"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "APGR" in result.output or "apgr" in result.output
+
+
+def test_eval_cross_validation_and_errors(tmp_path, files):
+    train, _ = files
+    out_json = tmp_path / "cv.json"
+    result = runner.invoke(app, ["router", "eval", "--type", "linear", "--train", str(train), "--folds", "3",
+                                 "--seeds", "2", "--baselines", "random,oracle", "--json", str(out_json)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out_json.read_text())
+    assert len(report["kfold"]["folds"]) == 6 and report["kfold"]["seeds"] == [0, 1]
+    bad = runner.invoke(app, ["router", "calibrate", str(tmp_path / "none.safetensors"), "--data", str(train),
+                              "--target", "speed=1"])
+    assert bad.exit_code == 2 and "error:" in bad.output
+    bad = runner.invoke(app, ["router", "eval", "--type", "linear", "--train", str(train), "--option", "lgbm.x=1"])
+    assert bad.exit_code == 2 and "lgbm" in bad.output
+    bad = runner.invoke(app, ["router", "train", "--type", "nope", "--data", str(train), "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "unknown router type" in bad.output
+
+
+def test_calibrate_a_cascade_threshold_keeps_the_router_rule(tmp_path, files):
+    train, test = files
+    out = tmp_path / "r.safetensors"
+    assert runner.invoke(app, ["router", "train", "--type", "linear", "--data", str(train), "--out", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--rule", "cascade",
+                                 "--cascade-models", "weak,strong", "--target", "cost=0.0005"])
+    assert result.exit_code == 0, result.output
+    loaded = load_router(out)
+    assert loaded.decision["rule"] == "lambda" and loaded.decision["cost_penalty"] == 0.0
+    cascade = loaded.decision["cascade"]
+    assert cascade["models"] == ["weak", "strong"]
+    # the weak model's predicted quality takes two values (hard, easy prompts); within 5e-4 USD the best
+    # threshold escalates exactly the hard third: 20 x 1e-3 + 40 x 1e-5 over 60 prompts
+    weak_q = {kind: loaded.router.score({"messages": [{"role": "user", "content": f"{kind} one"}]})["weak"]
+              for kind in ("hard", "easy")}
+    assert weak_q["hard"] < cascade["threshold"] <= weak_q["easy"]
+    assert "share of calls: weak 66.7%, strong 33.3%" in result.output
+    assert "threshold:" in result.output and "scorer: router" in result.output
+    # calibrating the router's lambda afterwards keeps the cascade's threshold
+    assert runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--target", "cost=0.0005"]).exit_code == 0
+    assert load_router(out).decision["cascade"] == cascade
+    bad = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--rule", "cascade",
+                              "--cascade-models", "weak,nobody", "--target", "cost=0.0005"])
+    assert bad.exit_code == 2 and "nobody" in bad.output
+
+
+def test_eval_with_a_hybrid_column(tmp_path):
+    def with_moa(path, n, seed, prefix):
+        """The strong/weak table plus link/moa: right on every prompt, at 2e-3 USD."""
+        write_outcomes(path, n, seed, prefix)
+        table = OutcomeTable.read(path)
+        rows = list(table) + [Outcome(o.prompt_id, o.suite, o.prompt, "link/moa", 1.0, 2e-3)
+                              for o in table if o.model == "strong"]
+        return OutcomeTable(rows).write(path)
+
+    train, test = with_moa(tmp_path / "a.jsonl", 90, 0, "a"), with_moa(tmp_path / "b.jsonl", 60, 1, "b")
+    out_json = tmp_path / "h.json"
+    result = runner.invoke(app, ["router", "eval", "--type", "linear", "--train", str(train), "--test", str(test),
+                                 "--hybrid", "link/moa", "--baselines", "oracle", "--lambdas", "32",
+                                 "--json", str(out_json), "--plot", str(tmp_path / "h.png")])
+    assert result.exit_code == 0, result.output
+    split = json.loads(out_json.read_text())["split"]
+    assert split["ensembles"] == ["link/moa"] and split["pair"] == {"strong": "strong", "weak": "weak"}
+    assert set(split["routers"]) == {"linear", "oracle", "cascade:linear", "cascade:oracle", "hybrid:linear",
+                                     "hybrid:oracle"}
+    moa = split["models"].index("link/moa")
+    assert max(s[moa] for s in split["routers"]["linear"]["curve"]["share"]) == 0.0
+    assert split["routers"]["hybrid:oracle"]["max_quality"] == 1.0
+    assert "hybrid:<router> also among link/moa" in result.output

