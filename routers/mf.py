@@ -43,6 +43,7 @@ class MFRouter(Router):
         use_suites: append a one-hot of the training suites to the input.
         add_l2: L2 penalty of the logistic regression that fits an added model's (v, b).
         seed: torch seed of the initialisation.
+        num_threads: torch threads while training (restored after).
     Raises:
         ValueError: dim < 1 or epochs < 1.
     """
@@ -51,12 +52,13 @@ class MFRouter(Router):
 
     def __init__(self, models: Sequence[str], dim: int = 64, epochs: int = 400, lr: float = 3e-3,
                  weight_decay: float = 1e-4, dropout: float = 0.1, use_suites: bool = True, add_l2: float = 1.0,
-                 seed: int = 0):
+                 seed: int = 0, num_threads: int = 1):
         super().__init__(models)
         if dim < 1 or epochs < 1:
             raise ValueError(f"need dim >= 1 and epochs >= 1, got {dim}, {epochs}")
         self.dim, self.epochs, self.lr, self.weight_decay = int(dim), int(epochs), float(lr), float(weight_decay)
         self.dropout, self.use_suites, self.add_l2, self.seed = float(dropout), bool(use_suites), float(add_l2), int(seed)
+        self.num_threads = int(num_threads)
         self.suites: list[str] = []
         self.projection = np.zeros((0, 0), dtype=np.float32)       # W [d, D + S]
         self.model_embeddings = np.zeros((len(self.models), self.dim), dtype=np.float32)   # v [M, d]
@@ -108,13 +110,18 @@ class MFRouter(Router):
             np.clip(np.nanmean(data.scores, axis=0), 0.02, 0.98).astype(np.float32))))
         opt = torch.optim.Adam([w, v, b], lr=self.lr)
         drop = torch.nn.Dropout(self.dropout)
-        for _ in range(self.epochs):
-            opt.zero_grad()
-            logits = drop(x) @ w.T @ v.T + b                                    # [P, M]
-            loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none") * mask).sum() / mask.sum()
-            loss = loss + self.weight_decay * (w.square().sum() + v.square().sum())
-            loss.backward()
-            opt.step()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads)          # small matrices: more threads only contend
+        try:
+            for _ in range(self.epochs):
+                opt.zero_grad()
+                logits = drop(x) @ w.T @ v.T + b                                # [P, M]
+                bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none")
+                loss = (bce * mask).sum() / mask.sum() + self.weight_decay * (w.square().sum() + v.square().sum())
+                loss.backward()
+                opt.step()
+        finally:
+            torch.set_num_threads(threads)
         self.projection = w.detach().numpy().astype(np.float32)
         self.model_embeddings = v.detach().numpy().astype(np.float32)
         self.model_bias = b.detach().numpy().astype(np.float32)

@@ -1,0 +1,84 @@
+"""LightGBM router: learns a planted rule, stacks cross-fitted kNN features, adds a model, round-trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from routers.base import load_router, save_router
+from routers.data import RoutingData
+from routers.features import Features
+from routers.lgbm import LGBMRouter
+
+FAST = {"num_rounds": 60, "params": {"learning_rate": 0.2, "min_data_in_leaf": 5}}
+
+
+def planted(n: int, seed: int):
+    """Model "short" is right on prompts whose first text feature < 0, "long" on the others; "either" is
+    right on a suite "easy" only. Embeddings: noise plus the sign in coordinate 0 (for the kNN features)."""
+    rng = np.random.default_rng(seed)
+    text = rng.normal(size=(n, 4)).astype(np.float32)
+    emb = rng.normal(size=(n, 16)).astype(np.float32)
+    emb[:, 0] = 3 * np.sign(text[:, 0])
+    suites = np.where(rng.uniform(size=n) < 0.5, "easy", "hard")
+    scores = np.stack([(text[:, 0] < 0), (text[:, 0] >= 0), suites == "easy"], axis=1).astype(float)
+    data = RoutingData([f"p{i}" for i in range(n)], [""] * n, suites.tolist(), ["short", "long", "either"], scores,
+                       np.zeros_like(scores))
+    return data, Features(emb, text)
+
+
+@pytest.mark.parametrize("layout", ["per-model", "shared"])
+def test_learns_a_planted_rule(layout):
+    train, train_f = planted(400, seed=0)
+    test, test_f = planted(200, seed=1)
+    router = LGBMRouter(train.models, layout=layout, num_components=4, **FAST).fit(train, train_f)
+    pred = router.predict(test_f, test.suites)
+    assert pred.shape == (200, 3) and ((0 <= pred) & (pred <= 1)).all()
+    assert ((pred > 0.5) == (test.scores > 0.5)).mean() > 0.95
+
+
+def test_stacked_neighbour_features_never_see_the_prompts_own_label():
+    train, train_f = planted(300, seed=2)
+    router = LGBMRouter(train.models, num_components=4, neighbours=(5, 20), **FAST)
+    x = router._cross_fitted_neighbours(train, train_f)
+    assert x.shape == (300, 2 * 3)
+    flipped = train.subset(np.arange(300))
+    flipped.scores[0] = 1 - flipped.scores[0]
+    y = router._cross_fitted_neighbours(flipped, train_f)
+    np.testing.assert_array_equal(y[0], x[0])           # its own label does not reach its own features
+    assert (y[1:] != x[1:]).any()                       # but it reaches its neighbours' in other folds
+
+
+def test_add_model_trains_one_booster_and_leaves_the_others():
+    train, train_f = planted(400, seed=3)
+    old = ["short", "either"]
+    router = LGBMRouter(old, num_components=4, **FAST).fit(train.select_models(old), train_f)
+    test, test_f = planted(200, seed=4)
+    before = router.predict(test_f, test.suites)
+    labelled = np.arange(300)
+    router.add_model("long", train.subset(labelled).select_models(["long"]), train_f.subset(labelled))
+    after = router.predict(test_f, test.suites)
+    assert router.models == ["short", "either", "long"] and sorted(router.boosters) == sorted(router.models)
+    np.testing.assert_array_equal(after[:, :2], before)
+    assert ((after[:, 2] > 0.5) == (test.scores[:, 1] > 0.5)).mean() > 0.95
+
+
+def test_save_load_round_trip_keeps_boosters_as_text(tmp_path):
+    train, train_f = planted(200, seed=5)
+    router = LGBMRouter(train.models, num_components=4, neighbours=(3,), **FAST).fit(train, train_f)
+    path = save_router(router, tmp_path / "lgbm.safetensors")
+    loaded = load_router(path).router
+    test, test_f = planted(50, seed=6)
+    np.testing.assert_allclose(loaded.predict(test_f, test.suites), router.predict(test_f, test.suites))
+    assert loaded.layout == "per-model" and loaded.neighbours == [3] and loaded.knn is not None
+    assert b"tree" in path.read_bytes()        # LightGBM's text model format, inside the JSON header
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="layout"):
+        LGBMRouter(["a"], layout="stacked")
+    with pytest.raises(RuntimeError):
+        LGBMRouter(["a"]).predict(Features(np.zeros((1, 4)), np.zeros((1, 4))))
+    train, train_f = planted(50, seed=7)
+    with pytest.raises(ValueError, match="already"):
+        LGBMRouter(train.models, **FAST).fit(train, train_f).add_model("long", train, train_f)
