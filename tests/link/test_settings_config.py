@@ -83,7 +83,7 @@ def test_embedded_default_serves_link_auto_only_with_its_router_file(monkeypatch
     import link.config
 
     monkeypatch.setattr(link.config, "default_router_path", lambda: tmp_path / "link-auto.safetensors")
-    with caplog.at_level("WARNING", logger="link.config"):
+    with caplog.at_level("INFO", logger="link.config"):
         config = load_config(None)
     assert config.policy("link/auto") is None and [p.name for p in config.policies] == ["link/moa"]
     (line,) = [r.getMessage() for r in caplog.records if "link/auto" in r.getMessage()]
