@@ -87,6 +87,24 @@ class GatewayServer:
         self.stop()
 
 
+def logged_request(gateway: GatewayServer, request_id: str, *, timeout_s: float = 10.0) -> dict:
+    """A request's log row from /api/requests/{id}; a streamed request's row is queued just after its last
+    byte, so this flushes the log and polls for up to `timeout_s`."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        gateway.flush_log()
+        row = httpx.get(f"{gateway.url}/api/requests/{request_id}", headers={"Authorization": f"Bearer {MASTER_KEY}"})
+        if row.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert row.status_code == 200, row.text
+    return row.json()
+
+
 def start_gateway_thread(settings, config, *, timeout_s: float = 120.0) -> GatewayServer:
     """Serve `create_app(settings, config)` with uvicorn in a daemon thread; wait until /health answers (`UP`)."""
     from link.app import create_app

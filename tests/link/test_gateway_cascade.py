@@ -6,14 +6,13 @@ final answer is streamed; a failing cheap step escalates; every call is accounte
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
 import pytest
 
 from routers.base import ROUTERS
-from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.gateway_launch import MASTER_KEY, logged_request, gateway_settings, mock_deployment, start_gateway_thread
 from tests.link.mock_launch import refused_url, start_mock_thread
 from tests.link.router_fakes import TableRouter, save_table_router
 
@@ -53,23 +52,13 @@ def ask(client, model: str, text: str):
     return raw, raw.parse()
 
 
-def decision_of(gateway, request_id: str) -> dict:
-    deadline = time.monotonic() + 10
-    while True:  # a streamed request's row is queued just after its last byte
-        gateway.flush_log()
-        row = httpx.get(f"{gateway.url}/api/requests/{request_id}", headers=AUTH)
-        if row.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert row.status_code == 200, row.text
-    return row.json()
 
 
 def test_a_rejecting_judge_escalates_and_every_call_is_charged(gateway, client):
     raw, answer = ask(client, "judged", "two plus three")
     assert raw.headers["x-link-policy"] == "judged" and raw.headers["x-link-model"] == "big" and answer.model == "big"
     assert answer.choices[0].message.content == "You said: two plus three"
-    row = decision_of(gateway, raw.headers["x-link-request-id"])
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
     steps = row["decision"]["cascade"]["steps"]
     assert [(s["model"], s["score"], s["accepted"]) for s in steps] == [("small", 0.0, False), ("big", None, True)]
     calls = row["decision"]["calls"]
@@ -82,10 +71,10 @@ def test_a_rejecting_judge_escalates_and_every_call_is_charged(gateway, client):
 def test_predicted_quality_accepts_or_skips_the_cheap_step(gateway, client):
     raw, answer = ask(client, "predicted", "say hello")  # small predicted 0.6 >= 0.5: it answers
     assert raw.headers["x-link-model"] == "small" and answer.model == "small"
-    row = decision_of(gateway, raw.headers["x-link-request-id"])
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
     assert row["decision"]["cascade"]["answered_by"] == "small" and [c["model"] for c in row["decision"]["calls"]] == ["small"]
     raw, answer = ask(client, "predicted", "a math question")  # small predicted 0.2: skipped, never called
-    row = decision_of(gateway, raw.headers["x-link-request-id"])
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
     assert raw.headers["x-link-model"] == "big" and [c["model"] for c in row["decision"]["calls"]] == ["big"]
     assert row["decision"]["cascade"]["steps"][0]["skipped"] is True
 
@@ -100,7 +89,7 @@ def test_only_the_final_answer_is_streamed(gateway, client):
         events = [json.loads(line[6:]) for line in lines]
         assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == f"You said: {text}"
         assert {e["model"] for e in events} == {final}
-        row = decision_of(gateway, raw.headers["x-link-request-id"])
+        row = logged_request(gateway, raw.headers["x-link-request-id"])
         assert events[-1]["usage"]["completion_tokens"] == sum(c["completion_tokens"] for c in row["decision"]["calls"])
         assert row["status"] == "ok" and row["stream"] is True
 
@@ -108,7 +97,7 @@ def test_only_the_final_answer_is_streamed(gateway, client):
 def test_a_failing_cheap_step_escalates_and_a_failing_last_step_is_an_error(gateway, client):
     raw, answer = ask(client, "cheap-down", "hello")
     assert raw.headers["x-link-model"] == "big"
-    step = decision_of(gateway, raw.headers["x-link-request-id"])["decision"]["cascade"]["steps"][0]
+    step = logged_request(gateway, raw.headers["x-link-request-id"])["decision"]["cascade"]["steps"][0]
     assert step["model"] == "down" and "BackendUnavailable" in step["error"]
     with pytest.raises(openai.APIStatusError) as info:
         ask(client, "last-down", "hello")

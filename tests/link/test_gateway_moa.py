@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from routers.moa import SYNTHESIS_PROMPT
-from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.gateway_launch import MASTER_KEY, logged_request, gateway_settings, mock_deployment, start_gateway_thread
 from tests.link.mock_launch import refused_url, start_mock_thread
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
@@ -70,16 +70,6 @@ def expected_usage(proposals: list[str]) -> tuple[int, int]:
     return prompt, (len(proposals) + 1) * words(reply)
 
 
-def logged(gateway, request_id: str) -> dict:
-    deadline = time.monotonic() + 10
-    while True:  # a streamed request's row is queued just after its last byte
-        gateway.flush_log()
-        row = httpx.get(f"{gateway.url}/api/requests/{request_id}", headers=AUTH)
-        if row.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert row.status_code == 200, row.text
-    return row.json()
 
 
 def test_whole_answer_sums_usage_and_cost_and_logs_every_proposal(gateway, client):
@@ -94,7 +84,7 @@ def test_whole_answer_sums_usage_and_cost_and_logs_every_proposal(gateway, clien
     system = gateway.agg.last_body()["messages"][0]["content"]
     assert system == f"{SYNTHESIS_PROMPT}\n\nAnswer 1:\nYou said: {QUESTION}"
 
-    row = logged(gateway, raw.headers["x-link-request-id"])
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
     assert row["status"] == "ok" and row["model"] == "agg" and row["cost_usd"] == pytest.approx(cost, rel=1e-6)
     assert (row["prompt_tokens"], row["completion_tokens"]) == (prompt, completion)
     moa = row["decision"]["moa"]
@@ -136,7 +126,7 @@ def test_whole_and_streamed_answers_agree_through_the_openai_client(gateway, cli
 def test_a_proposer_past_its_deadline_is_dropped(gateway, client):
     raw = client.chat.completions.with_raw_response.create(model="moa-late", messages=MESSAGES, max_tokens=50)
     assert raw.parse().choices[0].message.content == f"You said: {QUESTION}"
-    proposals = {p["model"]: p for p in logged(gateway, raw.headers["x-link-request-id"])["decision"]["moa"]["proposals"]}
+    proposals = {p["model"]: p for p in logged_request(gateway, raw.headers["x-link-request-id"])["decision"]["moa"]["proposals"]}
     assert proposals["p-stuck"]["error"] == "missed its deadline of 0.5 s" and proposals["p-fast"]["ok"]
 
 
@@ -151,7 +141,7 @@ def test_no_proposal_is_an_error_whole_and_streamed(gateway, client, fast_keepal
         body = response.read().decode()
     error = json.loads(body.split("data: ")[1].split("\n\n")[0])
     assert error["error"]["code"] == "no_proposals" and body.endswith("data: [DONE]\n\n")
-    row = logged(gateway, response.headers["x-link-request-id"])
+    row = logged_request(gateway, response.headers["x-link-request-id"])
     assert row["status"] == "error" and row["decision"]["moa"]["num_dropped"] == 1
 
 

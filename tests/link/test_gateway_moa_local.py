@@ -7,18 +7,15 @@ and the request log holds every proposer's output and the cost of every call at 
 
 from __future__ import annotations
 
-import time
 
-import httpx
 import openai
 import pytest
 import yaml
 
-from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.gateway_launch import MASTER_KEY, logged_request, gateway_settings, mock_deployment, start_gateway_thread
 from tests.link.mock_launch import refused_url, start_mock_thread
 
 pytestmark = pytest.mark.slow
-AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 QUESTION = [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
                                         "many clips in May. How many clips did Natalia sell altogether in April and May?"}]
 LOCAL = ("smollm2-135m-instruct", "gemma-3-270m")
@@ -44,16 +41,6 @@ def client(gateway):
     return openai.OpenAI(base_url=gateway.base_url, api_key=MASTER_KEY, max_retries=0, timeout=600)
 
 
-def logged(gateway, request_id: str) -> dict:
-    deadline = time.monotonic() + 10
-    while True:  # a streamed request's row is queued just after its last byte
-        gateway.flush_log()
-        row = httpx.get(f"{gateway.url}/api/requests/{request_id}", headers=AUTH)
-        if row.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert row.status_code == 200, row.text
-    return row.json()
 
 
 def nominal_cost(calls: list[dict]) -> float:
@@ -73,7 +60,7 @@ def test_default_moa_answers_whole_with_the_local_models(gateway, client):
     answer = raw.parse()
     assert raw.headers["x-link-policy"] == "link/moa" and raw.headers["x-link-model"] == "smollm2-135m-instruct"
     assert answer.model == "smollm2-135m-instruct" and answer.choices[0].message.content
-    row = logged(gateway, raw.headers["x-link-request-id"])
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
     proposals = row["decision"]["moa"]["proposals"]
     assert [p["model"] for p in proposals] == list(LOCAL) and all(p["ok"] and p["text"] for p in proposals)
     calls = row["decision"]["calls"]
@@ -93,7 +80,7 @@ def test_streamed_moa_keeps_alive_drops_the_broken_proposer_and_logs_every_outpu
     first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
     assert first_data >= 1 and set(lines[:first_data]) == {": keep-alive"}  # the slow proposer alone takes 3 s
     assert lines[-1] == "data: [DONE]"
-    row = logged(gateway, request_id)
+    row = logged_request(gateway, request_id)
     assert row["status"] == "ok" and row["ttft_ms"] > 3000
     proposals = {p["model"]: p for p in row["decision"]["moa"]["proposals"]}
     assert set(proposals) == {*LOCAL, "slow", "broken"} and row["decision"]["moa"]["num_dropped"] == 1
