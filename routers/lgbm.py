@@ -4,17 +4,21 @@ PCA), its cheap text features, its suite, and what its nearest training prompts 
     router = LGBMRouter(models).fit(train, featurizer.transform(train.prompts))
     quality = router.predict(featurizer.transform(prompts), suites)      # [N, M] probabilities
 
-Two layouts (`layout`):
-- "per-model": one booster per candidate on [pca(e_q), text features, suite one-hot] with the
-  cross-entropy objective (labels in [0, 1]);
+Inputs x = [pca(e_q) (C), text features (F), suite one-hot (S), kNN means (K x M0)], cross-entropy objective
+(labels in [0, 1]). Two layouts (`layout`):
+- "per-model": one booster per candidate;
 - "shared": one booster on the (prompt, model) cells with the model as a categorical feature, so models
   share what makes a prompt hard.
-With `neighbours` (default (10, 50)) the inputs also hold a `KNNRouter`'s shrunk neighbour means of every
-training model at those k (stacking, Wolpert 1992): cross-fitted on the training prompts (each fold's from
-the other folds), so a booster learns how far to trust its neighbours, and how one model's neighbours
-speak for another.
-An added model always gets its own booster, trained on its labelled prompts only (the others, the PCA and
-the kNN bank are not refitted). Boosters are saved as LightGBM's text model strings (no pickle).
+The kNN means are a `KNNRouter`'s shrunk neighbour means of every training model at each k of `neighbours`
+(stacking, Wolpert 1992), cross-fitted on the training prompts (each fold's features from a bank of the
+other folds), so a booster learns how far to trust the neighbours and how one model's neighbours speak for
+another.
+
+An added model gets its own small booster on [the fit-time models' predicted quality (M0), suite one-hot],
+trained on its labelled prompts only: a few hundred prompts say how the new model relates to the known ones
+(the idea of a model embedding in `routers.mf`), which is far less to learn than the full input. The PCA,
+the kNN bank and the other boosters are not refitted. Boosters are saved as LightGBM's text model strings
+(no pickle).
 """
 
 from __future__ import annotations
@@ -30,15 +34,19 @@ from routers.features import Features
 from routers.knn import KNNRouter
 
 LAYOUTS = ("per-model", "shared")
-DEFAULT_PARAMS: dict[str, Any] = {"objective": "cross_entropy", "learning_rate": 0.03, "num_leaves": 8,
+SHARED = ""             # the key of the shared booster
+# small, strongly regularised trees: per-prompt signal is weak (RouterBench 5-fold CV on the train files chose
+# num_leaves 4 and lambda_l2 10 over 8 and 1; RouteLLM's folds agree)
+DEFAULT_PARAMS: dict[str, Any] = {"objective": "cross_entropy", "learning_rate": 0.03, "num_leaves": 4,
                                   "min_data_in_leaf": 20, "feature_fraction": 0.5, "bagging_fraction": 0.8,
-                                  "bagging_freq": 1, "lambda_l2": 1.0, "verbose": -1, "num_threads": 1, "seed": 0}
+                                  "bagging_freq": 1, "lambda_l2": 10.0, "verbose": -1, "num_threads": 1, "seed": 0}
+DEFAULT_ADD_PARAMS: dict[str, Any] = {"num_leaves": 4, "min_data_in_leaf": 30, "feature_fraction": 1.0}
 NUM_STACKING_FOLDS = 5
 
 
 class LGBMRouter(Router):
-    """Boosted-tree quality predictor (Ke et al. 2017, LightGBM), as RouterBench's learned baselines but on
-    local embeddings.
+    """Boosted-tree quality predictor (Ke et al. 2017, LightGBM) on local embeddings, text features, the suite
+    and stacked kNN features; RouterBench (Hu et al. 2024) evaluates such learned routers.
 
     Args:
         models: [M] candidate names.
@@ -46,9 +54,10 @@ class LGBMRouter(Router):
         num_components: PCA components kept of the embedding (0: the raw embedding).
         num_rounds: boosting rounds per booster.
         params: LightGBM parameters overriding `DEFAULT_PARAMS`.
-        use_suites: add a one-hot of the training suites.
+        use_suites: add a one-hot of the training suites (when there are two or more).
         neighbours: k values of the stacked kNN features (empty: none).
         neighbour_prior: the kNN's shrinkage pseudo-count.
+        add_rounds, add_params: rounds and parameter overrides (over `params`) of an added model's booster.
     Raises:
         ValueError: an unknown layout or negative sizes.
     """
@@ -57,56 +66,70 @@ class LGBMRouter(Router):
 
     def __init__(self, models: Sequence[str], layout: str = "per-model", num_components: int = 32,
                  num_rounds: int = 200, params: dict[str, Any] | None = None, use_suites: bool = True,
-                 neighbours: Sequence[int] = (10, 50), neighbour_prior: float = 4.0):
+                 neighbours: Sequence[int] = (10, 50), neighbour_prior: float = 4.0, add_rounds: int = 100,
+                 add_params: dict[str, Any] | None = None):
         super().__init__(models)
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
-        if num_components < 0 or num_rounds < 1:
-            raise ValueError(f"need num_components >= 0 and num_rounds >= 1, got {num_components}, {num_rounds}")
+        if num_components < 0 or num_rounds < 1 or add_rounds < 1:
+            raise ValueError(f"need num_components >= 0 and rounds >= 1, got {num_components}, {num_rounds}, {add_rounds}")
         self.layout, self.num_components, self.num_rounds = layout, int(num_components), int(num_rounds)
         self.params = {**DEFAULT_PARAMS, **(params or {})}
         self.use_suites = bool(use_suites)
         self.neighbours, self.neighbour_prior = [int(k) for k in neighbours], float(neighbour_prior)
-        self.knn: KNNRouter | None = None       # the bank of the stacked features (the models at fit time)
+        self.add_rounds = int(add_rounds)
+        self.add_params = {**DEFAULT_ADD_PARAMS, **(add_params or {})}
+        self.base_models: list[str] = []        # the models at fit time (the columns of the kNN features)
+        self.knn: KNNRouter | None = None       # the bank of the stacked features
         self.suites: list[str] = []
         self.pca_mean = np.zeros(0, dtype=np.float32)                  # [D]
         self.pca_components = np.zeros((0, 0), dtype=np.float32)       # [C, D]
-        self.boosters: dict[str, Any] = {}     # model -> lightgbm.Booster ("shared": key "" for the shared one)
-        self.shared_models: list[str] = []     # the models the shared booster knows, in its category order
+        self.boosters: dict[str, Any] = {}      # base model (or SHARED) -> lightgbm.Booster
+        self.added: dict[str, Any] = {}         # added model -> lightgbm.Booster
 
     # --- inputs -----------------------------------------------------------------------------------------
 
+    def _onehot(self, n: int, suites: Sequence[str] | None) -> np.ndarray:
+        onehot = np.zeros((n, len(self.suites)), dtype=np.float32)
+        if suites is not None and self.suites:
+            index = {s: i for i, s in enumerate(self.suites)}
+            for row, s in enumerate(suites):
+                if s in index:
+                    onehot[row, index[s]] = 1.0
+        return onehot
+
     def _inputs(self, features: Features, suites: Sequence[str] | None, exclude: np.ndarray | None = None) -> np.ndarray:
-        """[N, C + F + S (+ K * M0)] float32: PCA of the embedding, text features, one-hot of a known suite, and
-        once fitted the kNN means of the fit-time models per k (`exclude` [N]: bank rows left out, see
-        `KNNRouter.neighbour_means`)."""
+        """[N, C + F + S (+ K * M0)] float32: PCA of the embedding, text features, one-hot of a known suite and,
+        once fitted, the kNN means per k (`exclude` [N]: bank rows left out, see `KNNRouter.neighbour_means`)."""
         e = np.asarray(features.embeddings, dtype=np.float32)
         if self.num_components:
             e = (e - self.pca_mean) @ self.pca_components.T
-        onehot = np.zeros((len(e), len(self.suites)), dtype=np.float32)
-        if suites is not None and self.suites:
-            index = {s: i for i, s in enumerate(self.suites)}
-            for n, s in enumerate(suites):
-                if s in index:
-                    onehot[n, index[s]] = 1.0
-        parts = [e, np.asarray(features.text, dtype=np.float32), onehot]
+        parts = [e, np.asarray(features.text, dtype=np.float32), self._onehot(len(e), suites)]
         if self.knn is not None:
             parts += self.knn.neighbour_means(features, suites, self.neighbours, exclude=exclude)
         return np.hstack(parts).astype(np.float32)
 
-    def _make_knn(self) -> KNNRouter:
-        return KNNRouter(self.models, k=max(self.neighbours), prior=self.neighbour_prior)
+    def _base_quality(self, x: np.ndarray) -> np.ndarray:
+        """[N, M0] the fit-time models' predicted quality from inputs x."""
+        if self.layout == "per-model":
+            return np.stack([self.boosters[m].predict(x) for m in self.base_models], axis=1)
+        shared = self.boosters[SHARED]
+        return np.stack([shared.predict(np.hstack([x, np.full((len(x), 1), j, dtype=np.float32)]))
+                         for j in range(len(self.base_models))], axis=1)
+
+    def _make_knn(self, models: Sequence[str]) -> KNNRouter:
+        return KNNRouter(models, k=max(self.neighbours), prior=self.neighbour_prior)
 
     def _cross_fitted_neighbours(self, data: RoutingData, features: Features) -> np.ndarray:
         """[P, K * M] the training prompts' kNN features, each fold's from a bank of the other folds
         (cross-fitting: unlike leave-one-out it cannot leak a prompt's own label through tied neighbours)."""
         fold = np.random.default_rng(self.params.get("seed", 0)).permutation(data.num_prompts) % NUM_STACKING_FOLDS
-        out = np.zeros((data.num_prompts, len(self.neighbours) * self.num_models), dtype=np.float32)
+        out = np.zeros((data.num_prompts, len(self.neighbours) * data.num_models), dtype=np.float32)
         for f in range(NUM_STACKING_FOLDS):
             bank, rows = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
             if len(rows) == 0 or len(bank) == 0:
                 continue
-            knn = self._make_knn().fit(data.subset(bank), features.subset(bank))
+            knn = self._make_knn(data.models).fit(data.subset(bank), features.subset(bank))
             out[rows] = np.hstack(knn.neighbour_means(features.subset(rows), [data.suites[i] for i in rows],
                                                       self.neighbours))
         return out
@@ -114,21 +137,21 @@ class LGBMRouter(Router):
     def _fit_pca(self, embeddings: np.ndarray) -> None:
         e = np.asarray(embeddings, dtype=np.float64)
         self.pca_mean = e.mean(axis=0).astype(np.float32)
-        c = min(self.num_components, *e.shape)
         _, _, vt = np.linalg.svd(e - e.mean(axis=0), full_matrices=False)
-        self.pca_components = vt[:c].astype(np.float32)
+        self.pca_components = vt[: min(self.num_components, *e.shape)].astype(np.float32)
 
-    def _train(self, x: np.ndarray, y: np.ndarray, categorical: list[int] | None = None):
+    def _train(self, x: np.ndarray, y: np.ndarray, categorical: list[int] | None = None, *, added: bool = False):
         import lightgbm
 
         dataset = lightgbm.Dataset(x, label=y, categorical_feature=categorical or "auto", free_raw_data=True,
                                    params={"verbose": -1})
-        return lightgbm.train(self.params, dataset, num_boost_round=self.num_rounds)
+        params = {**self.params, **self.add_params} if added else self.params
+        return lightgbm.train(params, dataset, num_boost_round=self.add_rounds if added else self.num_rounds)
 
     # --- training ---------------------------------------------------------------------------------------
 
     def fit(self, data: RoutingData, features: Features) -> LGBMRouter:
-        """Fit the PCA and the booster(s) on `data` [P, M] (this router's models) and `features` N = P.
+        """Fit the PCA, the kNN bank and the booster(s) on `data` [P, M] (this router's models), `features` N = P.
 
         Raises:
             KeyError: data lacks a model. ValueError: features and data disagree on P.
@@ -136,14 +159,14 @@ class LGBMRouter(Router):
         data = self.aligned(data)
         if features.num_rows != data.num_prompts:
             raise ValueError(f"{features.num_rows} feature rows for {data.num_prompts} prompts")
+        self.base_models, self.added, self.knn = list(self.models), {}, None
         self.suites = sorted(set(data.suites)) if self.use_suites and len(set(data.suites)) > 1 else []
         if self.num_components:
             self._fit_pca(features.embeddings)
-        self.knn = None
         x = self._inputs(features, data.suites)
         if self.neighbours:
             x = np.hstack([x, self._cross_fitted_neighbours(data, features)])
-            self.knn = self._make_knn().fit(data, features)
+            self.knn = self._make_knn(data.models).fit(data, features)
         self.boosters = {}
         if self.layout == "per-model":
             for j, model in enumerate(self.models):
@@ -152,12 +175,12 @@ class LGBMRouter(Router):
             return self
         rows, cols = np.nonzero(np.isfinite(data.scores))
         cells = np.hstack([x[rows], cols[:, None].astype(np.float32)])
-        self.shared_models = list(self.models)
-        self.boosters[""] = self._train(cells, data.scores[rows, cols], categorical=[cells.shape[1] - 1])
+        self.boosters[SHARED] = self._train(cells, data.scores[rows, cols], categorical=[cells.shape[1] - 1])
         return self
 
     def add_model(self, name: str, data: RoutingData, features: Features) -> None:
-        """Train a booster for `name` alone on its labelled prompts (PCA and other boosters unchanged).
+        """Train a small booster for `name` on its labelled prompts ([P'] rows of `data`, NaN scores skipped),
+        on [the fit-time models' predicted quality, suite one-hot]; nothing else changes.
 
         Raises:
             ValueError: `name` is already a candidate, the router is not fitted, or no labelled prompt.
@@ -173,9 +196,13 @@ class LGBMRouter(Router):
             raise ValueError(f"no labelled prompt for {name!r}")
         # prompts already in the kNN bank leave themselves out, as the training prompts did
         exclude = self.knn.find_in_bank(features, data.suites) if self.knn is not None else None
-        x = self._inputs(features, data.suites, exclude)
-        self.boosters[name] = self._train(x[ok], y[ok])
+        x = self._added_inputs(self._inputs(features, data.suites, exclude), data.suites)
+        self.added[name] = self._train(x[ok], y[ok], added=True)
         self.models.append(name)
+
+    def _added_inputs(self, x: np.ndarray, suites: Sequence[str] | None) -> np.ndarray:
+        """[N, M0 + S] an added model's inputs: the base models' predicted quality and the suite one-hot."""
+        return np.hstack([self._base_quality(x), self._onehot(len(x), suites)]).astype(np.float32)
 
     # --- prediction -------------------------------------------------------------------------------------
 
@@ -184,14 +211,12 @@ class LGBMRouter(Router):
         if not self.boosters:
             raise RuntimeError("the LightGBM router is not fitted")
         x = self._inputs(features, suites)
-        out = np.empty((len(x), self.num_models))
-        for j, model in enumerate(self.models):
-            if model in self.boosters:
-                out[:, j] = self.boosters[model].predict(x)
-            else:
-                k = self.shared_models.index(model)
-                out[:, j] = self.boosters[""].predict(np.hstack([x, np.full((len(x), 1), k, dtype=np.float32)]))
-        return out
+        base = self._base_quality(x)
+        columns = dict(zip(self.base_models, base.T))
+        if self.added:
+            extra = np.hstack([base, self._onehot(len(x), suites)]).astype(np.float32)
+            columns.update({m: b.predict(extra) for m, b in self.added.items()})
+        return np.stack([columns[m] for m in self.models], axis=1).astype(np.float64)
 
     # --- persistence ------------------------------------------------------------------------------------
 
@@ -205,8 +230,9 @@ class LGBMRouter(Router):
         return (arrays, {"layout": self.layout, "num_components": self.num_components, "num_rounds": self.num_rounds,
                          "params": self.params, "use_suites": self.use_suites, "suites": self.suites,
                          "neighbours": self.neighbours, "neighbour_prior": self.neighbour_prior, "knn": knn_meta,
-                         "shared_models": self.shared_models,
-                         "boosters": {k: b.model_to_string() for k, b in self.boosters.items()}})
+                         "add_rounds": self.add_rounds, "add_params": self.add_params, "base_models": self.base_models,
+                         "boosters": {k: b.model_to_string() for k, b in self.boosters.items()},
+                         "added": {k: b.model_to_string() for k, b in self.added.items()}})
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> LGBMRouter:
@@ -214,12 +240,14 @@ class LGBMRouter(Router):
 
         router = cls(meta["models"], layout=meta["layout"], num_components=meta["num_components"],
                      num_rounds=meta["num_rounds"], params=meta["params"], use_suites=meta["use_suites"],
-                     neighbours=meta["neighbours"], neighbour_prior=meta["neighbour_prior"])
+                     neighbours=meta["neighbours"], neighbour_prior=meta["neighbour_prior"],
+                     add_rounds=meta["add_rounds"], add_params=meta["add_params"])
+        router.base_models, router.suites = list(meta["base_models"]), list(meta["suites"])
         if meta["knn"] is not None:
             router.knn = KNNRouter.from_state({k.removeprefix("knn."): v for k, v in arrays.items() if k.startswith("knn.")},
                                               meta["knn"])
-        router.suites, router.shared_models = list(meta["suites"]), list(meta["shared_models"])
         router.pca_mean = np.asarray(arrays["pca_mean"], dtype=np.float32)
         router.pca_components = np.asarray(arrays["pca_components"], dtype=np.float32)
         router.boosters = {k: lightgbm.Booster(model_str=s) for k, s in meta["boosters"].items()}
+        router.added = {k: lightgbm.Booster(model_str=s) for k, s in meta["added"].items()}
         return router

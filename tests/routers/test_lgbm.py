@@ -49,29 +49,42 @@ def test_stacked_neighbour_features_never_see_the_prompts_own_label():
     assert (y[1:] != x[1:]).any()                       # but it reaches its neighbours' in other folds
 
 
-def test_add_model_trains_one_booster_and_leaves_the_others():
+@pytest.mark.parametrize("layout", ["per-model", "shared"])
+def test_add_model_trains_one_booster_and_leaves_the_others(layout):
     train, train_f = planted(400, seed=3)
     old = ["short", "either"]
-    router = LGBMRouter(old, num_components=4, **FAST).fit(train.select_models(old), train_f)
+    router = LGBMRouter(old, layout=layout, num_components=4, **FAST).fit(train.select_models(old), train_f)
     test, test_f = planted(200, seed=4)
     before = router.predict(test_f, test.suites)
     labelled = np.arange(300)
     router.add_model("long", train.subset(labelled).select_models(["long"]), train_f.subset(labelled))
     after = router.predict(test_f, test.suites)
-    assert router.models == ["short", "either", "long"] and sorted(router.boosters) == sorted(router.models)
+    assert router.models == ["short", "either", "long"] and list(router.added) == ["long"]
+    assert sorted(router.boosters) == (sorted(old) if layout == "per-model" else [""])
     np.testing.assert_array_equal(after[:, :2], before)
     assert ((after[:, 2] > 0.5) == (test.scores[:, 1] > 0.5)).mean() > 0.95
 
 
 def test_save_load_round_trip_keeps_boosters_as_text(tmp_path):
     train, train_f = planted(200, seed=5)
-    router = LGBMRouter(train.models, num_components=4, neighbours=(3,), **FAST).fit(train, train_f)
+    router = LGBMRouter(train.models[:2], num_components=4, neighbours=(3,), **FAST)
+    router.fit(train.select_models(train.models[:2]), train_f)
+    router.add_model("either", train, train_f)
     path = save_router(router, tmp_path / "lgbm.safetensors")
     loaded = load_router(path).router
     test, test_f = planted(50, seed=6)
     np.testing.assert_allclose(loaded.predict(test_f, test.suites), router.predict(test_f, test.suites))
     assert loaded.layout == "per-model" and loaded.neighbours == [3] and loaded.knn is not None
+    assert loaded.models == train.models and list(loaded.added) == ["either"]
     assert b"tree" in path.read_bytes()        # LightGBM's text model format, inside the JSON header
+
+
+def test_raw_embeddings_without_neighbours(tmp_path):
+    train, train_f = planted(200, seed=8)
+    router = LGBMRouter(train.models, num_components=0, neighbours=(), **FAST).fit(train, train_f)
+    loaded = load_router(save_router(router, tmp_path / "raw.safetensors")).router
+    np.testing.assert_allclose(loaded.predict(train_f, train.suites), router.predict(train_f, train.suites))
+    assert loaded.knn is None
 
 
 def test_errors():
