@@ -12,7 +12,7 @@ import openai
 import pytest
 import yaml
 
-from tests.link.gateway_launch import MASTER_KEY, logged_request, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, logged_request, mock_deployment, start_gateway_thread
 from tests.link.mock_launch import refused_url, start_mock_thread
 
 pytestmark = pytest.mark.slow
