@@ -39,8 +39,8 @@ LEARNED = ("knn", "lgbm", "mf")
 REFERENCE = "gpt-4-1106-preview"
 ADD_MODEL = "zero-one-ai/Yi-34B-Chat"
 TARGETS = {                      # issue 6, acceptance
-    "aiq": 0.87, "cost_ratio_at_best_accuracy": 0.50, "accuracy_at_25pct_best_cost": 0.86, "aiq_over_best_per_task": 0.02,
-    "add_model_aiq_gap": 0.01, "apgr_gsm8k": 0.70, "apgr_mmlu": 0.72, "apgr_mmlu_held_out": 0.65,
+    "aiq": 0.87, "cost_ratio_at_best_accuracy": 0.50, "accuracy_at_25pct_best_cost": 0.86,
+    "aiq_over_best_per_task": 0.02, "add_model_aiq_gap": 0.01, "apgr_gsm8k": 0.70, "apgr_mmlu": 0.72, "apgr_mmlu_held_out": 0.65,
 }
 
 
@@ -85,7 +85,8 @@ def routerbench(data_dir: Path, featurizer, num_splits: int) -> dict[str, Any]:
 def print_routerbench(result: dict[str, Any]) -> None:
     split, summary = result["split"], result["resplits"]["summary"]
     ref = split["reference"]
-    print(f"\nRouterBench: train {split['num_train']} / test {split['num_test']} prompts, {len(split['models'])} models; "
+    print(f"\nRouterBench: train {split['num_train']} / test {split['num_test']} prompts, "
+          f"{len(split['models'])} models; "
           f"reference {ref['model']}: accuracy {ref['accuracy']:.3f} at ${ref['cost_usd'] * 1e3:.3f} per 1k requests")
     print("single models (test): " + ", ".join(f"{m.split('/')[-1]} {v['accuracy']:.3f}@${v['cost_usd'] * 1e3:.2f}"
                                                  for m, v in split["single_models"].items()))

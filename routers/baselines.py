@@ -171,7 +171,9 @@ class BestPerTaskRouter(Router):
         """[N, M] float64: row n is the training accuracy table of suites[n]."""
         if suites is None:
             return np.tile(self.overall, (features.num_rows, 1))
-        return np.stack([self.by_suite.get(s, self.overall) for s in suites]) if suites else np.zeros((0, self.num_models))
+        if not suites:
+            return np.zeros((0, self.num_models))
+        return np.stack([self.by_suite.get(s, self.overall) for s in suites])
 
     def add_model(self, name: str, data: RoutingData, features: Features) -> None:
         """Per-suite means of `name` from its labelled prompts (suites it lacks: its global mean).

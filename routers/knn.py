@@ -157,7 +157,8 @@ class KNNRouter(Router):
                     if exclude is not None:
                         sims[np.asarray(exclude)[chunk][:, None] == pool[None, :]] = -np.inf
                     for k, target in zip(ks, out):
-                        target[np.ix_(chunk, cols)] = self._neighbour_mean(sims, self.scores[np.ix_(pool, cols)], prior[cols], k)
+                        target[np.ix_(chunk, cols)] = self._neighbour_mean(
+                            sims, self.scores[np.ix_(pool, cols)], prior[cols], k)
         return out
 
     def find_in_bank(self, features: Features, suites: Sequence[str] | None = None) -> np.ndarray:
@@ -178,7 +179,10 @@ class KNNRouter(Router):
     def _neighbour_mean(self, sims: np.ndarray, scores: np.ndarray, prior: np.ndarray, k: int) -> np.ndarray:
         """sims [n, p] of the queries to the pool (-inf: left out), scores [p, c] of the pool, prior [c] -> [n, c]."""
         k = min(k, sims.shape[1])
-        top = np.argpartition(-sims, k - 1, axis=1)[:, :k] if k < sims.shape[1] else np.tile(np.arange(k), (len(sims), 1))
+        if k < sims.shape[1]:
+            top = np.argpartition(-sims, k - 1, axis=1)[:, :k]                # [n, k] the k most similar
+        else:
+            top = np.tile(np.arange(k), (len(sims), 1))
         near = np.take_along_axis(sims, top, axis=1)                          # [n, k]
         if self.temperature is None:
             weight = np.isfinite(near).astype(np.float64)

@@ -72,7 +72,8 @@ class LGBMRouter(Router):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
         if num_components < 0 or num_rounds < 1 or add_rounds < 1:
-            raise ValueError(f"need num_components >= 0 and rounds >= 1, got {num_components}, {num_rounds}, {add_rounds}")
+            raise ValueError(f"need num_components >= 0 and rounds >= 1, got {num_components}, {num_rounds}, "
+                             f"{add_rounds}")
         self.layout, self.num_components, self.num_rounds = layout, int(num_components), int(num_rounds)
         self.params = {**DEFAULT_PARAMS, **(params or {})}
         self.use_suites = bool(use_suites)
@@ -98,7 +99,8 @@ class LGBMRouter(Router):
                     onehot[row, index[s]] = 1.0
         return onehot
 
-    def _inputs(self, features: Features, suites: Sequence[str] | None, exclude: np.ndarray | None = None) -> np.ndarray:
+    def _inputs(self, features: Features, suites: Sequence[str] | None,
+                exclude: np.ndarray | None = None) -> np.ndarray:
         """[N, C + F + S (+ K * M0)] float32: PCA of the embedding, text features, one-hot of a known suite and,
         once fitted, the kNN means per k (`exclude` [N]: bank rows left out, see `KNNRouter.neighbour_means`)."""
         e = np.asarray(features.embeddings, dtype=np.float32)
@@ -244,8 +246,8 @@ class LGBMRouter(Router):
                      add_rounds=meta["add_rounds"], add_params=meta["add_params"])
         router.base_models, router.suites = list(meta["base_models"]), list(meta["suites"])
         if meta["knn"] is not None:
-            router.knn = KNNRouter.from_state({k.removeprefix("knn."): v for k, v in arrays.items() if k.startswith("knn.")},
-                                              meta["knn"])
+            knn_arrays = {k.removeprefix("knn."): v for k, v in arrays.items() if k.startswith("knn.")}
+            router.knn = KNNRouter.from_state(knn_arrays, meta["knn"])
         router.pca_mean = np.asarray(arrays["pca_mean"], dtype=np.float32)
         router.pca_components = np.asarray(arrays["pca_components"], dtype=np.float32)
         router.boosters = {k: lightgbm.Booster(model_str=s) for k, s in meta["boosters"].items()}
