@@ -112,7 +112,8 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int) -> dict
     """Decide every prompt once through `RouterPolicy.decide`; time the decisions and their encoder calls."""
     import torch
 
-    from routers.features import Embedder, Featurizer
+    from routers.embedding import Embedder
+    from routers.features import Featurizer
 
     policy = router_policy(path)
     loaded = policy.router.get()                               # loads the file and the encoder, as at startup
@@ -177,7 +178,7 @@ def check_threads() -> dict:
     torch.set_num_threads(1), (b) the embedder encodes on its own thread."""
     import torch
 
-    from routers.features import Embedder
+    from routers.embedding import Embedder
 
     default = torch.get_num_threads()
 

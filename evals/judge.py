@@ -15,6 +15,8 @@ convention, so the parser also reads the recorded GPT-4 judgments in ../shared/d
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,16 @@ _PAIRWISE_RULES = (
     "following the instruction, helpful, clear. The order in which the responses appear says nothing about "
     "their quality, and a longer response is not better for being longer.\n" + _VERDICT_FORMAT
 )
+# When the judgment carries no verdict (small judges often ramble past the format line), one follow-up turn asks
+# for the verdict alone, constrained by a JSON schema (OpenAI `response_format` json_schema, which the gateway's
+# local engines enforce by guided decoding).
+_RATING_FOLLOW_UP = "Now give only your rating of the assistant's answer, as a whole number from 1 to 10."
+_VERDICT_FOLLOW_UP = "Now give only your verdict: A if Response A is better, B if Response B is better, C for a tie."
+_RATING_SCHEMA = {"type": "object", "properties": {"rating": {"type": "integer", "enum": list(range(1, 11))}},
+                  "required": ["rating"], "additionalProperties": False}
+_VERDICT_SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["A", "B", "C"]}},
+                   "required": ["verdict"], "additionalProperties": False}
+
 # A weak judge may repeat the instructions; their format line (which shows the verdict tags) is not a verdict.
 _ECHOES = tuple(" ".join(line.split()) for line in (_RATING_FORMAT, _VERDICT_FORMAT))
 
@@ -143,14 +155,61 @@ def judged_score(score: float | None, details: dict[str, Any], judge_cost_usd: f
     return Grade(score, details, judge_cost_usd=judge_cost_usd)
 
 
+def _response_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}
+
+
+def _json_field(text: str, key: str) -> Any:
+    """`key` of the JSON object in `text`, or None when `text` is no such object."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def _merged(first: Completion, second: Completion) -> Completion:
+    """`first` (its text kept) with the usage, cost and latency of both calls."""
+    return dataclasses.replace(
+        first, prompt_tokens=first.prompt_tokens + second.prompt_tokens,
+        completion_tokens=first.completion_tokens + second.completion_tokens,
+        cost_usd=first.cost_usd + second.cost_usd, latency_s=first.latency_s + second.latency_s)
+
+
+async def _ask_again(judge: Target, messages: list[dict[str, str]], judgment: Completion, question: str,
+                     name: str, schema: dict[str, Any], key: str) -> tuple[Any, Completion]:
+    """The follow-up turn: `judgment` as the judge's reply, then `question` answered as JSON under `schema`."""
+    follow_up = [*messages, {"role": "assistant", "content": judgment.text}, {"role": "user", "content": question}]
+    answer = await judge.chat(follow_up, **JUDGE_SAMPLING, response_format=_response_format(name, schema))
+    return _json_field(answer.text, key), _merged(judgment, answer)
+
+
 async def rate(judge: Target, messages: list[dict[str, str]]) -> tuple[float | None, Completion]:
     """Ask `judge` for a rating; returns (1-10 rating or None when unparsable, the judge's completion).
+
+    When the judgment holds no parsable rating, one follow-up turn asks for the rating alone as JSON
+    ({"rating": 1..10}, OpenAI `response_format` json_schema); the returned completion keeps the judgment's
+    text and adds the follow-up's usage and cost.
 
     Raises:
         evals.targets.TargetError: the judge call failed.
     """
     completion = await judge.chat(messages, **JUDGE_SAMPLING)
-    return parse_rating(completion.text), completion
+    rating = parse_rating(completion.text)
+    if rating is not None:
+        return rating, completion
+    value, completion = await _ask_again(judge, messages, completion, _RATING_FOLLOW_UP, "rating", _RATING_SCHEMA, "rating")
+    return (float(value) if isinstance(value, int) and _in_range(value) else None), completion
+
+
+async def _verdict(judge: Target, messages: list[dict[str, str]]) -> tuple[str | None, Completion]:
+    """The judge's "A"/"B"/"C" for pairwise `messages`, with the JSON follow-up when the judgment has none."""
+    completion = await judge.chat(messages, **JUDGE_SAMPLING)
+    verdict = parse_verdict(completion.text)
+    if verdict is not None:
+        return verdict, completion
+    value, completion = await _ask_again(judge, messages, completion, _VERDICT_FOLLOW_UP, "verdict", _VERDICT_SCHEMA, "verdict")
+    return (value if value in ("A", "B", "C") else None), completion
 
 
 @dataclass(frozen=True)
@@ -177,12 +236,13 @@ class PairwiseResult:
 async def compare_both_orders(judge: Target, instruction: str, output: str, baseline_output: str) -> PairwiseResult:
     """Judge `output` against `baseline_output` twice, swapping positions, and average (Zheng et al. 2023, sec. 3.3).
 
+    An order whose judgment has no verdict gets the JSON follow-up turn of `rate`.
+
     Raises:
         evals.targets.TargetError: a judge call failed.
     """
-    first = await judge.chat(pairwise_messages(instruction, output, baseline_output), **JUDGE_SAMPLING)
-    second = await judge.chat(pairwise_messages(instruction, baseline_output, output), **JUDGE_SAMPLING)
-    v1, v2 = parse_verdict(first.text), parse_verdict(second.text)
+    v1, first = await _verdict(judge, pairwise_messages(instruction, output, baseline_output))
+    v2, second = await _verdict(judge, pairwise_messages(instruction, baseline_output, output))
     points = []
     if v1 is not None:
         points.append({"A": 1.0, "C": 0.5, "B": 0.0}[v1])

@@ -12,21 +12,21 @@ class the same way), so anything the gateway serves replays unchanged.
 from __future__ import annotations
 
 import importlib
-from typing import Any, get_args
+from typing import Any
 
 from pydantic import ValidationError
 
-from link.config import PolicyConfig, PolicyType
+from link.config import PolicyConfig
 from link.policies.base import POLICIES, Policy, PolicyError, make_policy
 from link.policies.fixed import implicit_fixed
 
 
 def policy_config(name: str, type_: str, models: list[str], options: dict[str, Any] | None = None) -> PolicyConfig:
-    """A `PolicyConfig`, validated when `type_` is one of the config's types. A type registered with
-    `register_policy` beyond those (a user's) is built unvalidated; its class's `check` still runs.
+    """A `PolicyConfig`, validated when `type_` is a registered policy type (`register_policy`). Any other
+    type (a "module:Class" spec) is built unvalidated; its class's `check` still runs.
     Raises PolicyError with pydantic's first message."""
     fields = {"name": name, "type": type_, "models": models, "options": dict(options or {})}
-    if type_ not in get_args(PolicyType):
+    if type_ not in POLICIES:
         return PolicyConfig.model_construct(**fields)
     try:
         return PolicyConfig(**fields)

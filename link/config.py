@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 BackendKind = Literal["local", "litellm", "openai"]
-PolicyType = Literal["fixed", "fallback", "router", "cascade", "moa", "hybrid"]
 logger = logging.getLogger(__name__)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
@@ -30,6 +29,36 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 
 class ConfigError(ValueError):
     """An unreadable or invalid config; the message names the file, the entry and the field to fix."""
+
+
+class EngineOptions(BaseModel):
+    """Engine settings of one local deployment (`serving.llm_engine.EngineConfig`); unset fields keep its defaults.
+
+    Attributes:
+        kv_cache_mb: KV cache memory in MiB.
+        max_num_seqs: sequences decoded together at most.
+        max_num_batched_tokens: tokens per engine step at most (prefill chunk size).
+        enable_prefix_caching: reuse KV blocks of a shared prompt prefix across requests.
+        sliding_window_pool: Gemma 3: keep only the window's blocks for sliding-window layers (less memory, no
+            prefix caching); false gives one pool for all layers, with prefix caching (raise `kv_cache_mb`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_cache_mb: int | None = Field(None, ge=16)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=16)
+    enable_prefix_caching: bool | None = None
+    sliding_window_pool: bool | None = None
+
+    def engine_config(self):
+        """The `serving.llm_engine.EngineConfig` these options give."""
+        from serving.llm_engine import EngineConfig
+
+        values = self.model_dump(exclude_none=True)
+        if "kv_cache_mb" in values:
+            values["kv_cache_bytes"] = values.pop("kv_cache_mb") * 2**20
+        return EngineConfig(**values)
 
 
 class ModelDeployment(BaseModel):
@@ -49,6 +78,8 @@ class ModelDeployment(BaseModel):
         timeout_s: seconds for a whole request (or a whole stream).
         first_token_timeout_s: seconds until a stream's first chunk.
         max_connections: size of the HTTP connection pool to this deployment (remote kinds).
+        engine: kind local: engine settings (`EngineOptions`); one engine serves each `local` value, set up by
+            the first deployment of it that is used.
         deployment_id: derived, "{name}#{index among replicas}".
     """
 
@@ -68,6 +99,7 @@ class ModelDeployment(BaseModel):
     timeout_s: float = Field(600.0, gt=0)
     first_token_timeout_s: float = Field(60.0, gt=0)
     max_connections: int = Field(256, ge=1)
+    engine: EngineOptions | None = None
     deployment_id: str = ""
 
     @model_validator(mode="after")
@@ -93,6 +125,8 @@ class ModelDeployment(BaseModel):
         else:
             if self.local is not None:
                 raise ValueError(f"`local` applies only to kind 'local', not {self.kind!r}; use `model`")
+            if self.engine is not None:
+                raise ValueError(f"`engine` applies only to kind 'local', not {self.kind!r}")
             if self.kind == "litellm" and not self.model:
                 raise ValueError("kind 'litellm' needs `model`: a LiteLLM model string such as 'openai/gpt-4o-mini'")
             if self.kind == "openai" and not self.api_base:
@@ -121,9 +155,10 @@ class PolicyConfig(BaseModel):
 
     Attributes:
         name: the name clients send in `model` (must differ from every model name).
-        type: "fixed" (exactly one model), "fallback" (ordered list, at least two), "router" (a trained
-            router file), "cascade" (cheap first, escalate on a low score), "moa" (Mixture-of-Agents),
-            "hybrid" (a router choosing between single models and a MoA plan); see link/policies/.
+        type: a registered policy type (`link.policies.register_policy`): "fixed" (exactly one model),
+            "fallback" (ordered list, at least two), "router" (a trained router file), "cascade" (cheap first,
+            escalate on a low score), "moa" (Mixture-of-Agents), "hybrid" (a router choosing between single
+            models and a MoA plan); see link/policies/.
         models: public model names from `models` (a router's candidates, a cascade's steps, MoA proposers).
         options: type-specific settings (e.g. a router's path and cost penalty; link.example.yaml lists them).
     """
@@ -131,9 +166,18 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    type: PolicyType
+    type: str
     models: list[str] = Field(min_length=1)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("type")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from link.policies.base import POLICIES  # imported here: link.policies imports this module
+
+        if value not in POLICIES:
+            raise ValueError(f"unknown policy type {value!r}; available: {', '.join(sorted(POLICIES))}")
+        return value
 
     @model_validator(mode="after")
     def _check_type(self) -> PolicyConfig:

@@ -32,7 +32,7 @@ from link.backends import BackendError
 from link.config import ModelDeployment
 from link.deployments import DeploymentPool
 from link.policies import Plan, PlanExecutor
-from link.proxy import DONE, complete, frame, has_output, open_stream
+from link.proxy import complete, ended_stream, frame, has_output, open_stream
 
 logger = logging.getLogger(__name__)
 KEEPALIVE = b": keep-alive\n\n"
@@ -217,51 +217,40 @@ async def start_executed_stream(executor: PlanExecutor, caller: GatewayCaller, r
     return live
 
 
-async def executed_frames(live: ExecutedStream, record: RequestRecord, caller: GatewayCaller, include_usage: bool, *,
-                          keepalive_s: float | None = None) -> AsyncIterator[bytes]:
+def executed_frames(live: ExecutedStream, record: RequestRecord, caller: GatewayCaller, include_usage: bool, *,
+                    keepalive_s: float | None = None) -> AsyncIterator[bytes]:
     """The client's SSE bytes: keep-alive comments while waiting (every `keepalive_s`, default `KEEPALIVE_S`
     seconds), the final answer's chunks (usage stripped), a usage chunk with the sums over every call when
-    asked, then `[DONE]`. Sets record.status as `proxy.sse_frames` does."""
+    asked, then `[DONE]`. Sets record.status as `proxy.sse_frames` does (`proxy.ended_stream`)."""
     keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
-    failure: BaseException | None = None
+    return ended_stream(_executed_chunk_frames(live, record, caller, include_usage, keepalive_s), record, live.close,
+                        "after the response started")
+
+
+async def _executed_chunk_frames(live: ExecutedStream, record: RequestRecord, caller: GatewayCaller, include_usage: bool,
+                                 keepalive_s: float) -> AsyncIterator[bytes]:
     last: dict | None = None
-    try:
-        while True:
-            item = await live.next(keepalive_s)
-            if item is None:
-                yield KEEPALIVE
-                continue
-            kind, value = item
-            if kind == "end":
-                break
-            if kind == "error":
-                raise _as_backend_error(value, record)
-            chunk = value
-            if not chunk.get("choices"):  # a usage chunk: the sums are sent at the end
-                continue
-            chunk.pop("usage", None)
-            _finish_model(record, caller, chunk.get("model"))
-            if has_output(chunk):
-                record.num_content_chunks += 1
-                record.mark_first_token()
-            last = chunk
-            yield frame(chunk)
-        if include_usage:
-            yield frame({"id": (last or {}).get("id"), "object": (last or {}).get("object", "chat.completion.chunk"),
-                         "created": (last or {}).get("created", int(time.time())), "model": record.model, "choices": [],
-                         "usage": _usage(record)})
-        record.status, record.http_status = "ok", 200
-        yield DONE
-    except BackendError as exc:
-        failure = exc
-        record.fail(exc)
-        record.error = f"after the response started: {exc.message}"
-        yield frame(exc.to_openai())
-        yield DONE
-    except BaseException as exc:  # cancelled or closed: the client went away
-        failure = exc
-        if record.status != "ok":
-            record.status, record.http_status, record.error = "client_disconnected", 499, "the client disconnected mid-stream"
-        raise
-    finally:
-        await live.close(failure)
+    while True:
+        item = await live.next(keepalive_s)
+        if item is None:
+            yield KEEPALIVE
+            continue
+        kind, value = item
+        if kind == "end":
+            break
+        if kind == "error":
+            raise _as_backend_error(value, record)
+        chunk = value
+        if not chunk.get("choices"):  # a usage chunk: the sums are sent at the end
+            continue
+        chunk.pop("usage", None)
+        _finish_model(record, caller, chunk.get("model"))
+        if has_output(chunk):
+            record.num_content_chunks += 1
+            record.mark_first_token()
+        last = chunk
+        yield frame(chunk)
+    if include_usage:
+        yield frame({"id": (last or {}).get("id"), "object": (last or {}).get("object", "chat.completion.chunk"),
+                     "created": (last or {}).get("created", int(time.time())), "model": record.model, "choices": [],
+                     "usage": _usage(record)})

@@ -146,46 +146,25 @@ def has_output(chunk: dict) -> bool:
     return False
 
 
-async def sse_frames(live: LiveStream, record: RequestRecord, include_usage: bool) -> AsyncIterator[bytes]:
-    """The client's SSE bytes: the backend's chunks (model renamed, usage per the client's wish), then `[DONE]`.
+async def ended_stream(frames: AsyncIterator[bytes], record: RequestRecord, close: Callable[[BaseException | None], Awaitable[None]],
+                       where: str) -> AsyncIterator[bytes]:
+    """`frames` then `data: [DONE]`, with the stream's ending recorded: the one place that decides how an SSE
+    answer ends, for single-model streams (`sse_frames`) and multi-call plans (`executor.executed_frames`).
 
-    Sets record.status: "ok", "error"/"timeout" (the backend failed midway: one error event is sent)
-    or "client_disconnected" (the client left: the backend stream is closed, which aborts it).
+    Sets record.status: "ok" when `frames` ran out; "error"/"timeout" when it raised a BackendError (the
+    client gets one OpenAI error event, then `[DONE]`; record.error says "`where`: ..."); "client_disconnected"
+    when the client left (cancelled or closed). `close(failure)` runs last in every case (None after success).
     """
     failure: BaseException | None = None
-    pending_usage: dict | None = None  # usage that came on a chunk with choices, re-sent as its own chunk
-    chunk: dict | None = live.first
     try:
-        while chunk is not None:
-            usage = chunk.get("usage")
-            record.add_usage(usage)
-            chunk["model"] = record.model
-            if chunk.get("choices"):
-                if has_output(chunk):
-                    record.num_content_chunks += 1
-                    record.mark_first_token()
-                if usage is not None:
-                    chunk["usage"] = None
-                    pending_usage = usage
-                if not include_usage:
-                    chunk.pop("usage", None)
-                yield frame(chunk)
-            elif usage is not None and include_usage:  # the usage chunk: empty choices
-                pending_usage = None
-                yield frame(chunk)
-            try:
-                chunk = await anext(live.chunks)
-            except StopAsyncIteration:
-                chunk = None
-        if include_usage and pending_usage is not None:
-            yield frame({"id": live.first.get("id"), "object": live.first.get("object"), "created": live.first.get("created"),
-                         "model": record.model, "choices": [], "usage": pending_usage})
+        async for data in frames:
+            yield data
         record.status, record.http_status = "ok", 200
         yield DONE
     except BackendError as exc:
         failure = exc
         record.fail(exc)
-        record.error = f"after the first byte: {exc.message}"
+        record.error = f"{where}: {exc.message}"
         yield frame(exc.to_openai())
         yield DONE
     except BaseException as exc:  # cancelled or closed: the client went away
@@ -194,4 +173,43 @@ async def sse_frames(live: LiveStream, record: RequestRecord, include_usage: boo
             record.status, record.http_status, record.error = "client_disconnected", 499, "the client disconnected mid-stream"
         raise
     finally:
-        await live.close(failure)
+        await frames.aclose()
+        await close(failure)
+
+
+def sse_frames(live: LiveStream, record: RequestRecord, include_usage: bool) -> AsyncIterator[bytes]:
+    """The client's SSE bytes: the backend's chunks (model renamed, usage per the client's wish), then `[DONE]`.
+
+    Sets record.status: "ok", "error"/"timeout" (the backend failed midway: one error event is sent)
+    or "client_disconnected" (the client left: the backend stream is closed, which aborts it); see `ended_stream`.
+    """
+    return ended_stream(_chunk_frames(live, record, include_usage), record, live.close, "after the first byte")
+
+
+async def _chunk_frames(live: LiveStream, record: RequestRecord, include_usage: bool) -> AsyncIterator[bytes]:
+    pending_usage: dict | None = None  # usage that came on a chunk with choices, re-sent as its own chunk
+    chunk: dict | None = live.first
+    while chunk is not None:
+        usage = chunk.get("usage")
+        record.add_usage(usage)
+        chunk["model"] = record.model
+        if chunk.get("choices"):
+            if has_output(chunk):
+                record.num_content_chunks += 1
+                record.mark_first_token()
+            if usage is not None:
+                chunk["usage"] = None
+                pending_usage = usage
+            if not include_usage:
+                chunk.pop("usage", None)
+            yield frame(chunk)
+        elif usage is not None and include_usage:  # the usage chunk: empty choices
+            pending_usage = None
+            yield frame(chunk)
+        try:
+            chunk = await anext(live.chunks)
+        except StopAsyncIteration:
+            chunk = None
+    if include_usage and pending_usage is not None:
+        yield frame({"id": live.first.get("id"), "object": live.first.get("object"), "created": live.first.get("created"),
+                     "model": record.model, "choices": [], "usage": pending_usage})

@@ -1,6 +1,6 @@
 """CPU threads of per-request routing work: one OpenMP thread for the encoder's own thread, one BLAS thread.
 
-    executor = ThreadPoolExecutor(1, initializer=pin_intraop_threads, initargs=(1,))   # routers.features.Embedder
+    executor = ThreadPoolExecutor(1, initializer=pin_intraop_threads, initargs=(1,))   # routers.embedding.Embedder
     limit_blas_threads()        # once, in a process that serves routing decisions (link/policies/router.py)
 
 A routing decision is a few small products (one prompt's forward pass, one query against a few thousand

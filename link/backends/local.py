@@ -36,7 +36,8 @@ class EnginePool:
     Args:
         registry: where registry names resolve (default: `serving.registry.default_registry()`).
         dtype: weights dtype, "float32" or "bfloat16".
-        engine_config: `serving.llm_engine.EngineConfig` for every engine (default: its defaults).
+        engine_config: `serving.llm_engine.EngineConfig` for every engine whose deployment sets no `engine`
+            options (default: its defaults).
     """
 
     def __init__(self, registry: ModelRegistry | None = None, *, dtype: str = "float32", engine_config=None):
@@ -67,12 +68,16 @@ class EnginePool:
         """Serve an already loaded model (`serving.model_loader.LoadedModel`) under `key` (a `local` value)."""
         self._states[key] = self._make_state(key, loaded)
 
-    def _make_state(self, key: str, loaded):
+    def _make_state(self, key: str, loaded, deployment: ModelDeployment | None = None):
         from serving.api.server import EngineState
         from serving.async_engine import AsyncLLMEngine
         from serving.llm_engine import EngineConfig, LLMEngine
 
-        return EngineState(key, loaded, AsyncLLMEngine(LLMEngine(loaded, self.engine_config or EngineConfig()), step_in_thread=True))
+        if deployment is not None and deployment.engine is not None:
+            config = deployment.engine.engine_config()
+        else:
+            config = self.engine_config or EngineConfig()
+        return EngineState(key, loaded, AsyncLLMEngine(LLMEngine(loaded, config), step_in_thread=True))
 
     async def get(self, deployment: ModelDeployment):
         """The running engine state of a local deployment, loading the model on first use.
@@ -100,7 +105,7 @@ class EnginePool:
             raise BackendError(f"{deployment.name}: cannot load local model {key!r}: {exc}", status_code=500,
                                retryable=True, code="model_load_failed") from exc
         self.load_errors.pop(key, None)
-        state = self._states[key] = self._make_state(key, loaded)
+        state = self._states[key] = self._make_state(key, loaded, deployment)
         return state
 
     def is_healthy(self, key: str) -> bool:

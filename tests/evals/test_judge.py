@@ -11,7 +11,7 @@ import json
 import pytest
 
 from evals.judge import (compare_both_orders, multi_turn_messages, pairwise_messages, parse_rating, parse_verdict,
-                         single_answer_messages)
+                         rate, single_answer_messages)
 from tests.evals.fakes import FakeTarget
 
 JUDGMENT_FILES = ("routellm/routellm/evals/mt_bench/judgements.jsonl", "routellm/benchmarks/mt-bench/gpt-4_single.jsonl")
@@ -94,8 +94,9 @@ def _judge(choose) -> FakeTarget:
 def test_compare_both_orders(choose, score, verdicts):
     judge = _judge(choose)
     result = asyncio.run(compare_both_orders(judge, "Say hi", "MODEL", "BASELINE"))
-    assert result.score == score and result.verdicts == verdicts and result.cost_usd == 1.0
-    assert len(judge.requests) == 2 and result.is_parsed
+    calls = 2 + verdicts.count(None)  # an order without a verdict gets one follow-up turn
+    assert result.score == score and result.verdicts == verdicts and result.cost_usd == 0.5 * calls
+    assert len(judge.requests) == calls and result.is_parsed
 
 
 def test_an_echoed_prompt_is_not_a_verdict():
@@ -110,3 +111,41 @@ def test_an_echoed_prompt_is_not_a_verdict():
 def test_compare_both_orders_unparsable():
     result = asyncio.run(compare_both_orders(_judge(lambda a, b: "hmm"), "Say hi", "MODEL", "BASELINE"))
     assert result.score == 0.5 and result.verdicts == (None, None) and not result.is_parsed
+
+
+def _rambling_judge(follow_up_answer: str) -> FakeTarget:
+    """A judge whose judgment never states a verdict; asked again, it answers `follow_up_answer`."""
+    def answer(text: str) -> str:
+        return follow_up_answer if text.rstrip().endswith(("1 to 10.", "C for a tie.")) else "It is a fine answer overall."
+    return FakeTarget("judge", answer, cost_usd=0.25)
+
+
+@pytest.mark.parametrize("follow_up, expected", [('{"rating": 7}', 7.0), ('{"rating": 11}', None), ("seven", None)])
+def test_a_judgment_without_rating_gets_a_json_follow_up(follow_up, expected):
+    judge = _rambling_judge(follow_up)
+    messages = single_answer_messages("What is 2+2?", "4")
+    rating, completion = asyncio.run(rate(judge, messages))
+    assert rating == expected
+    assert len(judge.requests) == 2 and completion.cost_usd == 0.5
+    assert completion.text == "It is a fine answer overall."  # the judgment is what the report shows
+    _, history, params = judge.requests[1]
+    assert history[: len(messages)] == messages
+    assert history[len(messages)] == {"role": "assistant", "content": "It is a fine answer overall."}
+    schema = params["response_format"]["json_schema"]["schema"]
+    assert params["response_format"]["type"] == "json_schema"
+    assert schema["properties"]["rating"]["enum"] == list(range(1, 11)) and schema["required"] == ["rating"]
+
+
+def test_a_parsable_judgment_needs_no_follow_up():
+    judge = FakeTarget("judge", "Correct and clear.\nRating: [[9]]")
+    rating, _ = asyncio.run(rate(judge, single_answer_messages("What is 2+2?", "4")))
+    assert rating == 9.0 and len(judge.requests) == 1
+
+
+def test_a_pairwise_judgment_without_verdict_gets_a_json_follow_up():
+    judge = _rambling_judge('{"verdict": "B"}')
+    result = asyncio.run(compare_both_orders(judge, "Say hi", "MODEL", "BASELINE"))
+    # B in both orders: the baseline wins as B in the first order, the model wins as B in the second.
+    assert result.verdicts == ("B", "B") and result.score == 0.5 and result.cost_usd == 1.0
+    assert [p["response_format"]["json_schema"]["schema"]["properties"]["verdict"]["enum"]
+            for _, _, p in judge.requests if "response_format" in p] == [["A", "B", "C"]] * 2

@@ -128,6 +128,18 @@ policies:
     assert get_settings().config == path
 
 
+def test_engine_options_set_only_the_fields_given():
+    from serving.llm_engine import EngineConfig
+
+    config = parse_config({"models": [{"name": "g", "kind": "local", "local": "gemma-3-270m",
+                                       "engine": {"kv_cache_mb": 1024, "sliding_window_pool": False}}]})
+    engine = config.deployments("g")[0].engine.engine_config()
+    defaults = EngineConfig()
+    assert (engine.kv_cache_bytes, engine.sliding_window_pool) == (1024 * 2**20, False)
+    assert (engine.max_num_seqs, engine.block_size, engine.enable_prefix_caching) == (
+        defaults.max_num_seqs, defaults.block_size, defaults.enable_prefix_caching)
+
+
 @pytest.mark.parametrize("entry, expected", [
     ({"name": "a", "kind": "local"}, "models[0] (name 'a'): kind 'local' needs `local`"),
     ({"name": "a", "kind": "litellm"}, "models[0] (name 'a'): kind 'litellm' needs `model`"),
@@ -144,6 +156,10 @@ policies:
     ({"name": "a", "kind": "local", "local": "smol", "api_base": "http://x"}, "`api_base` does not apply to kind 'local'"),
     ({"name": "my model", "kind": "local", "local": "smol"}, "no spaces"),
     ({"kind": "local", "local": "smol"}, "models[0]: name: required field is missing"),
+    ({"name": "a", "kind": "litellm", "model": "openai/x", "engine": {"max_num_seqs": 4}}, "`engine` applies only to kind 'local'"),
+    ({"name": "a", "kind": "local", "local": "smol", "engine": {"kv_cache_mb": 8}},
+     "engine.kv_cache_mb: Input should be greater than or equal to 16"),
+    ({"name": "a", "kind": "local", "local": "smol", "engine": {"block_sise": 8}}, "engine.block_sise: unknown field"),
 ])
 def test_model_errors_name_the_entry_the_field_and_the_fix(entry, expected):
     with pytest.raises(ConfigError) as info:
@@ -156,7 +172,7 @@ def test_model_errors_name_the_entry_the_field_and_the_fix(entry, expected):
     ({"name": "p", "type": "fallback", "models": ["a"]}, "a 'fallback' policy needs at least two models"),
     ({"name": "p", "type": "fallback", "models": ["a", "zzz"]}, "policy 'p': unknown model(s) ['zzz']"),
     ({"name": "a", "type": "fixed", "models": ["a"]}, "'a' is also a model name"),
-    ({"name": "p", "type": "magic", "models": ["a"]}, "policies[0] (name 'p'): type: Input should be"),
+    ({"name": "p", "type": "magic", "models": ["a"]}, "policies[0] (name 'p'): type: unknown policy type 'magic'; available: cascade, fallback"),
 ])
 def test_policy_errors(policy, expected):
     models = [{"name": "a", "kind": "local", "local": "smollm2-135m-instruct"},

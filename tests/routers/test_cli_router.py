@@ -54,7 +54,7 @@ class LinearRouter(Router):
 
 @pytest.fixture(autouse=True)
 def fakes(monkeypatch):
-    monkeypatch.setattr("routers.features.Embedder.embed", fake_embed)
+    monkeypatch.setattr("routers.embedding.Embedder.embed", fake_embed)
     register_router("linear", f"{__name__}:LinearRouter")
     yield
     ROUTERS.pop("linear", None)

@@ -7,8 +7,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from routers.features import (TEXT_FEATURE_NAMES, EmbeddingCache, Embedder, Featurizer, Features, request_text,
-                              request_text_features, text_features, text_key)
+from routers.embedding import EmbeddingCache, Embedder, text_key
+from routers.features import TEXT_FEATURE_NAMES, Featurizer, Features, request_text, request_text_features, text_features
 
 
 class CountingModel:

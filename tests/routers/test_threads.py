@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
-from routers.features import SMALL_BATCH, Embedder  # noqa: E402
+from routers.embedding import SMALL_BATCH, Embedder  # noqa: E402
 from routers.threads import limit_blas_threads, omp_set_num_threads_function, pin_intraop_threads  # noqa: E402
 
 
