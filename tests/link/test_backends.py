@@ -205,7 +205,8 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
     from link.backends.local import EnginePool
     from serving.api.server import create_engine_app
 
-    dep = ModelDeployment(name="smollm2-135m-instruct", kind="local", local="smollm2-135m-instruct", context_length=2048)
+    dep = ModelDeployment(name="smollm2-135m-instruct", kind="local", local="smollm2-135m-instruct", context_length=2048,
+                          engine={"max_num_seqs": 3, "kv_cache_mb": 64})
     request = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}],
                "temperature": 0.7, "seed": 11, "max_tokens": 12}
 
@@ -224,6 +225,8 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
             errors.append(info.value)
         healthy = await backend.health()
         assert pool.spec_for(dep).context_length == 2048
+        config = (await pool.get(dep)).engine.engine.config  # the deployment's engine options were applied
+        assert (config.max_num_seqs, config.kv_cache_bytes, config.block_size) == (3, 64 * 2**20, 16)
         app = create_engine_app(dep.name, loaded=(await pool.get(dep)).loaded)
         async with app.router.lifespan_context(app), httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://engine") as client:
             served = (await client.post("/v1/chat/completions", json=request)).json()
