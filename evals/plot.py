@@ -85,6 +85,7 @@ def quality_cost_figure(names: Sequence[str], costs_per_1k: Sequence[float], sco
     positive = [c for c in costs_per_1k if c > 0]
     if positive and len(positive) == len(costs_per_1k):
         ax.set_xscale("log")
+        ax.set_xlim(min(positive) / 1.3, max(positive) * 1.8)  # room for the rightmost point's label
         ax.set_xlabel("cost per 1,000 queries (USD, log axis)")
     elif positive:
         ax.set_xscale("symlog", linthresh=min(positive))
@@ -96,7 +97,7 @@ def quality_cost_figure(names: Sequence[str], costs_per_1k: Sequence[float], sco
     ax.set_ylabel("score (mean, 95% CI)")
     ax.set_title(title or "Quality vs cost")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")  # the corner that hides the fewest points
     return fig
 
 

@@ -126,6 +126,10 @@ def test_the_cost_axis_never_goes_below_zero():
     assert single.get_xlim()[0] == 0.0
     mixed = quality_cost_figure(["free", "paid"], [0.0, 2.0], [0.5, 0.7]).axes[0]
     assert mixed.get_xlim()[0] == 0.0 and mixed.get_xscale() == "symlog"
+    # all paid: a log axis with room on both sides, so the dearest point and its label stay inside
+    paid = quality_cost_figure(["a", "b"], [0.01, 0.04], [0.2, 0.3]).axes[0]
+    left, right = paid.get_xlim()
+    assert paid.get_xscale() == "log" and left == pytest.approx(0.01 / 1.3) and right == pytest.approx(0.04 * 1.8)
     # labels in cost order alternate above and below their points
     crowd = quality_cost_figure(["a", "b", "c"], [0.0, 0.0, 0.0], [0.5, 0.51, 0.52]).axes[0]
     assert [t.get_va() for t in sorted(crowd.texts, key=lambda t: t.get_text())] == ["bottom", "top", "bottom"]
