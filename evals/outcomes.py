@@ -26,11 +26,13 @@ Columns (`OUTCOME_COLUMNS`):
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -144,29 +146,35 @@ class OutcomeTable:
     # --- files ------------------------------------------------------------------------------------
 
     def write(self, path: str | Path) -> Path:
-        """Write as JSON lines (`.jsonl`) or CSV (`.csv`), chosen by the suffix. Returns the path."""
+        """Write as JSON lines (`.jsonl`) or CSV (`.csv`), chosen by the suffix, gzip-compressed when the name
+        ends in `.gz` (`outcomes.jsonl.gz`). Returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".csv":
-            with path.open("w", newline="", encoding="utf-8") as f:
+        if _is_csv(path):
+            with _open_text(path, "w") as f:
                 writer = csv.DictWriter(f, fieldnames=OUTCOME_COLUMNS)
                 writer.writeheader()
                 for r in self.rows:
                     writer.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
         else:
-            with path.open("w", encoding="utf-8") as f:
+            with _open_text(path, "w") as f:
                 for r in self.rows:
                     f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
         return path
 
     @classmethod
     def read(cls, path: str | Path) -> OutcomeTable:
-        """Read a `.jsonl` or `.csv` outcome file. Raises ValueError naming the line of a bad row."""
+        """Read a `.jsonl` or `.csv` outcome file, or either gzip-compressed (`.jsonl.gz`, `.csv.gz`).
+
+        Raises:
+            ValueError: a bad row (the message names its line).
+            OSError: the file is missing, or a `.gz` name holds no gzip data (gzip.BadGzipFile).
+        """
         path = Path(path)
         rows: list[Outcome] = []
-        with path.open(encoding="utf-8", newline="") as f:
+        with _open_text(path, "r") as f:
             # (line number, raw record): blank JSON lines are skipped but still counted
-            numbered = (enumerate(csv.DictReader(f), start=2) if path.suffix == ".csv"
+            numbered = (enumerate(csv.DictReader(f), start=2) if _is_csv(path)
                         else ((n, line) for n, line in enumerate(f, start=1) if line.strip()))
             for number, record in numbered:
                 try:
@@ -174,6 +182,17 @@ class OutcomeTable:
                 except (KeyError, ValueError, TypeError) as exc:
                     raise ValueError(f"{path}:{number}: bad outcome row: {exc}") from exc
         return cls(rows)
+
+
+def _is_csv(path: Path) -> bool:
+    return path.suffixes[-2:] == [".csv", ".gz"] if path.suffix == ".gz" else path.suffix == ".csv"
+
+
+def _open_text(path: Path, mode: str) -> IO[str]:
+    """`path` opened for text in `mode` ("r" or "w"), through gzip when its name ends in `.gz`."""
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8", newline="")
+    return path.open(mode, encoding="utf-8", newline="")
 
 
 assert tuple(f.name for f in fields(Outcome)) == OUTCOME_COLUMNS

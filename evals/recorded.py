@@ -213,8 +213,8 @@ def load_recorded(spec: str, data_dir: Path | None = None, *, split: str | None 
 
 
 def load_source(source: str, data_dir: Path | None = None, *, split: str | None = None) -> OutcomeTable:
-    """An outcome table from an outcome file (.jsonl/.csv), a folder holding outcomes.jsonl (a run's
-    folder), or a recorded-set spec (see `load_recorded`).
+    """An outcome table from an outcome file (.jsonl/.csv, or either gzipped: .jsonl.gz/.csv.gz), a folder
+    holding outcomes.jsonl (a run's folder), or a recorded-set spec (see `load_recorded`).
 
     Raises:
         FileNotFoundError: a missing file. ValueError: neither a file nor a known spec, or a bad row.
@@ -226,7 +226,7 @@ def load_source(source: str, data_dir: Path | None = None, *, split: str | None 
         return OutcomeTable.read(path / "outcomes.jsonl")
     if is_recorded_spec(source):
         return load_recorded(source, data_dir, split=split)
-    if path.suffix in (".jsonl", ".csv") or path.is_dir():
+    if path.suffix in (".jsonl", ".csv", ".gz") or path.is_dir():
         raise FileNotFoundError(f"no outcome file at {path}")
-    raise ValueError(f"{source!r} is neither an outcome file (.jsonl/.csv) nor a recorded set "
+    raise ValueError(f"{source!r} is neither an outcome file (.jsonl/.csv, optionally .gz) nor a recorded set "
                      f"({', '.join(sorted(RECORDED))}, optionally ':argument')")

@@ -15,7 +15,7 @@ Every eval also replays each learned router's cascade (--no-cascade: not); --hyb
 of a multi-call policy (a `link eval run` target such as link/moa) for the hybrid router (routers.evaluate).
 
 Data: recorded sets (routerbench[:train|test], routellm-mmlu, routellm-gsm8k, alpaca-eval[:baseline]) or
-outcome files (.jsonl/.csv), several `--data` merged. Each subcommand is one function of
+outcome files (.jsonl/.csv, or gzipped), several `--data` merged. Each subcommand is one function of
 `routers.pipeline`. Errors print one line `error: ...` and exit with code 2.
 """
 
@@ -36,7 +36,7 @@ console = Console()
 # metric tables are wide: when piped (no terminal width), do not squeeze them into 80 columns
 wide_console = console if console.is_terminal else Console(width=170)
 DATA_HELP = ("Recorded sets (routerbench[:train|test], routellm-mmlu, routellm-gsm8k, alpaca-eval[:baseline]) "
-             "or outcome files (.jsonl/.csv); repeat to merge.")
+             "or outcome files (.jsonl/.csv, optionally gzipped); repeat to merge.")
 
 
 def _fail(exc: BaseException) -> typer.Exit:

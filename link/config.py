@@ -258,8 +258,8 @@ policies:
 DEFAULT_AUTO_POLICY = "link/auto"
 # Where the embedded default's trained router lives: routers/trained/ inside the installed `routers` package.
 DEFAULT_ROUTER_FILE = ("trained", "link-auto.safetensors")
-DEFAULT_ROUTER_COMMAND = ("make link-auto (outcomes of both local models on GSM8K train and MMLU val through "
-                          "`link eval run`, then `link router train --type knn ... --out {path}` and `link router calibrate`)")
+DEFAULT_ROUTER_COMMAND = ("make link-auto (`link router train --type knn ... --out {path}` and `link router calibrate` on "
+                          "the outcome files in routers/trained/link-auto/; `link eval run` measures a missing one)")
 
 
 def default_router_path() -> Path:

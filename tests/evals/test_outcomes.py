@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 
 import numpy as np
@@ -54,13 +56,18 @@ def test_duplicates_are_refused():
     assert len(OutcomeTable(_rows()[:1]).extend(_rows()[1:])) == 3
 
 
-@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".jsonl.gz", ".csv.gz"])
 def test_write_then_read_round_trips(tmp_path, suffix):
     path = OutcomeTable(_rows()).write(tmp_path / "deep" / f"outcomes{suffix}")
     assert path.exists()
     assert OutcomeTable.read(path).rows == _rows()
-    if suffix == ".csv":
-        assert path.read_text(encoding="utf-8").splitlines()[0] == ",".join(OUTCOME_COLUMNS)
+    raw = path.read_bytes()
+    assert (raw[:2] == b"\x1f\x8b") == suffix.endswith(".gz")  # gzip's magic number
+    text = gzip.decompress(raw).decode() if suffix.endswith(".gz") else raw.decode()
+    if ".csv" in suffix:
+        assert text.splitlines()[0] == ",".join(OUTCOME_COLUMNS)
+    else:
+        assert json.loads(text.splitlines()[0])["prompt_id"] == _rows()[0].prompt_id
 
 
 def test_read_names_the_line_of_a_bad_row(tmp_path):
