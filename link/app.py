@@ -7,8 +7,9 @@
 The lifespan builds everything (link/state.py): the database engine (migrated to the newest schema),
 the request-log writer, the rate limiter, the budget ledger, the local engine pool and one deployment
 pool per model name with its health checks; shutdown closes them all and drains the log writer.
-Routes: link/routes/ (openai: /v1/*, policies: /api/policies, requests: /api/requests, system:
-/health and /metrics). Every error is an OpenAI error object.
+Routes: link/routes/ (openai: /v1/*, policies: /api/policies, route: /api/route, requests: /api/requests,
+traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, system: /health and
+/metrics); the console under /console (web/). Every API error is an OpenAI error object.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from link.config import LinkConfig, load_config
-from link.routes import openai, policies, requests, system
+from link.routes import evals, keys, models, openai, policies, requests, route, system, traffic
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
@@ -48,8 +49,12 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
             await close_gateway(app.state.gateway)
 
     app = FastAPI(title="TogetherLink gateway", lifespan=lifespan)
-    for module in (openai, policies, requests, system):
+    for module in (openai, policies, route, requests, traffic, keys, models, evals, system):
         app.include_router(module.router)
+    # The console (web/, pages under /console): the one place `link` knows `web`, as cli.py mounts `evals`.
+    from web.console import mount_console
+
+    mount_console(app, settings)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):

@@ -80,6 +80,27 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def parse_body(raw: bytes, schema: type[BaseModel], what: str) -> BaseModel:
+    """A management API body: one JSON object with only `schema`'s fields, validated against it.
+
+    Args:
+        raw: the request body. what: the resource in the message of an unknown field ("a policy").
+    Raises:
+        OpenAIError: 400 for a body that is not a JSON object, a field `schema` does not have (named in `param`)
+            or a field of the wrong type.
+    """
+    body = parse_json_object(raw)
+    unknown = [k for k in body if k not in schema.model_fields]
+    if unknown:
+        known = ", ".join(schema.model_fields)
+        raise OpenAIError(400, f"Unrecognized request argument{'s' if len(unknown) > 1 else ''} supplied: "
+                          f"{', '.join(unknown)} ({what} has {known})", param=unknown[0])
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        raise invalid_body(exc) from None
+
+
 def validate_request(body: dict[str, Any], endpoint: str) -> BaseModel:
     """The validated request of `endpoint` ("chat" or "completion"). Raises OpenAIError: 400 naming the field."""
     try:

@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field
 
 from link.db.models import PolicyCreate, PolicyPublic, PolicyUpdate
 from link.deps import AdminDep, SessionDep, StateDep
 from link.policies.base import PolicyError
 from link.policies.store import PolicyConflict, PolicyNotFound
-from link.schemas import OpenAIError, invalid_body, parse_json_object
+from link.schemas import OpenAIError, parse_body
 
 router = APIRouter(prefix="/api/policies", tags=["policies"])
 
@@ -34,26 +34,12 @@ class PolicyChange(PolicyUpdate):
     name: str | None = Field(default=None, min_length=1, max_length=128)
 
 
-async def _parsed(request: Request, schema: type[BaseModel]) -> BaseModel:
-    """The JSON body validated against `schema`. Raises OpenAIError 400 (see the module docstring)."""
-    body = parse_json_object(await request.body())
-    unknown = [k for k in body if k not in schema.model_fields]
-    if unknown:
-        known = ", ".join(schema.model_fields)
-        raise OpenAIError(400, f"Unrecognized request argument{'s' if len(unknown) > 1 else ''} supplied: "
-                          f"{', '.join(unknown)} (a policy has {known})", param=unknown[0])
-    try:
-        return schema.model_validate(body)
-    except ValidationError as exc:
-        raise invalid_body(exc) from None
-
-
 async def _create_body(request: Request, _: AdminDep) -> PolicyCreate:
-    return await _parsed(request, PolicyCreate)
+    return parse_body(await request.body(), PolicyCreate, "a policy")
 
 
 async def _change_body(request: Request, _: AdminDep) -> PolicyChange:
-    return await _parsed(request, PolicyChange)
+    return parse_body(await request.body(), PolicyChange, "a policy")
 
 
 CreateBody = Annotated[PolicyCreate, Depends(_create_body)]

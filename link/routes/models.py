@@ -1,0 +1,69 @@
+"""`/api/models`: the model registry with each deployment's state (master key required).
+
+    GET /api/models   {"object": "list", "data": [{"name", "kind", "status", "input_cost_per_million",
+                       "output_cost_per_million", "context_length", "deployments": [...], "engine": {...} | None}]}
+A model's `status`: "error" when a local model failed to load or every replica is out of rotation,
+"loaded" when a local engine is running, "healthy" otherwise (a remote model in rotation, or a local model
+not loaded yet: it loads on its first request). `engine` (loaded local models): running and waiting
+sequences, KV cache blocks used / total and their ratio, and generated tokens per second over the last
+60 s of the request log.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi import APIRouter
+from sqlalchemy import func
+from sqlmodel import select
+
+from link.db.models import RequestLog, utcnow
+from link.deps import AdminDep, SessionDep, StateDep
+from link.routes.openai import _context_length
+from link.state import GatewayState
+
+router = APIRouter(prefix="/api/models", tags=["models"])
+THROUGHPUT_WINDOW_S = 60
+
+
+def _engine_state(state: GatewayState, local: str | None):
+    # EnginePool has no public accessor for a loaded engine yet (see routes/openai.py:_deployment_context).
+    return getattr(state.engine_pool, "_states", {}).get(local) if local and state.engine_pool else None
+
+
+def _engine_stats(engine_state, tokens_per_s: float) -> dict:
+    engine = engine_state.engine
+    blocks = engine.engine.block_manager
+    return {"num_running": engine.num_running, "num_waiting": engine.num_waiting,
+            "kv_blocks_used": blocks.num_used_blocks, "kv_blocks_total": blocks.num_blocks,
+            "kv_cache_usage": blocks.num_used_blocks / blocks.num_blocks if blocks.num_blocks else 0.0,
+            "tokens_per_s": tokens_per_s}
+
+
+@router.get("")
+def list_models(state: StateDep, session: SessionDep, _: AdminDep) -> dict:
+    since = utcnow() - timedelta(seconds=THROUGHPUT_WINDOW_S)
+    generated = dict(session.exec(select(RequestLog.model, func.sum(RequestLog.completion_tokens))
+                                  .where(RequestLog.created_at >= since).group_by(RequestLog.model)).all())
+    data = []
+    for name in state.model_names:
+        deployments = state.config.deployments(name)
+        replicas = {r["deployment_id"]: r for r in state.pools[name].status()}
+        first = deployments[0]
+        load_errors = getattr(state.engine_pool, "load_errors", {})
+        errors = [load_errors[d.local] for d in deployments if d.kind == "local" and d.local in load_errors]
+        engines = [e for d in deployments if d.kind == "local" and (e := _engine_state(state, d.local)) is not None]
+        if errors or not any(r["healthy"] for r in replicas.values()):
+            status = "error"
+        else:
+            status = "loaded" if engines else "healthy"
+        data.append({
+            "name": name, "kind": first.kind, "status": status, "errors": errors,
+            "input_cost_per_million": first.input_cost_per_million,
+            "output_cost_per_million": first.output_cost_per_million,
+            "context_length": _context_length(state, name),
+            "deployments": [{"deployment_id": d.deployment_id, "kind": d.kind, "target": d.local or d.model,
+                             "api_base": d.api_base, **replicas.get(d.deployment_id, {})} for d in deployments],
+            "engine": _engine_stats(engines[0], (generated.get(name) or 0) / THROUGHPUT_WINDOW_S) if engines else None,
+        })
+    return {"object": "list", "data": data}

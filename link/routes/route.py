@@ -1,0 +1,35 @@
+"""`/api/route`: what a policy would do with one request, without calling a model (the console's "try it",
+`link route` over HTTP; master key required).
+
+    POST /api/route   a /v1/chat/completions body (`model` = a policy or model name)
+        200 {"policy", "type", "models": the plan's order (or every model an executed plan calls),
+             "decision": {... "scores": {model: predicted quality}, "expected_cost_usd": {model: USD},
+                          "chosen": model ...} for router and hybrid policies, "executed": bool}
+        400 an invalid body (OpenAI error naming the field), 404 an unknown policy or model
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from link.deps import AdminDep, StateDep
+from link.policies import PolicyRequest
+from link.policies.base import PolicyError
+from link.schemas import OpenAIError, model_not_found, parse_json_object, validate_request
+
+router = APIRouter(prefix="/api/route", tags=["policies"])
+
+
+@router.post("")
+async def explain(request: Request, state: StateDep, _: AdminDep) -> dict:
+    body = parse_json_object(await request.body())
+    validate_request(body, "chat")
+    policy = await state.policies.resolve(body["model"])
+    if policy is None:
+        raise model_not_found(body["model"], list(state.model_names))
+    try:
+        plan = await policy.plan(PolicyRequest("chat", body, state.model_names))
+    except PolicyError as exc:
+        raise OpenAIError(400, exc.message, param=exc.param, code="invalid_policy") from None
+    return {"policy": plan.policy, "type": policy.type, "models": plan.models, "decision": plan.decision,
+            "executed": plan.executor is not None}

@@ -1,0 +1,111 @@
+"""Fixtures of the console tests: one gateway on loopback (SQLite in a temporary folder) over a mock OpenAI
+provider (models `m1`, `m2`) and the real local `smollm2-135m-instruct` (loaded only by the test that uses it),
+an httpx client logged in to the console, and Chromium driven by Playwright.
+
+Chromium is the system one (`/usr/bin/chromium`, Debian's package; `.ci/run` installs it): without it the
+browser tests skip, except under CI (`CI=true`), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.mock_launch import start_mock_thread
+
+CHROMIUM = os.environ.get("LINK_TEST_CHROMIUM", "/usr/bin/chromium")
+LOCAL_MODEL = "smollm2-135m-instruct"
+# Prices of the mock models (USD per million tokens): the Traffic test recomputes costs from them.
+MOCK_PRICES = {"input_cost_per_million": 1000.0, "output_cost_per_million": 2000.0}
+SCREENSHOTS = Path(os.environ.get("LINK_CONSOLE_SHOTS", "/work/console-shots"))
+
+
+@pytest.fixture(scope="session")
+def console_gateway(tmp_path_factory):
+    """The gateway (console mounted), its mock provider behind `m1` and `m2`, and the local SmolLM2."""
+    from link.config import parse_config
+
+    home = tmp_path_factory.mktemp("console-home")
+    with start_mock_thread() as mock:
+        config = parse_config({
+            "models": [mock_deployment("m1", mock.api_base, **MOCK_PRICES),
+                       mock_deployment("m2", mock.api_base, **MOCK_PRICES),
+                       {"name": LOCAL_MODEL, "kind": "local", "local": LOCAL_MODEL,
+                        "input_cost_per_million": 0.02, "output_cost_per_million": 0.02}],
+            "policies": [{"name": "from-config", "type": "fallback", "models": ["m1", "m2"]}]})
+        settings = gateway_settings(f"sqlite:///{home / 'link.db'}", home)
+        with start_gateway_thread(settings, config) as server:
+            yield server
+
+
+def csrf_from(html: str) -> str:
+    """The CSRF token a console page carries (its `<meta name="csrf-token">`)."""
+    match = re.search(r'<meta name="csrf-token" content="([^"]+)"', html)
+    assert match, "page has no CSRF token"
+    return match.group(1)
+
+
+def login(client: httpx.Client, key: str = MASTER_KEY) -> httpx.Response:
+    """Log `client` in through the login form; returns the answer to the form post."""
+    token = csrf_from(client.get("/console/login").text)
+    return client.post("/console/login", data={"key": key, "csrf_token": token})
+
+
+@pytest.fixture
+def admin(console_gateway):
+    """An httpx client logged in to the console (cookies kept, redirects not followed)."""
+    with httpx.Client(base_url=console_gateway.url, timeout=60) as client:
+        assert login(client).status_code == 303
+        yield client
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    if shutil.which(CHROMIUM) is None:
+        message = f"Chromium not found at {CHROMIUM} (apt-get install -y chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, console_gateway):
+    """A fresh browser page (1280x800, its own cookies) that accepts confirm() dialogs."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=console_gateway.url)
+    page = context.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.set_default_timeout(20_000)
+    yield page
+    context.close()
+
+
+def browser_login(page) -> None:
+    page.goto("/console/login")
+    page.fill("#key", MASTER_KEY)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/console/traffic")
+
+
+def screenshot(page, name: str) -> Path:
+    """Save a full-page screenshot under SCREENSHOTS (an ignored folder outside the repository)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

@@ -1,0 +1,52 @@
+"""Traffic: requests, tokens, cost and latency over time, shares per model and per policy, errors, and the
+request log with one request's details (from /api/traffic and /api/requests).
+
+    GET /console/traffic?range=1h&policy=&model=&key=&offset=0    charts, totals, shares, the log (50 rows a page)
+    GET /console/requests/{request_id}                             one request: decision, MoA proposers, usage,
+                                                                   cost, timings
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from web.console import ApiDep, api_error, render
+
+router = APIRouter()
+RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6),
+          "24h": timedelta(hours=24), "7d": timedelta(days=7)}
+NUM_BUCKETS = 30
+PAGE_ROWS = 50
+
+
+@router.get("/traffic", response_class=HTMLResponse)
+async def page(request: Request, api: ApiDep, range: str = "1h", policy: str = "", model: str = "", key: str = "",
+               offset: int = 0) -> Response:
+    span = RANGES.get(range, RANGES["1h"])
+    until = datetime.now(timezone.utc)
+    filters = {"policy": policy or None, "model": model or None, "api_key_id": int(key) if key.isdigit() else None,
+               "since": (until - span).isoformat(), "until": until.isoformat()}
+    stats = await api.get_json("/api/traffic", buckets=NUM_BUCKETS, **filters)
+    rows = await api.get_json("/api/requests", limit=PAGE_ROWS, offset=max(offset, 0), **filters)
+    cards = (await api.get_json("/v1/models"))["data"]
+    keys = await api.get_json("/api/keys")
+    return render(request, "traffic.html", section="traffic", stats=stats, rows=rows, ranges=list(RANGES),
+                  filters={"range": range if range in RANGES else "1h", "policy": policy, "model": model, "key": key},
+                  offset=max(offset, 0), page_rows=PAGE_ROWS, keys=keys,
+                  models=[c["id"] for c in cards if c["link"]["type"] == "model"],
+                  policies=[c["id"] for c in cards if c["link"]["type"] == "policy"])
+
+
+@router.get("/requests/{request_id}", response_class=HTMLResponse)
+async def one_request(request: Request, api: ApiDep, request_id: str) -> Response:
+    response = await api.call("GET", f"/api/requests/{request_id}")
+    if response.status_code != 200:
+        return render(request, "error.html", status_code=response.status_code, section="traffic",
+                      title="No such request", message=api_error(response)["message"])
+    row = response.json()
+    decision = row.get("decision") or {}
+    return render(request, "request.html", section="traffic", row=row, decision=decision,
+                  proposals=(decision.get("moa") or {}).get("proposals") or [])
