@@ -1,0 +1,135 @@
+"""The management endpoints the console is built on (each usable by scripts with the master key):
+/api/keys, /api/route, /api/traffic, /api/models, /api/evals."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+
+from tests.link.gateway_launch import MASTER_KEY
+from tests.web.conftest import LOCAL_MODEL, MOCK_PRICES
+
+AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
+
+
+@pytest.fixture
+def api(console_gateway):
+    with httpx.Client(base_url=console_gateway.url, headers=AUTH, timeout=30) as client:
+        yield client
+
+
+def mock_cost(prompt_tokens: int, completion_tokens: int) -> float:
+    return (prompt_tokens * MOCK_PRICES["input_cost_per_million"]
+            + completion_tokens * MOCK_PRICES["output_cost_per_million"]) / 1e6
+
+
+def test_keys_create_list_revoke(api, console_gateway):
+    created = api.post("/api/keys", json={"name": "script", "budget_usd": 25.0, "rpm_limit": 100})
+    assert created.status_code == 201, created.text
+    key = created.json()
+    assert key["key"].startswith("sk-link-") and key["key"].startswith(key["key_prefix"]) and key["budget_usd"] == 25.0
+    listed = {k["id"]: k for k in api.get("/api/keys").json()}
+    assert "key" not in listed[key["id"]] and listed[key["id"]]["rpm_limit"] == 100
+
+    chat = httpx.post(console_gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {key['key']}"},
+                      json={"model": "m1", "messages": [{"role": "user", "content": "count my spend"}]})
+    assert chat.status_code == 200, chat.text
+    usage = chat.json()["usage"]
+    spend = api.get(f"/api/keys/{key['id']}").json()["spend_usd"]
+    assert math.isclose(spend, mock_cost(usage["prompt_tokens"], usage["completion_tokens"]), rel_tol=1e-9)
+
+    revoked = api.delete(f"/api/keys/{key['id']}")
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+    assert api.get("/api/keys", params={"include_revoked": "false"}).json() == [
+        k for k in api.get("/api/keys").json() if k["revoked_at"] is None]
+    assert api.delete("/api/keys/999999").json()["error"]["code"] == "key_not_found"
+
+
+@pytest.mark.parametrize("body,param", [({"name": ""}, "name"), ({"name": "x", "budget_usd": -1}, "budget_usd"),
+                                        ({"name": "x", "rpm_limit": 0}, "rpm_limit"), ({"name": "x", "foo": 1}, "foo")])
+def test_keys_invalid_bodies_name_the_field(api, body, param):
+    response = api.post("/api/keys", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_keys_need_the_master_key(console_gateway, api):
+    plaintext = api.post("/api/keys", json={"name": "not-admin"}).json()["key"]
+    response = httpx.get(console_gateway.url + "/api/keys", headers={"Authorization": f"Bearer {plaintext}"})
+    assert response.status_code == 403
+
+
+def test_route_explains_without_calling_a_model(api):
+    body = {"model": "from-config", "messages": [{"role": "user", "content": "hi"}]}
+    result = api.post("/api/route", json=body).json()
+    assert result == {"policy": "from-config", "type": "fallback", "models": ["m1", "m2"],
+                      "decision": {"type": "fallback"}, "executed": False}
+    assert api.post("/api/route", json={**body, "model": "nope"}).status_code == 404
+    bad = api.post("/api/route", json={"model": "m1", "messages": "x"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+
+
+def test_traffic_totals_match_the_requests(api, console_gateway):
+    key = api.post("/api/keys", json={"name": "traffic-api"}).json()
+    start = datetime.now(timezone.utc)
+    usages = []
+    for i in range(5):
+        model = "m1" if i % 2 else "m2"
+        response = httpx.post(console_gateway.base_url + "/chat/completions",
+                              headers={"Authorization": f"Bearer {key['key']}"},
+                              json={"model": model, "messages": [{"role": "user", "content": "word " * (i + 1)}]})
+        usages.append((model, response.json()["usage"]))
+    console_gateway.flush_log()
+    stats = api.get("/api/traffic", params={"api_key_id": key["id"], "since": (start - timedelta(minutes=1)).isoformat(),
+                                            "buckets": 6}).json()
+    totals = stats["totals"]
+    assert totals["requests"] == 5 and totals["errors"] == 0
+    assert totals["prompt_tokens"] == sum(u["prompt_tokens"] for _, u in usages)
+    assert totals["completion_tokens"] == sum(u["completion_tokens"] for _, u in usages)
+    assert math.isclose(totals["cost_usd"], sum(mock_cost(u["prompt_tokens"], u["completion_tokens"]) for _, u in usages))
+    assert stats["by_model"]["m1"]["requests"] == 2 and stats["by_model"]["m2"]["requests"] == 3
+    assert sum(b["requests"] for b in stats["series"]) == 5 and len(stats["series"]) == 6
+    assert api.get("/api/traffic", params={"buckets": 0}).status_code == 400
+    assert api.get("/api/traffic", params={"since": "2030-01-01T00:00:00Z", "until": "2029-01-01T00:00:00Z"}).status_code == 400
+
+
+def test_models_registry(api):
+    models = {m["name"]: m for m in api.get("/api/models").json()["data"]}
+    assert set(models) == {"m1", "m2", LOCAL_MODEL}
+    assert models["m1"]["status"] == "healthy" and models["m1"]["input_cost_per_million"] == 1000.0
+    assert models["m1"]["deployments"][0]["deployment_id"] == "m1#0" and models["m1"]["engine"] is None
+    assert models[LOCAL_MODEL]["kind"] == "local" and models[LOCAL_MODEL]["context_length"] > 0
+
+
+def test_evals_runs_and_reports(api, console_gateway, tmp_path):
+    from evals.cache import EvalStore
+
+    store = EvalStore(console_gateway.state.settings.database_url)
+    try:
+        store.save_run({"id": "api-run", "suite": "gsm8k", "targets": ["m1"], "status": "finished",
+                        "totals": {"m1": {"n": 3, "score": 0.5}}})
+        report_id = store.save_report(title="api report", run_ids=["api-run"], markdown="# r", data={"summaries": []},
+                                      png=b"\x89PNG\r\n\x1a\nfake")
+        bare_id = store.save_report(title="no plot", run_ids=[], markdown="", data={})
+    finally:
+        store.close()
+    assert api.get("/api/evals/runs/api-run").json()["totals"] == {"m1": {"n": 3, "score": 0.5}}
+    assert "api-run" in [r["id"] for r in api.get("/api/evals/runs").json()]
+    listed = {r["id"]: r for r in api.get("/api/evals/reports").json()}
+    assert listed[report_id]["has_plot"] is True and listed[bare_id]["has_plot"] is False
+    report = api.get(f"/api/evals/reports/{report_id}").json()
+    assert report["plot_url"] == f"/api/evals/reports/{report_id}/plot.png" and report["markdown"] == "# r"
+    plot = api.get(report["plot_url"])
+    assert plot.headers["content-type"] == "image/png" and plot.content == b"\x89PNG\r\n\x1a\nfake"
+    assert api.get(f"/api/evals/reports/{bare_id}/plot.png").status_code == 404
+    assert api.get("/api/evals/runs/nope").status_code == 404
+
+
+def test_openapi_documents_the_console_endpoints(api):
+    paths = api.get("/openapi.json").json()["paths"]
+    for path in ("/api/keys", "/api/keys/{key_id}", "/api/route", "/api/traffic", "/api/models", "/api/evals/runs",
+                 "/api/evals/reports/{report_id}/plot.png", "/api/policies", "/api/requests"):
+        assert path in paths, path
+    assert not any(p.startswith("/console") for p in paths)

@@ -1,0 +1,96 @@
+"""The console's session and CSRF rules, over HTTP: pages need an admin session, forms need the session's
+CSRF token, the session reaches the API only with it, and text from requests is escaped."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.link.gateway_launch import MASTER_KEY
+from tests.web.conftest import csrf_from
+
+AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
+PAGES = ["/console/traffic", "/console/policies", "/console/policies/new", "/console/policies/try",
+         "/console/models", "/console/evals", "/console/keys", "/console/requests/abc"]
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_pages_redirect_to_login_without_a_session(console_gateway, path):
+    response = httpx.get(console_gateway.url + path + "?x=1")
+    assert response.status_code == 303
+    assert response.headers["location"] == f"/console/login?next={path}%3Fx%3D1"
+
+
+def test_login_sets_a_secure_session_cookie_and_returns_to_the_page(console_gateway):
+    with httpx.Client(base_url=console_gateway.url) as client:
+        token = csrf_from(client.get("/console/login").text)
+        response = client.post("/console/login", data={"key": MASTER_KEY, "csrf_token": token,
+                                                       "next": "/console/keys"})
+        assert response.status_code == 303 and response.headers["location"] == "/console/keys"
+        cookie = response.headers["set-cookie"].lower()
+        assert cookie.startswith("link_console=") and "httponly" in cookie and "samesite=lax" in cookie
+        assert client.get("/console/keys").status_code == 200
+        # a new CSRF token after login; logging out ends the session
+        token = csrf_from(client.get("/console/keys").text)
+        assert client.post("/console/logout", data={"csrf_token": token}).status_code == 303
+        assert client.get("/console/keys").status_code == 303
+
+
+def test_login_refuses_a_wrong_key_and_an_absolute_next(console_gateway):
+    with httpx.Client(base_url=console_gateway.url) as client:
+        token = csrf_from(client.get("/console/login").text)
+        wrong = client.post("/console/login", data={"key": MASTER_KEY + "x", "csrf_token": token})
+        assert wrong.status_code == 401 and "not the master key" in wrong.text
+        assert client.get("/console/keys").status_code == 303
+        response = client.post("/console/login", data={"key": MASTER_KEY, "csrf_token": token,
+                                                       "next": "//evil.example/console/x"})
+        assert response.headers["location"] == "/console/traffic"
+
+
+def test_login_form_without_csrf_token_is_refused(console_gateway):
+    with httpx.Client(base_url=console_gateway.url) as client:
+        assert client.post("/console/login", data={"key": MASTER_KEY}).status_code == 403
+        assert client.get("/console/keys").status_code == 303  # not logged in
+
+
+def test_forged_form_post_is_refused(admin):
+    """A cross-site form carries the session cookie but not the page's token: nothing happens."""
+    for token in (None, "forged-token"):
+        data = {"name": "forged", "type": "fixed", "models": "m1", "options": ""}
+        if token:
+            data["csrf_token"] = token
+        response = admin.post("/console/policies/new", data=data)
+        assert response.status_code == 403 and "CSRF" in response.text
+    assert admin.get("/api/policies/forged").status_code == 404
+    token = csrf_from(admin.get("/console/policies").text)
+    assert admin.post("/console/policies/new", data={**data, "csrf_token": token}).status_code == 303
+    assert admin.get("/api/policies/forged").json()["models"] == ["m1"]
+    assert admin.post("/console/policies/delete", data={"name": "forged", "csrf_token": token}).status_code == 303
+
+
+def test_session_calls_the_api_with_the_csrf_header_only(admin, console_gateway):
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    assert admin.get("/api/keys").status_code == 200  # reads need no token
+    refused = admin.post("/api/route", json=body)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "csrf_failed"
+    token = csrf_from(admin.get("/console/traffic").text)
+    assert admin.post("/api/route", json=body, headers={"X-CSRF-Token": token}).status_code == 200
+    # without a session the API is as before: the bearer key decides
+    assert httpx.get(console_gateway.url + "/api/keys").status_code == 401
+    assert httpx.post(console_gateway.url + "/api/route", json=body, headers=AUTH).status_code == 200
+
+
+def test_request_text_is_escaped(admin, console_gateway):
+    """A user and metadata holding a <script> tag show as text on the request's page."""
+    evil = "<script>alert('x')</script>"
+    response = httpx.post(console_gateway.base_url + "/chat/completions", headers=AUTH,
+                          json={"model": "m1", "user": evil, "metadata": {"note": evil},
+                                "messages": [{"role": "user", "content": evil}]})
+    request_id = response.headers["x-link-request-id"]
+    deadline = time.monotonic() + 10
+    while (page := admin.get(f"/console/requests/{request_id}")).status_code != 200 and time.monotonic() < deadline:
+        console_gateway.flush_log()
+    assert page.status_code == 200
+    assert evil not in page.text and "&lt;script&gt;alert(" in page.text
