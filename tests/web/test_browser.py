@@ -1,0 +1,245 @@
+"""The console in real Chromium against a gateway on loopback: log in, policies (create, edit, a validation
+error, delete), "try it" with the local SmolLM2, Traffic totals for 20 requests, an eval report's plot, keys,
+models. Each test saves screenshots (1280x800) under LINK_CONSOLE_SHOTS (default /work/console-shots)."""
+
+from __future__ import annotations
+
+import math
+import struct
+from datetime import datetime, timezone
+
+import httpx
+import pytest
+
+from tests.link.gateway_launch import MASTER_KEY
+from tests.web.conftest import LOCAL_MODEL, MOCK_PRICES, browser_login, screenshot
+
+pytestmark = pytest.mark.browser
+AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
+
+
+def api(gateway, method: str, path: str, **kwargs) -> httpx.Response:
+    return httpx.request(method, gateway.url + path, headers=AUTH, timeout=60, **kwargs)
+
+
+def test_login_redirect_and_logout(page):
+    page.goto("/console/policies")
+    assert "/console/login?next=/console/policies" in page.url
+    screenshot(page, "01-login")
+    page.fill("#key", "wrong-key-0123456789")
+    page.click("button[type=submit]")
+    assert page.locator(".field-error").inner_text() == "That is not the master key."
+    page.fill("#key", MASTER_KEY)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/console/policies")
+    page.click("text=Log out")
+    page.wait_for_url("**/console/login")
+    page.goto("/console/keys")
+    assert "/console/login" in page.url
+
+
+def test_policy_create_edit_invalid_delete(page, console_gateway):
+    browser_login(page)
+    page.click("nav >> text=Policies")
+    page.click("text=New policy")
+    page.fill("#name", "browser-policy")
+    page.fill("#type", "fallback")
+    page.fill("#models", "m1, m2")
+    page.fill("#options", '{"note": "from the browser"}')
+    page.click("button:has-text('Create')")
+    page.wait_for_url("**/console/policies")
+    row = page.locator("tr[data-policy='browser-policy']")
+    assert row.locator("td").nth(2).inner_text() == "m1, m2"
+    assert api(console_gateway, "GET", "/api/policies/browser-policy").json()["options"] == {"note": "from the browser"}
+
+    row.locator("text=Edit").click()
+    assert page.input_value("#models") == "m1, m2"
+    page.fill("#models", "m2, m1")
+    page.click("button:has-text('Save')")
+    page.wait_for_url("**/console/policies")
+    assert page.locator("tr[data-policy='browser-policy'] td").nth(2).inner_text() == "m2, m1"
+
+    page.locator("tr[data-policy='browser-policy']").locator("text=Edit").click()
+    page.fill("#type", "fixed")  # a fixed policy takes exactly one model: the API names `models`
+    page.click("button:has-text('Save')")
+    error = page.locator("#models-error")
+    assert error.is_visible() and "model" in error.inner_text()
+    assert page.locator(".field.invalid #models").count() == 1
+    assert page.input_value("#type") == "fixed"  # what was typed is kept
+    screenshot(page, "03-policy-form-error")
+    page.fill("#options", "{not json")
+    page.click("button:has-text('Save')")
+    assert "options must be JSON" in page.locator("#options-error").inner_text()
+    assert api(console_gateway, "GET", "/api/policies/browser-policy").json()["models"] == ["m2", "m1"]
+
+    page.goto("/console/policies")
+    screenshot(page, "02-policies")
+    page.locator("tr[data-policy='browser-policy']").locator("button:has-text('Delete')").click()
+    page.wait_for_load_state()
+    assert page.locator("tr[data-policy='browser-policy']").count() == 0
+    assert api(console_gateway, "GET", "/api/policies/browser-policy").status_code == 404
+
+
+def test_try_it_with_the_local_model(page, console_gateway):
+    browser_login(page)
+    page.goto(f"/console/policies/try?policy={LOCAL_MODEL}")
+    page.fill("#try-prompt", "What is the capital of France?")
+    page.fill("#try-max-tokens", "8")
+    page.click("#try-run")
+    page.wait_for_function("document.getElementById('try-status').textContent.startsWith('Done')", timeout=240_000)
+    answer = page.locator("#try-answer").inner_text()
+    assert answer.strip()
+    assert page.locator("#try-chosen").inner_text() == LOCAL_MODEL
+    assert page.locator("#try-scores tbody tr td").first.inner_text() == LOCAL_MODEL
+    screenshot(page, "04-try-it")
+    request_id = page.locator("#try-status").inner_text().split("request ")[1].rstrip(").")
+    console_gateway.flush_log()
+    row = api(console_gateway, "GET", f"/api/requests/{request_id}").json()
+    assert row["model"] == LOCAL_MODEL and row["stream"] is True and 1 <= row["completion_tokens"] <= 8
+    assert page.locator("#try-usage").inner_text() == (
+        f"{row['prompt_tokens']} prompt + {row['completion_tokens']} completion tokens")
+
+
+def test_try_it_shows_a_script_prompt_as_text(page):
+    browser_login(page)
+    page.goto("/console/policies/try?policy=from-config")
+    evil = "<script>window.pwned = 1</script><img src=x onerror='window.pwned = 2'>"
+    page.fill("#try-prompt", evil)
+    page.click("#try-run")
+    page.wait_for_function("document.getElementById('try-status').textContent.startsWith('Done')")
+    # the mock answers "You said: " + the prompt, one word per token
+    assert page.locator("#try-answer").inner_text() == "You said: " + evil
+    assert page.locator("#try-answer script, #try-answer img").count() == 0
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("#try-chosen").inner_text() == "m1"
+
+
+def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
+    key = api(console_gateway, "POST", "/api/keys", json={"name": "traffic-browser"}).json()
+    usages = []
+    with httpx.Client(base_url=console_gateway.base_url, headers={"Authorization": f"Bearer {key['key']}"}) as client:
+        for i in range(20):
+            model = ("m1", "m2", "from-config")[i % 3]
+            body = {"model": model, "messages": [{"role": "user", "content": " ".join(["word"] * (i + 1))}],
+                    "max_tokens": 5 + i}
+            response = client.post("/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            usages.append((response.headers["x-link-model"], response.headers["x-link-policy"], response.json()["usage"]))
+    console_gateway.flush_log()
+    prompt = sum(u["prompt_tokens"] for _, _, u in usages)
+    completion = sum(u["completion_tokens"] for _, _, u in usages)
+    cost = math.fsum(u["prompt_tokens"] * MOCK_PRICES["input_cost_per_million"] / 1e6
+                     + u["completion_tokens"] * MOCK_PRICES["output_cost_per_million"] / 1e6 for _, _, u in usages)
+
+    browser_login(page)
+    page.goto(f"/console/traffic?range=15m&key={key['id']}")
+    total = lambda name: page.locator(f"[data-total={name}]").inner_text()  # noqa: E731
+    assert total("requests") == "20"
+    assert total("prompt_tokens") == f"{prompt:,}"
+    assert total("completion_tokens") == f"{completion:,}"
+    assert total("cost_usd") == f"${cost:.6f}"
+    assert total("errors") == "0"
+    shares = {r.locator("td").nth(0).inner_text(): int(r.locator("td").nth(1).inner_text())
+              for r in page.locator("#share-model tbody tr").all()}
+    assert shares == {m: sum(1 for model, _, _ in usages if model == m) for m in ("m1", "m2")}
+    policies = {r.locator("td").nth(0).inner_text(): int(r.locator("td").nth(1).inner_text())
+                for r in page.locator("#share-policy tbody tr").all()}
+    assert policies == {"m1": 7, "m2": 7, "from-config": 6}
+    assert page.locator("#request-log tbody tr").count() == 20
+    assert page.locator("canvas#chart-requests").bounding_box()["height"] > 100
+    screenshot(page, "05-traffic")
+
+    page.locator("#request-log tbody tr a").first.click()  # the newest request
+    page.wait_for_url("**/console/requests/**")
+    last = usages[-1][2]
+    facts = page.locator("dl.facts").all_inner_texts()
+    assert f"prompt tokens\n{last['prompt_tokens']}" in "\n".join(facts)
+    assert f"completion tokens\n{last['completion_tokens']}" in "\n".join(facts)
+    screenshot(page, "06-request")
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    return width, height
+
+
+def test_eval_report_plot_and_compare(page, console_gateway, tmp_path):
+    from evals.cache import EvalStore
+    from evals.plot import quality_cost_figure, save_png
+
+    png = save_png(quality_cost_figure(["m1", "m2"], [0.4, 1.2], [0.55, 0.7], ci=[(0.5, 0.6), (0.64, 0.76)],
+                                       title="gsm8k"), tmp_path / "plot.png").read_bytes()
+    summaries = [{"name": n, "suite": "gsm8k", "n": 50, "score": s, "ci_low": s - 0.05, "ci_high": s + 0.05,
+                  "cost_usd": c / 20, "cost_per_1k_usd": c, "latency_p50_s": 0.4, "latency_p95_s": 0.9,
+                  "prompt_tokens": 1000, "completion_tokens": 500} for n, s, c in (("m1", 0.55, 0.4), ("m2", 0.7, 1.2))]
+    store = EvalStore(console_gateway.state.settings.database_url)
+    try:
+        for run_id, score in (("run-a", 0.55), ("run-b", 0.7)):
+            store.save_run({"id": run_id, "suite": "gsm8k", "split": "test", "targets": ["m1"], "status": "finished",
+                            "finished_at": datetime.now(timezone.utc),
+                            "totals": {"m1": {"n": 50, "errors": 0, "score": score, "cost_usd": 0.02,
+                                              "latency_p50_s": 0.4, "latency_p95_s": 0.9}}})
+        report_id = store.save_report(title="GSM8K, m1 vs m2", run_ids=["run-a", "run-b"], markdown="",
+                                      data={"summaries": summaries, "pareto_frontier": ["m1", "m2"]}, png=png)
+    finally:
+        store.close()
+
+    browser_login(page)
+    page.goto("/console/evals")
+    screenshot(page, "07-evals")
+    page.click("text=GSM8K, m1 vs m2")
+    page.wait_for_url(f"**/console/evals/reports/{report_id}")
+    plot = page.locator("#report-plot")
+    plot.scroll_into_view_if_needed()
+    page.wait_for_function("document.getElementById('report-plot').complete")
+    assert page.evaluate("[document.getElementById('report-plot').naturalWidth, "
+                         "document.getElementById('report-plot').naturalHeight]") == list(_png_size(png))
+    assert page.locator("#report-table tbody tr").count() == 2
+    screenshot(page, "08-report")
+
+    page.goto("/console/evals/compare?a=run-a&b=run-b")
+    rows = {r.locator("td").nth(1).inner_text(): r.locator("td").nth(4).inner_text()
+            for r in page.locator("#compare tbody tr").all()}
+    assert rows["score"] == "+0.15"
+    screenshot(page, "09-compare")
+
+
+def test_keys_create_shown_once_and_revoke(page, console_gateway):
+    browser_login(page)
+    page.goto("/console/keys")
+    page.fill("#key-name", "console-key")
+    page.fill("#key-budget", "abc")
+    page.click("button:has-text('Create')")
+    assert "budget_usd must be a number" in page.locator(".field.invalid .field-error").inner_text()
+    page.fill("#key-budget", "12.5")
+    page.fill("#key-rpm", "60")
+    page.click("button:has-text('Create')")
+    plaintext = page.locator("#created-key pre").inner_text()
+    assert plaintext.startswith("sk-link-")
+    key_id = int(page.locator("#created-key h2").inner_text().split()[1])
+    row = page.locator(f"tr[data-key-id='{key_id}']")
+    assert row.locator("td").nth(4).inner_text() == "$12.50" and row.locator("td").nth(7).inner_text() == "60"
+    chat = httpx.post(console_gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {plaintext}"},
+                      json={"model": "m1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
+    assert chat.status_code == 200
+    screenshot(page, "10-keys")
+    page.goto("/console/keys")
+    assert plaintext not in page.content()  # shown once
+    usage = chat.json()["usage"]
+    spend = (usage["prompt_tokens"] * MOCK_PRICES["input_cost_per_million"]
+             + usage["completion_tokens"] * MOCK_PRICES["output_cost_per_million"]) / 1e6
+    assert page.locator(f"tr[data-key-id='{key_id}'] td").nth(5).inner_text() == f"${spend:.6f}"
+    page.locator(f"tr[data-key-id='{key_id}']").locator("button:has-text('Revoke')").click()
+    page.wait_for_load_state()
+    assert page.locator(f"tr[data-key-id='{key_id}'] .badge").inner_text() == "revoked"
+    assert api(console_gateway, "GET", f"/api/keys/{key_id}").json()["revoked_at"] is not None
+
+
+def test_models_page(page):
+    browser_login(page)
+    page.goto("/console/models")
+    names = [c.inner_text() for c in page.locator("#models-table tbody tr td.name").all()]
+    assert names == ["m1", "m2", LOCAL_MODEL]
+    assert page.locator("tr[data-model='m1'] .badge").inner_text() == "healthy"
+    assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "1000.00"
+    screenshot(page, "11-models")
