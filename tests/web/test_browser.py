@@ -235,11 +235,22 @@ def test_keys_create_shown_once_and_revoke(page, console_gateway):
     assert api(console_gateway, "GET", f"/api/keys/{key_id}").json()["revoked_at"] is not None
 
 
-def test_models_page(page):
+def test_models_page(page, console_gateway):
+    # the local model loaded (by this request, or by "try it" before), so its engine numbers show
+    chat = api(console_gateway, "POST", "/v1/chat/completions",
+               json={"model": LOCAL_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    assert chat.status_code == 200, chat.text
+    console_gateway.flush_log()
     browser_login(page)
     page.goto("/console/models")
     names = [c.inner_text() for c in page.locator("#models-table tbody tr td.name").all()]
     assert names == ["m1", "m2", LOCAL_MODEL]
     assert page.locator("tr[data-model='m1'] .badge").inner_text() == "healthy"
     assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "1000.00"
+    local = page.locator(f"tr[data-model='{LOCAL_MODEL}'] td")
+    assert local.nth(2).inner_text() == "loaded"
+    assert local.nth(7).inner_text() == "0" and local.nth(8).inner_text() == "0"  # running, waiting: idle now
+    blocks = api(console_gateway, "GET", "/api/models").json()["data"][2]["engine"]
+    assert blocks["kv_blocks_total"] > 0 and blocks["tokens_per_s"] >= chat.json()["usage"]["completion_tokens"] / 60
+    assert local.nth(9).inner_text().endswith(f"({blocks['kv_blocks_used']}/{blocks['kv_blocks_total']})")
     screenshot(page, "11-models")

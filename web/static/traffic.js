@@ -12,7 +12,7 @@
     new Chart(document.getElementById(id), {
       type,
       data: {labels, datasets: datasets.map((d, i) => ({borderColor: color[i], backgroundColor: color[i] + "99",
-                                                         borderWidth: 2, pointRadius: 0, tension: 0.2, ...d}))},
+                                                         borderWidth: 2, pointRadius: 2, tension: 0.2, ...d}))},
       options: {responsive: true, maintainAspectRatio: false, animation: false,
                 plugins: {legend: {display: datasets.length > 1, position: "bottom", labels: {boxWidth: 12}}},
                 scales: {x: {ticks: {maxTicksLimit: 8, maxRotation: 0}}, y: {beginAtZero: true}}},
