@@ -1,6 +1,7 @@
 """Fixtures of the console tests: one gateway on loopback (SQLite in a temporary folder) over a mock OpenAI
-provider (models `m1`, `m2`) and the real local `smollm2-135m-instruct` (loaded only by the test that uses it),
-an httpx client logged in to the console, and Chromium driven by Playwright.
+provider (models `m1`, `m2`, and `small`, `big` behind the router policy `routed`, a fixed-score test router)
+and the real local `smollm2-135m-instruct` (loaded only by the tests that use it), an httpx client logged in
+to the console, and Chromium driven by Playwright.
 
 Chromium is the system one (`/usr/bin/chromium`, Debian's package; `.ci/run` installs it): without it the
 browser tests skip, except under CI (`CI=true`), where they fail.
@@ -28,20 +29,25 @@ SCREENSHOTS = Path(os.environ.get("LINK_CONSOLE_SHOTS", "/work/console-shots"))
 
 @pytest.fixture(scope="session")
 def console_gateway(tmp_path_factory):
-    """The gateway (console mounted), its mock provider behind `m1` and `m2`, and the local SmolLM2."""
+    """The gateway (console mounted), its mock provider behind `m1`, `m2`, `small` and `big`, and the local SmolLM2."""
     from link.config import parse_config
+    from routers.base import ROUTERS
+    from tests.link.router_fakes import TableRouter, save_table_router
 
     home = tmp_path_factory.mktemp("console-home")
+    router_file = save_table_router(home / "routed.safetensors", ["small", "big"], cost_penalty=20.0)
     with start_mock_thread() as mock:
         config = parse_config({
-            "models": [mock_deployment("m1", mock.api_base, **MOCK_PRICES),
-                       mock_deployment("m2", mock.api_base, **MOCK_PRICES),
+            "models": [*(mock_deployment(name, mock.api_base, **MOCK_PRICES) for name in ("m1", "m2", "small", "big")),
                        {"name": LOCAL_MODEL, "kind": "local", "local": LOCAL_MODEL,
                         "input_cost_per_million": 0.02, "output_cost_per_million": 0.02}],
-            "policies": [{"name": "from-config", "type": "fallback", "models": ["m1", "m2"]}]})
+            "policies": [{"name": "from-config", "type": "fallback", "models": ["m1", "m2"]},
+                         {"name": "routed", "type": "router", "models": ["small", "big"],
+                          "options": {"path": str(router_file)}}]})
         settings = gateway_settings(f"sqlite:///{home / 'link.db'}", home)
         with start_gateway_thread(settings, config) as server:
             yield server
+    ROUTERS.pop(TableRouter.type, None)
 
 
 def csrf_from(html: str) -> str:

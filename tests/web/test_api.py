@@ -71,6 +71,14 @@ def test_route_explains_without_calling_a_model(api):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
 
 
+def test_route_gives_the_routers_scores_and_costs(api):
+    body = {"model": "routed", "messages": [{"role": "user", "content": "a plain question"}]}
+    decision = api.post("/api/route", json=body).json()["decision"]
+    # router_fakes' PLAIN row and COSTS: at lambda 20, small's 0.6 - 0.02 beats big's 0.7 - 0.2
+    assert decision["scores"] == {"small": 0.6, "big": 0.7} and decision["chosen"] == "small"
+    assert decision["expected_cost_usd"] == {"small": 0.001, "big": 0.01}
+
+
 def test_traffic_totals_match_the_requests(api, console_gateway):
     key = api.post("/api/keys", json={"name": "traffic-api"}).json()
     start = datetime.now(timezone.utc)
@@ -97,7 +105,7 @@ def test_traffic_totals_match_the_requests(api, console_gateway):
 
 def test_models_registry(api):
     models = {m["name"]: m for m in api.get("/api/models").json()["data"]}
-    assert set(models) == {"m1", "m2", LOCAL_MODEL}
+    assert set(models) == {"m1", "m2", "small", "big", LOCAL_MODEL}
     assert models["m1"]["status"] == "healthy" and models["m1"]["input_cost_per_million"] == 1000.0
     assert models["m1"]["deployments"][0]["deployment_id"] == "m1#0" and models["m1"]["engine"] is None
     assert models[LOCAL_MODEL]["kind"] == "local" and models[LOCAL_MODEL]["context_length"] > 0

@@ -100,6 +100,21 @@ def test_try_it_with_the_local_model(page, console_gateway):
         f"{row['prompt_tokens']} prompt + {row['completion_tokens']} completion tokens")
 
 
+def test_try_it_shows_the_routers_decision(page):
+    """The test router's table (router_fakes): for a "math" prompt small 0.2, big 0.9; expected costs 0.001 and
+    0.01 USD; at lambda 20, big's objective 0.9 - 0.2 beats small's 0.2 - 0.02."""
+    browser_login(page)
+    page.goto("/console/policies/try?policy=routed")
+    page.fill("#try-prompt", "a math question")
+    page.click("#try-run")
+    page.wait_for_function("document.getElementById('try-status').textContent.startsWith('Done')")
+    rows = [[c.inner_text() for c in r.locator("td").all()] for r in page.locator("#try-scores tbody tr").all()]
+    assert rows == [["small", "0.2000", "0.00100", ""], ["big", "0.9000", "0.0100", "chosen"]]
+    assert page.locator("#try-chosen").inner_text() == "big"
+    assert page.locator("#try-answer").inner_text() == "You said: a math question"
+    screenshot(page, "04b-try-it-router")
+
+
 def test_try_it_shows_a_script_prompt_as_text(page):
     browser_login(page)
     page.goto("/console/policies/try?policy=from-config")
@@ -244,13 +259,13 @@ def test_models_page(page, console_gateway):
     browser_login(page)
     page.goto("/console/models")
     names = [c.inner_text() for c in page.locator("#models-table tbody tr td.name").all()]
-    assert names == ["m1", "m2", LOCAL_MODEL]
+    assert names == ["m1", "m2", "small", "big", LOCAL_MODEL]
     assert page.locator("tr[data-model='m1'] .badge").inner_text() == "healthy"
     assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "1000.00"
     local = page.locator(f"tr[data-model='{LOCAL_MODEL}'] td")
     assert local.nth(2).inner_text() == "loaded"
     assert local.nth(7).inner_text() == "0" and local.nth(8).inner_text() == "0"  # running, waiting: idle now
-    blocks = api(console_gateway, "GET", "/api/models").json()["data"][2]["engine"]
+    blocks = api(console_gateway, "GET", "/api/models").json()["data"][4]["engine"]
     assert blocks["kv_blocks_total"] > 0 and blocks["tokens_per_s"] >= chat.json()["usage"]["completion_tokens"] / 60
     assert local.nth(9).inner_text().endswith(f"({blocks['kv_blocks_used']}/{blocks['kv_blocks_total']})")
     screenshot(page, "11-models")
