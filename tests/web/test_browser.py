@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import struct
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
@@ -131,6 +131,7 @@ def test_try_it_shows_a_script_prompt_as_text(page):
 
 def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
     key = api(console_gateway, "POST", "/api/keys", json={"name": "traffic-browser"}).json()
+    before = datetime.now(timezone.utc)
     usages = []
     with httpx.Client(base_url=console_gateway.base_url, headers={"Authorization": f"Bearer {key['key']}"}) as client:
         for i in range(20):
@@ -163,6 +164,15 @@ def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
     assert page.locator("#request-log tbody tr").count() == 20
     assert page.locator("canvas#chart-requests").bounding_box()["height"] > 100
     screenshot(page, "05-traffic")
+
+    minute = "%Y-%m-%dT%H:%M"  # a custom range (the form's datetime-local fields, UTC)
+    after = datetime.now(timezone.utc) + timedelta(minutes=1)
+    page.goto(f"/console/traffic?key={key['id']}&since={before - timedelta(minutes=1):{minute}}&until={after:{minute}}")
+    assert total("requests") == "20" and total("prompt_tokens") == f"{prompt:,}"
+    page.goto(f"/console/traffic?key={key['id']}&since={before - timedelta(minutes=9):{minute}}"
+              f"&until={before - timedelta(minutes=2):{minute}}")
+    assert total("requests") == "0" and total("cost_usd") == "$0.000000"
+    page.goto(f"/console/traffic?range=15m&key={key['id']}")
 
     page.locator("#request-log tbody tr a").first.click()  # the newest request
     page.wait_for_url("**/console/requests/**")

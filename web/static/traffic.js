@@ -2,10 +2,9 @@
 (function () {
   "use strict";
   const stats = JSON.parse(document.getElementById("traffic-data").textContent);
-  const labels = stats.series.map((b) => {
-    const t = new Date(b.start);
-    return t.toISOString().slice(stats.bucket_s >= 86400 ? 5 : 11, stats.bucket_s >= 86400 ? 10 : 16);
-  });
+  // Bucket starts in UTC: "HH:MM" within a day, "MM-DD HH:MM" over several days.
+  const isLong = stats.bucket_s * stats.series.length > 86400;
+  const labels = stats.series.map((b) => new Date(b.start).toISOString().slice(isLong ? 5 : 11, 16).replace("T", " "));
   const color = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"];
 
   function chart(id, type, datasets) {
