@@ -1,6 +1,7 @@
 """API keys: create (the plaintext is shown once), list, revoke, verify.
 
     key, plaintext = create_key(session, "alice", budget_usd=5.0, rpm_limit=60)
+    update_key(session, key.id, ApiKeyUpdate(budget_usd=10.0))      # fields left out keep their values
     identity = verify_key(session, request_bearer_token, master_key=settings.master_key)
 
 Keys look like `sk-link-<43 url-safe characters>` (256 random bits). Only the key's sha256 (hex) is stored,
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pydantic import SecretStr
 from sqlmodel import Session, select
 
-from link.db.models import ApiKey, ApiKeyCreate, ApiKeyPublic, usd_to_nano, utcnow
+from link.db.models import ApiKey, ApiKeyCreate, ApiKeyPublic, ApiKeyUpdate, usd_to_nano, utcnow
 
 KEY_PREFIX = "sk-link-"
 DISPLAY_PREFIX_LENGTH = len(KEY_PREFIX) + 6
@@ -101,6 +102,31 @@ def list_keys(session: Session, include_revoked: bool = True) -> list[ApiKeyPubl
     if not include_revoked:
         query = query.where(ApiKey.revoked_at.is_(None))
     return [ApiKeyPublic.from_row(row) for row in session.exec(query)]
+
+
+def update_key(session: Session, key_id: int, changes: ApiKeyUpdate) -> ApiKeyPublic:
+    """Change a key's name, limits or budget: the fields set in `changes` (an explicit None makes a limit or the
+    budget unlimited); spend is kept. The ledger reads the budget at each reservation, so a new budget applies
+    to the next request.
+
+    Raises:
+        KeyNotFound: no key with this id. ValueError: `changes` sets the name to None.
+    """
+    row = session.get(ApiKey, key_id)
+    if row is None:
+        raise KeyNotFound(f"no API key with id {key_id}")
+    fields = changes.model_dump(exclude_unset=True)
+    if "name" in fields and fields["name"] is None:
+        raise ValueError("a key's name cannot be removed")
+    if "budget_usd" in fields:
+        budget = fields.pop("budget_usd")
+        row.budget_nusd = None if budget is None else usd_to_nano(budget)
+    for name, value in fields.items():
+        setattr(row, name, value)
+    session.add(row)
+    session.commit()
+    session.refresh(row)
+    return ApiKeyPublic.from_row(row)
 
 
 def revoke_key(session: Session, key_id: int) -> ApiKeyPublic:

@@ -4,6 +4,7 @@
                                     "key", the plaintext, returned this once (only its sha256 is stored)
     GET    /api/keys?include_revoked=true    every key, oldest first: budget_usd, spend_usd, reserved_usd
     GET    /api/keys/{id}           one key (404 unknown)
+    PATCH  /api/keys/{id}           {"name", "budget_usd", "rpm_limit", "tpm_limit"}: the fields given (null = unlimited)
     DELETE /api/keys/{id}           revoke it (200, the revoked key; revoking twice keeps the first time)
 The same operations as `link keys create|list|revoke`; errors are OpenAI error objects naming the field.
 """
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from link.db.models import ApiKeyCreate, ApiKeyPublic
+from link.db.models import ApiKeyCreate, ApiKeyPublic, ApiKeyUpdate
 from link.deps import AdminDep, SessionDep
-from link.keys import KeyNotFound, create_key, get_key, list_keys, revoke_key
+from link.keys import KeyNotFound, create_key, get_key, list_keys, revoke_key, update_key
 from link.schemas import OpenAIError, parse_body
 
 router = APIRouter(prefix="/api/keys", tags=["keys"])
@@ -49,6 +50,17 @@ def one(key_id: int, session: SessionDep, _: AdminDep):
         return get_key(session, key_id)
     except KeyNotFound as exc:
         raise _not_found(exc) from None
+
+
+@router.patch("/{key_id}", response_model=ApiKeyPublic)
+async def update(key_id: int, request: Request, session: SessionDep, _: AdminDep):
+    changes = parse_body(await request.body(), ApiKeyUpdate, "an API key")
+    try:
+        return update_key(session, key_id, changes)
+    except KeyNotFound as exc:
+        raise _not_found(exc) from None
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="name") from None
 
 
 @router.delete("/{key_id}", response_model=ApiKeyPublic)

@@ -48,6 +48,24 @@ def test_keys_create_list_revoke(api, console_gateway):
     assert api.delete("/api/keys/999999").json()["error"]["code"] == "key_not_found"
 
 
+def test_keys_budget_update_applies_to_the_next_request(api, console_gateway):
+    key = api.post("/api/keys", json={"name": "budgeted", "budget_usd": 100.0}).json()
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    # a request reserves its worst cost first: prompt + max_tokens at the mock prices, well above 1e-6 USD
+    changed = api.patch(f"/api/keys/{key['id']}", json={"budget_usd": 1e-6})
+    assert changed.status_code == 200 and changed.json()["budget_usd"] == 1e-6 and changed.json()["name"] == "budgeted"
+    chat = lambda: httpx.post(console_gateway.base_url + "/chat/completions", json=body,  # noqa: E731
+                              headers={"Authorization": f"Bearer {key['key']}"})
+    refused = chat()
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota"
+    unlimited = api.patch(f"/api/keys/{key['id']}", json={"budget_usd": None, "rpm_limit": 50})
+    assert unlimited.json()["budget_usd"] is None and unlimited.json()["rpm_limit"] == 50
+    assert chat().status_code == 200
+    assert api.patch(f"/api/keys/{key['id']}", json={"name": None}).status_code == 400
+    assert api.patch(f"/api/keys/{key['id']}", json={"budget_usd": -1}).json()["error"]["param"] == "budget_usd"
+    assert api.patch("/api/keys/999999", json={"rpm_limit": 5}).status_code == 404
+
+
 @pytest.mark.parametrize("body,param", [({"name": ""}, "name"), ({"name": "x", "budget_usd": -1}, "budget_usd"),
                                         ({"name": "x", "rpm_limit": 0}, "rpm_limit"), ({"name": "x", "foo": 1}, "foo")])
 def test_keys_invalid_bodies_name_the_field(api, body, param):

@@ -243,7 +243,7 @@ def test_keys_create_shown_once_and_revoke(page, console_gateway):
     assert plaintext.startswith("sk-link-")
     key_id = int(page.locator("#created-key h2").inner_text().split()[1])
     row = page.locator(f"tr[data-key-id='{key_id}']")
-    assert row.locator("td").nth(4).inner_text() == "$12.50" and row.locator("td").nth(7).inner_text() == "60"
+    assert row.locator("input[name=budget_usd]").input_value() == "12.50" and row.locator("td").nth(7).inner_text() == "60"
     chat = httpx.post(console_gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {plaintext}"},
                       json={"model": "m1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
     assert chat.status_code == 200
@@ -254,6 +254,12 @@ def test_keys_create_shown_once_and_revoke(page, console_gateway):
     spend = (usage["prompt_tokens"] * MOCK_PRICES["input_cost_per_million"]
              + usage["completion_tokens"] * MOCK_PRICES["output_cost_per_million"]) / 1e6
     assert page.locator(f"tr[data-key-id='{key_id}'] td").nth(5).inner_text() == f"${spend:.6f}"
+    budget = page.locator(f"tr[data-key-id='{key_id}'] input[name=budget_usd]")
+    budget.fill("3")
+    budget.press("Enter")
+    page.wait_for_load_state()
+    assert api(console_gateway, "GET", f"/api/keys/{key_id}").json()["budget_usd"] == 3.0
+    assert page.locator(f"tr[data-key-id='{key_id}'] input[name=budget_usd]").input_value() == "3.00"
     page.locator(f"tr[data-key-id='{key_id}']").locator("button:has-text('Revoke')").click()
     page.wait_for_load_state()
     assert page.locator(f"tr[data-key-id='{key_id}'] .badge").inner_text() == "revoked"

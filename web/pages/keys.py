@@ -2,6 +2,7 @@
 
     GET  /console/keys               the list and the create form
     POST /console/keys               create: name, budget_usd, rpm_limit, tpm_limit (empty = unlimited)
+    POST /console/keys/budget        key_id=N, budget_usd (empty = unlimited)
     POST /console/keys/revoke        key_id=N
 """
 
@@ -49,6 +50,22 @@ async def create(request: Request, api: ApiDep, name: Annotated[str, Form()] = "
     if response.status_code != 201:
         return await _page(request, api, values=values, error=api_error(response), status_code=400)
     return await _page(request, api, created=response.json(), status_code=201)
+
+
+@router.post("/budget", response_class=HTMLResponse, dependencies=[CsrfDep])
+async def set_budget(request: Request, api: ApiDep, key_id: Annotated[int, Form()],
+                     budget_usd: Annotated[str, Form()] = "") -> Response:
+    try:
+        budget = float(budget_usd) if budget_usd.strip() else None
+    except ValueError:
+        return await _page(request, api, error={"message": f"key {key_id}: the budget must be a number of USD",
+                                                "param": None}, status_code=400)
+    response = await api.call("PATCH", f"/api/keys/{key_id}", json={"budget_usd": budget})
+    if response.status_code != 200:
+        error = api_error(response)
+        return await _page(request, api, error={"message": f"key {key_id}: {error['message']}", "param": None},
+                           status_code=400)
+    return RedirectResponse(f"{PREFIX}/keys", status_code=303)
 
 
 @router.post("/revoke", dependencies=[CsrfDep])
