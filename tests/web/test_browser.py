@@ -284,4 +284,7 @@ def test_models_page(page, console_gateway):
     blocks = api(console_gateway, "GET", "/api/models").json()["data"][4]["engine"]
     assert blocks["kv_blocks_total"] > 0 and blocks["tokens_per_s"] >= chat.json()["usage"]["completion_tokens"] / 60
     assert local.nth(9).inner_text().endswith(f"({blocks['kv_blocks_used']}/{blocks['kv_blocks_total']})")
+    with page.expect_response("**/console/models/table", timeout=10_000) as refresh:  # htmx, every 5 s
+        pass
+    assert refresh.value.status == 200 and page.locator("tr[data-model='m1']").count() == 1
     screenshot(page, "11-models")

@@ -31,6 +31,7 @@ def test_login_sets_a_secure_session_cookie_and_returns_to_the_page(console_gate
         assert response.status_code == 303 and response.headers["location"] == "/console/keys"
         cookie = response.headers["set-cookie"].lower()
         assert cookie.startswith("link_console=") and "httponly" in cookie and "samesite=lax" in cookie
+        assert "secure" not in cookie  # development over http; production: test_production_cookie_is_secure
         assert client.get("/console/keys").status_code == 200
         # a new CSRF token after login; logging out ends the session
         token = csrf_from(client.get("/console/keys").text)
@@ -94,3 +95,22 @@ def test_request_text_is_escaped(admin, console_gateway):
         console_gateway.flush_log()
     assert page.status_code == 200
     assert evil not in page.text and "&lt;script&gt;alert(" in page.text
+
+
+def test_production_cookie_is_secure(tmp_path):
+    """In production the session cookie is Secure (sent over https only)."""
+    from fastapi.testclient import TestClient
+
+    from link.app import create_app
+    from link.config import parse_config
+    from tests.link.gateway_launch import gateway_settings, mock_deployment
+    from tests.link.mock_launch import refused_url
+
+    settings = gateway_settings(f"sqlite:///{tmp_path / 'link.db'}", tmp_path, environment="production")
+    app = create_app(settings, parse_config({"models": [mock_deployment("m1", refused_url())]}))
+    with TestClient(app, base_url="https://testserver", follow_redirects=False) as client:
+        token = csrf_from(client.get("/console/login").text)
+        response = client.post("/console/login", data={"key": MASTER_KEY, "csrf_token": token})
+        assert response.status_code == 303
+        cookie = response.headers["set-cookie"].lower()
+        assert "secure" in cookie and "httponly" in cookie
