@@ -204,6 +204,9 @@ def test_eval_report_plot_and_compare(page, console_gateway, tmp_path):
                             "finished_at": datetime.now(timezone.utc),
                             "totals": {"m1": {"n": 50, "errors": 0, "score": score, "cost_usd": 0.02,
                                               "latency_p50_s": 0.4, "latency_p95_s": 0.9}}})
+        # a run that recorded only some totals (stopped early) still lists
+        store.save_run({"id": "run-partial", "suite": "mmlu", "targets": ["m1"], "status": "stopped",
+                        "totals": {"m1": {"n": 1}}})
         report_id = store.save_report(title="GSM8K, m1 vs m2", run_ids=["run-a", "run-b"], markdown="",
                                       data={"summaries": summaries, "pareto_frontier": ["m1", "m2"]}, png=png)
     finally:
@@ -211,6 +214,8 @@ def test_eval_report_plot_and_compare(page, console_gateway, tmp_path):
 
     browser_login(page)
     page.goto("/console/evals")
+    partial = page.locator("#runs tbody tr", has_text="run-partial").locator("td")
+    assert [partial.nth(i).inner_text() for i in (5, 6, 7)] == ["stopped", "–", "–"]
     screenshot(page, "07-evals")
     page.click("text=GSM8K, m1 vs m2")
     page.wait_for_url(f"**/console/evals/reports/{report_id}")
