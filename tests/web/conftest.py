@@ -1,5 +1,6 @@
 """Fixtures of the console tests: one gateway on loopback (SQLite in a temporary folder) over a mock OpenAI
-provider (models `m1`, `m2`, and `small`, `big` behind the router policy `routed`, a fixed-score test router)
+provider (models `m1`, `m2`, the Mixture-of-Agents `mixture` over them, and `small`, `big` behind the router
+policy `routed`, a fixed-score test router)
 and the real local `smollm2-135m-instruct` (loaded only by the tests that use it), an httpx client logged in
 to the console, and Chromium driven by Playwright.
 
@@ -43,7 +44,8 @@ def console_gateway(tmp_path_factory):
                         "input_cost_per_million": 0.02, "output_cost_per_million": 0.02}],
             "policies": [{"name": "from-config", "type": "fallback", "models": ["m1", "m2"]},
                          {"name": "routed", "type": "router", "models": ["small", "big"],
-                          "options": {"path": str(router_file)}}]})
+                          "options": {"path": str(router_file)}},
+                         {"name": "mixture", "type": "moa", "models": ["m1", "m2"], "options": {"aggregator": "m2"}}]})
         settings = gateway_settings(f"sqlite:///{home / 'link.db'}", home)
         with start_gateway_thread(settings, config) as server:
             yield server

@@ -183,6 +183,31 @@ def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
     screenshot(page, "06-request")
 
 
+def test_request_page_shows_the_moa_proposers_escaped(page, console_gateway):
+    evil = "<script>window.pwned = 1</script>"
+    response = api(console_gateway, "POST", "/v1/chat/completions",
+                   json={"model": "mixture", "messages": [{"role": "user", "content": evil}]})
+    assert response.status_code == 200, response.text
+    request_id = response.headers["x-link-request-id"]
+    console_gateway.flush_log()
+    row = api(console_gateway, "GET", f"/api/requests/{request_id}").json()
+    browser_login(page)
+    page.goto(f"/console/requests/{request_id}")
+    proposers = [[c.inner_text() for c in r.locator("td").all()] for r in page.locator("#proposers tbody tr").all()]
+    calls = row["decision"]["moa"]["proposals"]
+    assert [p[1] for p in proposers] == [c["model"] for c in calls] and sorted(p[1] for p in proposers) == ["m1", "m2"]
+    assert all(p[6] == "You said: " + evil for p in proposers)  # the mock echoes the prompt: shown as text
+    assert [p[5] for p in proposers] == [f"{c['prompt_tokens']} + {c['completion_tokens']}" for c in calls]
+    assert page.evaluate("window.pwned") is None
+    assert "aggregator: m2" in page.locator("#proposers-aggregator").inner_text()
+    facts = "\n".join(page.locator("dl.facts").all_inner_texts())
+    assert f"prompt tokens\n{row['prompt_tokens']}" in facts and f"cost\n${row['cost_usd']:.6f}" in facts
+    calls = [[c.inner_text() for c in r.locator("td").all()] for r in page.locator("#calls tbody tr").all()]
+    assert [c[0] for c in calls] == [c["model"] for c in row["decision"]["calls"]]
+    assert sum(int(c[2]) for c in calls) == row["prompt_tokens"]  # every call is billed to the request
+    screenshot(page, "06b-request-moa")
+
+
 def _png_size(data: bytes) -> tuple[int, int]:
     width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
     return width, height
