@@ -27,11 +27,16 @@ class ApiKeyCreated(ApiKeyPublic):
     key: str
 
 
+def _json_body(schema) -> dict:
+    """The OpenAPI request body of a route that parses its JSON itself (to refuse unknown fields)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+
+
 def _not_found(exc: KeyNotFound) -> OpenAIError:
     return OpenAIError(404, str(exc), param="id", code="key_not_found")
 
 
-@router.post("", status_code=201, response_model=ApiKeyCreated)
+@router.post("", status_code=201, response_model=ApiKeyCreated, openapi_extra=_json_body(ApiKeyCreate))
 async def create(request: Request, session: SessionDep, _: AdminDep):
     body = parse_body(await request.body(), ApiKeyCreate, "an API key")
     key, plaintext = create_key(session, body.name, budget_usd=body.budget_usd, rpm_limit=body.rpm_limit,
@@ -52,7 +57,7 @@ def one(key_id: int, session: SessionDep, _: AdminDep):
         raise _not_found(exc) from None
 
 
-@router.patch("/{key_id}", response_model=ApiKeyPublic)
+@router.patch("/{key_id}", response_model=ApiKeyPublic, openapi_extra=_json_body(ApiKeyUpdate))
 async def update(key_id: int, request: Request, session: SessionDep, _: AdminDep):
     changes = parse_body(await request.body(), ApiKeyUpdate, "an API key")
     try:

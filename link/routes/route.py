@@ -20,7 +20,8 @@ from link.schemas import OpenAIError, model_not_found, parse_json_object, valida
 router = APIRouter(prefix="/api/route", tags=["policies"])
 
 
-@router.post("")
+@router.post("", openapi_extra={"requestBody": {"required": True, "description": "a /v1/chat/completions body",
+                                                "content": {"application/json": {"schema": {"type": "object"}}}}})
 async def explain(request: Request, state: StateDep, _: AdminDep) -> dict:
     body = parse_json_object(await request.body())
     validate_request(body, "chat")

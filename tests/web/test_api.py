@@ -159,3 +159,6 @@ def test_openapi_documents_the_console_endpoints(api):
                  "/api/evals/reports/{report_id}/plot.png", "/api/policies", "/api/requests"):
         assert path in paths, path
     assert not any(p.startswith("/console") for p in paths)
+    create = paths["/api/keys"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert set(create["properties"]) == {"name", "budget_usd", "rpm_limit", "tpm_limit"} and create["required"] == ["name"]
+    assert "budget_usd" in paths["/api/keys/{key_id}"]["patch"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
