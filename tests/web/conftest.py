@@ -1,5 +1,5 @@
 """Fixtures of the console tests: one gateway on loopback (SQLite in a temporary folder) over a mock OpenAI
-provider (models `m1`, `m2`, the Mixture-of-Agents `mixture` over them, and `small`, `big` behind the router
+provider (models `m1`, `m2`, `down` at a refused port, the Mixture-of-Agents `mixture` over them, and `small`, `big` behind the router
 policy `routed`, a fixed-score test router)
 and the real local `smollm2-135m-instruct` (loaded only by the tests that use it), an httpx client logged in
 to the console, and Chromium driven by Playwright.
@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
-from tests.link.mock_launch import start_mock_thread
+from tests.link.mock_launch import refused_url, start_mock_thread
 
 CHROMIUM = os.environ.get("LINK_TEST_CHROMIUM", "/usr/bin/chromium")
 LOCAL_MODEL = "smollm2-135m-instruct"
@@ -40,6 +41,7 @@ def console_gateway(tmp_path_factory):
     with start_mock_thread() as mock:
         config = parse_config({
             "models": [*(mock_deployment(name, mock.api_base, **MOCK_PRICES) for name in ("m1", "m2", "small", "big")),
+                       mock_deployment("down", refused_url(), **MOCK_PRICES),  # health checks eject it: "error"
                        {"name": LOCAL_MODEL, "kind": "local", "local": LOCAL_MODEL,
                         "input_cost_per_million": 0.02, "output_cost_per_million": 0.02}],
             "policies": [{"name": "from-config", "type": "fallback", "models": ["m1", "m2"]},
@@ -48,8 +50,17 @@ def console_gateway(tmp_path_factory):
                          {"name": "mixture", "type": "moa", "models": ["m1", "m2"], "options": {"aggregator": "m2"}}]})
         settings = gateway_settings(f"sqlite:///{home / 'link.db'}", home)
         with start_gateway_thread(settings, config) as server:
+            wait_ejected(server, "down")
             yield server
     ROUTERS.pop(TableRouter.type, None)
+
+
+def wait_ejected(server, model: str, timeout_s: float = 15.0) -> None:
+    """Wait until /health reports `model` unavailable (its replicas ejected by the health checks)."""
+    deadline = time.monotonic() + timeout_s
+    while model not in httpx.get(server.url + "/health").json().get("unavailable_models", []):
+        assert time.monotonic() < deadline, f"{model} not ejected within {timeout_s} s"
+        time.sleep(0.1)
 
 
 def csrf_from(html: str) -> str:

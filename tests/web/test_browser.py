@@ -96,8 +96,9 @@ def test_try_it_with_the_local_model(page, console_gateway):
     console_gateway.flush_log()
     row = api(console_gateway, "GET", f"/api/requests/{request_id}").json()
     assert row["model"] == LOCAL_MODEL and row["stream"] is True and 1 <= row["completion_tokens"] <= 8
-    assert page.locator("#try-usage").inner_text() == (
-        f"{row['prompt_tokens']} prompt + {row['completion_tokens']} completion tokens")
+    usage = page.locator("#try-usage").inner_text()  # the latency is rounded by the page: not compared exactly
+    assert usage.startswith(f"{row['prompt_tokens']} prompt + {row['completion_tokens']} completion tokens · "
+                            f"${row['cost_usd']:.6f} · ") and usage.endswith(" ms")
 
 
 def test_try_it_shows_the_routers_decision(page):
@@ -112,6 +113,8 @@ def test_try_it_shows_the_routers_decision(page):
     assert rows == [["small", "0.2000", "0.00100", ""], ["big", "0.9000", "0.0100", "chosen"]]
     assert page.locator("#try-chosen").inner_text() == "big"
     assert page.locator("#try-answer").inner_text() == "You said: a math question"
+    # the mock counts one token per word: 3 prompt + 5 completion tokens at the mock prices
+    assert page.locator("#try-usage").inner_text().startswith("3 prompt + 5 completion tokens · $0.013000 · ")
     screenshot(page, "04b-try-it-router")
 
 
@@ -305,13 +308,15 @@ def test_models_page(page, console_gateway):
     browser_login(page)
     page.goto("/console/models")
     names = [c.inner_text() for c in page.locator("#models-table tbody tr td.name").all()]
-    assert names == ["m1", "m2", "small", "big", LOCAL_MODEL]
+    assert names == ["m1", "m2", "small", "big", "down", LOCAL_MODEL]
     assert page.locator("tr[data-model='m1'] .badge").inner_text() == "healthy"
     assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "1000.00"
     local = page.locator(f"tr[data-model='{LOCAL_MODEL}'] td")
     assert local.nth(2).inner_text() == "loaded"
     assert local.nth(7).inner_text() == "0" and local.nth(8).inner_text() == "0"  # running, waiting: idle now
-    blocks = api(console_gateway, "GET", "/api/models").json()["data"][4]["engine"]
+    assert page.locator("tr[data-model='down'] .badge").inner_text() == "error"  # ejected by its health checks
+    assert page.locator("tr[data-model='down'] .replica.down").count() == 1
+    blocks = api(console_gateway, "GET", "/api/models").json()["data"][5]["engine"]
     assert blocks["kv_blocks_total"] > 0 and blocks["tokens_per_s"] >= chat.json()["usage"]["completion_tokens"] / 60
     assert local.nth(9).inner_text().endswith(f"({blocks['kv_blocks_used']}/{blocks['kv_blocks_total']})")
     with page.expect_response("**/console/models/table", timeout=10_000) as refresh:  # htmx, every 5 s

@@ -66,6 +66,16 @@
     return usage;
   }
 
+  // The request-log row (GET /api/requests/{id}) is written just after the answer ends: poll it briefly.
+  async function loggedRow(requestId) {
+    for (let attempt = 0; attempt < 30; attempt++) {
+      const response = await fetch("/api/requests/" + encodeURIComponent(requestId), {credentials: "same-origin"});
+      if (response.ok) return response.json();
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    return null;
+  }
+
   $("try-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const model = $("try-policy").value;
@@ -86,10 +96,14 @@
       const answeredBy = answer.headers.get("x-link-model");
       if (answeredBy) $("try-chosen").textContent = answeredBy;
       const usage = await streamAnswer(answer);
-      $("try-status").textContent = "Done (request " + answer.headers.get("x-link-request-id") + ").";
-      if (usage) {
-        $("try-usage").textContent = usage.prompt_tokens + " prompt + " + usage.completion_tokens + " completion tokens";
+      const requestId = answer.headers.get("x-link-request-id");
+      let line = usage ? usage.prompt_tokens + " prompt + " + usage.completion_tokens + " completion tokens" : "";
+      const row = await loggedRow(requestId);
+      if (row) {
+        line += " · $" + row.cost_usd.toFixed(6) + (row.latency_ms !== null ? " · " + Math.round(row.latency_ms) + " ms" : "");
       }
+      $("try-usage").textContent = line;
+      $("try-status").textContent = "Done (request " + requestId + ").";
     } catch (error) {
       $("try-status").textContent = "Error: " + error.message;
     } finally {
