@@ -2,9 +2,10 @@
 
     GET /api/models   {"object": "list", "data": [{"name", "kind", "status", "input_cost_per_million",
                        "output_cost_per_million", "context_length", "deployments": [...], "engine": {...} | None}]}
-A model's `status`: "error" when a local model failed to load or every replica is out of rotation,
-"loaded" when a local engine is running, "healthy" otherwise (a remote model in rotation, or a local model
-not loaded yet: it loads on its first request). `engine` (loaded local models): running and waiting
+A model's `status`: "error" when a local model failed to load or every replica is out of rotation, "loaded"
+when a local engine is running, "healthy" otherwise (a remote model in rotation, or a local model not loaded
+yet: it loads on its first request); `errors` says what is wrong (a load error, each replica out of rotation).
+`engine` (loaded local models): running and waiting
 sequences, KV cache blocks used / total and their ratio, and generated tokens per second over the last
 60 s of the request log.
 """
@@ -52,6 +53,8 @@ def list_models(state: StateDep, session: SessionDep, _: AdminDep) -> dict:
         first = deployments[0]
         load_errors = getattr(state.engine_pool, "load_errors", {})
         errors = [load_errors[d.local] for d in deployments if d.kind == "local" and d.local in load_errors]
+        errors += [f"{r['deployment_id']} is out of rotation after failed health checks or requests; probed again in "
+                   f"{r['ejected_for_s']:.0f} s" for r in replicas.values() if not r["healthy"]]
         engines = [e for d in deployments if d.kind == "local" and (e := _engine_state(state, d.local)) is not None]
         if errors or not any(r["healthy"] for r in replicas.values()):
             status = "error"

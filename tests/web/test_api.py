@@ -125,6 +125,7 @@ def test_models_registry(api):
     models = {m["name"]: m for m in api.get("/api/models").json()["data"]}
     assert set(models) == {"m1", "m2", "small", "big", "down", LOCAL_MODEL}
     assert models["down"]["status"] == "error" and models["down"]["deployments"][0]["healthy"] is False
+    assert models["down"]["errors"][0].startswith("down#0 is out of rotation") and models["m1"]["errors"] == []
     assert models["m1"]["status"] == "healthy" and models["m1"]["input_cost_per_million"] == 1000.0
     assert models["m1"]["deployments"][0]["deployment_id"] == "m1#0" and models["m1"]["engine"] is None
     assert models[LOCAL_MODEL]["kind"] == "local" and models[LOCAL_MODEL]["context_length"] > 0
