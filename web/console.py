@@ -163,6 +163,12 @@ def mount_console(app: FastAPI, settings: Settings) -> None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(f"{PREFIX}/login?next={quote(target)}", status_code=303)
 
+    @app.exception_handler(httpx.HTTPStatusError)
+    async def _api_failed(request: Request, exc: httpx.HTTPStatusError):
+        # A page's read through the API failed (e.g. a filter the API refuses): say why, with the API's status.
+        return render(request, "error.html", status_code=exc.response.status_code, title="The API refused",
+                      message=api_error(exc.response)["message"])
+
     @app.exception_handler(CsrfRefused)
     async def _csrf(request: Request, exc: CsrfRefused):
         return render(request, "error.html", status_code=403, title="Refused",

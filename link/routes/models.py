@@ -54,7 +54,7 @@ def list_models(state: StateDep, session: SessionDep, _: AdminDep) -> dict:
         load_errors = getattr(state.engine_pool, "load_errors", {})
         errors = [load_errors[d.local] for d in deployments if d.kind == "local" and d.local in load_errors]
         errors += [f"{r['deployment_id']} is out of rotation after failed health checks or requests; probed again in "
-                   f"{r['ejected_for_s']:.0f} s" for r in replicas.values() if not r["healthy"]]
+                   f"{r['ejected_for_s']:.1f} s" for r in replicas.values() if not r["healthy"]]
         engines = [e for d in deployments if d.kind == "local" and (e := _engine_state(state, d.local)) is not None]
         if errors or not any(r["healthy"] for r in replicas.values()):
             status = "error"

@@ -114,3 +114,11 @@ def test_production_cookie_is_secure(tmp_path):
         assert response.status_code == 303
         cookie = response.headers["set-cookie"].lower()
         assert "secure" in cookie and "httponly" in cookie
+
+
+def test_traffic_range_errors_are_explained(admin):
+    """A custom range that ends before it starts is explained on the page; a negative offset shows the first page."""
+    response = admin.get("/console/traffic", params={"key": "7", "since": "2030-01-02T00:00", "until": "2030-01-01T00:00"})
+    assert response.status_code == 400 and "start must be before its end" in response.text
+    response = admin.get("/console/traffic", params={"since": "2030-01-01T00:00", "until": "2030-01-02T00:00", "offset": "-5"})
+    assert response.status_code == 200  # a negative offset is clamped to the first page
