@@ -20,7 +20,7 @@ from sqlmodel import select
 
 from link.db.models import RequestLog, utcnow
 from link.deps import AdminDep, SessionDep, StateDep
-from link.routes.openai import _context_length
+from link.routes.openai import context_length
 from link.state import GatewayState
 
 router = APIRouter(prefix="/api/models", tags=["models"])
@@ -64,7 +64,7 @@ def list_models(state: StateDep, session: SessionDep, _: AdminDep) -> dict:
             "name": name, "kind": first.kind, "status": status, "errors": errors,
             "input_cost_per_million": first.input_cost_per_million,
             "output_cost_per_million": first.output_cost_per_million,
-            "context_length": _context_length(state, name),
+            "context_length": context_length(state, name),
             "deployments": [{"deployment_id": d.deployment_id, "kind": d.kind, "target": d.local or d.model,
                              "api_base": d.api_base, **replicas.get(d.deployment_id, {})} for d in deployments],
             "engine": _engine_stats(engines[0], (generated.get(name) or 0) / THROUGHPUT_WINDOW_S) if engines else None,

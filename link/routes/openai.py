@@ -194,14 +194,14 @@ def _deployment_context(state: GatewayState, deployment: ModelDeployment) -> int
         return deployment.context_length
 
 
-def _context_length(state: GatewayState, name: str) -> int | None:
+def context_length(state: GatewayState, name: str) -> int | None:
     """The smallest context of a model's replicas (a request that fits it fits each), or None if none is known."""
     known = [c for d in state.config.deployments(name) if (c := _deployment_context(state, d))]
     return min(known) if known else None
 
 
 def _cards(state: GatewayState) -> list[dict]:
-    cards = [model_card(name, state.created, owned_by="togetherlink", max_model_len=_context_length(state, name),
+    cards = [model_card(name, state.created, owned_by="togetherlink", max_model_len=context_length(state, name),
                         link={"type": "model", "kind": state.config.deployments(name)[0].kind,
                               "replicas": len(state.config.deployments(name))})
              for name in state.model_names]
