@@ -9,12 +9,15 @@ the request-log writer, the rate limiter, the budget ledger, the local engine po
 pool per model name with its health checks; shutdown closes them all and drains the log writer.
 Routes: link/routes/ (openai: /v1/*, policies: /api/policies, route: /api/route, requests: /api/requests,
 traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, system: /health and
-/metrics); the console under /console (web/). Every API error is an OpenAI error object.
+/metrics); the console under /console, mounted by `web` through the entry point group `togetherlink.apps`
+(`link` never imports `web`). Every API error is an OpenAI error object.
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
+from importlib.metadata import entry_points
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +29,28 @@ from link.routes import evals, keys, models, openai, policies, requests, route, 
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
+
+
+log = logging.getLogger(__name__)
+# Packages that add to the gateway app (the console in web/) register `mount(app, settings)` under this group
+# (pyproject.toml [project.entry-points."togetherlink.apps"]), so dependencies keep pointing web -> link.
+APP_EXTENSIONS = "togetherlink.apps"
+
+
+def mount_extensions(app: FastAPI, settings: Settings) -> list[str]:
+    """Call every `togetherlink.apps` entry point's `mount(app, settings)`, in name order. Returns their names.
+
+    Raises:
+        whatever an extension raises while loading or mounting: a broken extension stops the gateway.
+    """
+    names = []
+    for ep in sorted(entry_points(group=APP_EXTENSIONS), key=lambda ep: ep.name):
+        ep.load()(app, settings)
+        names.append(ep.name)
+    if not names:
+        log.info("no %s entry points (the console is one): is togetherlink installed (pip install -e .)?",
+                 APP_EXTENSIONS)
+    return names
 
 
 def create_app(settings: Settings | None = None, config: LinkConfig | None = None) -> FastAPI:
@@ -51,10 +76,7 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
     app = FastAPI(title="TogetherLink gateway", lifespan=lifespan)
     for module in (openai, policies, route, requests, traffic, keys, models, evals, system):
         app.include_router(module.router)
-    # The console (web/, pages under /console): the one place `link` knows `web`, as cli.py mounts `evals`.
-    from web.console import mount_console
-
-    mount_console(app, settings)
+    mount_extensions(app, settings)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):

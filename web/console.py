@@ -144,7 +144,8 @@ async def logout(request: Request) -> Response:
 
 def mount_console(app: FastAPI, settings: Settings) -> None:
     """Serve the console under /console on `app`: pages, static files, the session cookie and the
-    session-to-API bridge (web/session.py). Called once by `create_app`."""
+    session-to-API bridge (web/session.py). Called once by `create_app`, through the entry point `console` of
+    the group `togetherlink.apps` (pyproject.toml)."""
     from web.pages import evals, keys, models, policies, traffic
 
     master_key = settings.master_key.get_secret_value() if settings.master_key else None
