@@ -34,7 +34,7 @@ bench: install
 
 # The embedded default's `link/auto` router, in two steps:
 # 1. `make link-auto-outcomes` measures both local models through the gateway on a seeded 1,000-item sample of
-#    GSM8K train, on MMLU val (5-shot) and on MMLU dev, one gzipped outcome file per (part, model) in
+#    GSM8K train (in four shards), on MMLU val (5-shot) and on MMLU dev, one gzipped outcome file per (part, model) in
 #    $(LINK_AUTO_DIR). The files are in the repository: this step runs only for a missing one (several hours
 #    on a 2-core CPU in all; an interrupted run resumes from the eval cache in $(LINK_HOME)). Delete a file,
 #    or point LINK_AUTO_DIR at an empty folder, to measure again.
@@ -44,8 +44,12 @@ LINK_AUTO_DIR ?= routers/trained/link-auto
 LINK_AUTO_RUNS ?= $(LINK_HOME)/link-auto
 LINK_AUTO_FILE ?= routers/trained/link-auto.safetensors
 LINK_AUTO_MODELS := smollm2-135m-instruct gemma-3-270m
-LINK_AUTO_PARTS := gsm8k-train mmlu-val mmlu-dev
-gsm8k-train_ARGS := --suite gsm8k --split train --limit 1000 --seed 0
+# GSM8K train is measured in four interleaved shards of the one seeded sample (about 30 min each for Gemma),
+# so a long measurement can be committed part by part.
+GSM8K_SHARDS := 0 1 2 3
+GSM8K_PARTS := $(foreach k,$(GSM8K_SHARDS),gsm8k-train-$(k)of4)
+LINK_AUTO_PARTS := $(GSM8K_PARTS) mmlu-val mmlu-dev
+$(foreach k,$(GSM8K_SHARDS),$(eval gsm8k-train-$(k)of4_ARGS := --suite gsm8k --split train --limit 1000 --seed 0 --shard $(k)/4))
 mmlu-val_ARGS := --suite mmlu --split val
 mmlu-dev_ARGS := --suite mmlu --split dev
 LINK_AUTO_OUTCOMES := $(foreach p,$(LINK_AUTO_PARTS),$(foreach m,$(LINK_AUTO_MODELS),$(LINK_AUTO_DIR)/$(p).$(m).jsonl.gz))
@@ -62,7 +66,7 @@ $(LINK_AUTO_DIR)/%.jsonl.gz: | install
 
 link-auto: link-auto-outcomes
 	$(ROUTER_ENV) train --type knn --out $(LINK_AUTO_FILE) \
-		$(foreach m,$(LINK_AUTO_MODELS),--data $(LINK_AUTO_DIR)/gsm8k-train.$(m).jsonl.gz --data $(LINK_AUTO_DIR)/mmlu-val.$(m).jsonl.gz)
+		$(foreach m,$(LINK_AUTO_MODELS),$(foreach p,$(GSM8K_PARTS) mmlu-val,--data $(LINK_AUTO_DIR)/$(p).$(m).jsonl.gz))
 	$(ROUTER_ENV) calibrate $(LINK_AUTO_FILE) --target quality=0.98 \
 		$(foreach m,$(LINK_AUTO_MODELS),--data $(LINK_AUTO_DIR)/mmlu-dev.$(m).jsonl.gz)
 

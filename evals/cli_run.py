@@ -41,6 +41,7 @@ class RunSpec:
     split: str = "test"
     limit: int | None = None
     seed: int = 0
+    shard: str | None = None
     base_url: str | None = None
     api_key: str | None = None
     config: Path | None = None
@@ -63,6 +64,8 @@ class RunSpec:
             (self.concurrency >= 1, f"--concurrency must be >= 1, got {self.concurrency}"),
             (self.retries >= 0, f"--retries must be >= 0, got {self.retries}"),
             (self.max_cost_usd is None or self.max_cost_usd >= 0, f"--max-cost must be >= 0, got {self.max_cost_usd}"),
+            (self.shard is None or parse_shard(self.shard) is not None,
+             f"--shard must be K/N with 0 <= K < N (e.g. 0/4), got {self.shard!r}"),
             (self.shots is None or self.shots >= 0, f"--shots must be >= 0, got {self.shots}"),
             (self.order in ("interleave", "by-target"), f"--order must be interleave or by-target, not {self.order!r}"),
             (self.style in ("auto", "chat", "completion"), f"--style must be auto, chat or completion, not {self.style!r}"),
@@ -124,7 +127,7 @@ async def execute(spec: RunSpec):
     suite = build("chat" if spec.style == "auto" else spec.style)
     if suite.needs_judge and not spec.judge:
         raise ValueError(f"suite {spec.suite!r} is graded by a judge model: pass --judge MODEL")
-    items = suite.sample(suite.load(spec.split), spec.limit)
+    items = shard_items(suite.sample(suite.load(spec.split), spec.limit), spec.shard)
     if not items:
         raise ValueError(f"suite {spec.suite!r} has no items in split {spec.split!r}")
     if spec.base_url is None:
@@ -143,7 +146,7 @@ async def execute(spec: RunSpec):
             suite_for = {name: build(style) for name, style in styles.items() if style != suite.style}
         store = EvalStore(settings.database_url)
         try:
-            params = {"seed": spec.seed, "limit": spec.limit, "shots": suite.shots, "style": spec.style,
+            params = {"seed": spec.seed, "limit": spec.limit, "shard": spec.shard, "shots": suite.shots, "style": spec.style,
                       "data_dir": str(data_dir), "base_url": spec.base_url,
                       "styles": {t.name: (suite_for.get(t.name) or suite).style for t in targets}}
             return await run_eval(suite, items, targets, judge=judge, concurrency=spec.concurrency, retries=spec.retries,
@@ -152,6 +155,30 @@ async def execute(spec: RunSpec):
                                   order=spec.order)
         finally:
             store.close()
+
+
+def parse_shard(text: str) -> tuple[int, int] | None:
+    """"K/N" -> (K, N) when 0 <= K < N, else None."""
+    k, sep, n = text.partition("/")
+    if not (sep and k.strip().isdigit() and n.strip().isdigit()):
+        return None
+    k_i, n_i = int(k), int(n)
+    return (k_i, n_i) if 0 <= k_i < n_i else None
+
+
+def shard_items(items: list, shard: str | None) -> list:
+    """The K-th of N interleaved parts of `items` (items[K::N]); all items when `shard` is None.
+
+    Raises:
+        ValueError: `shard` is not "K/N" with 0 <= K < N.
+    """
+    if shard is None:
+        return list(items)
+    parsed = parse_shard(shard)
+    if parsed is None:
+        raise ValueError(f"--shard must be K/N with 0 <= K < N (e.g. 0/4), got {shard!r}")
+    k, n = parsed
+    return list(items[k::n])
 
 
 def summary_table(result) -> Table:
@@ -184,6 +211,8 @@ def run(
     split: str = typer.Option("test", help="The suite's split."),
     limit: int = typer.Option(None, help="Run a seeded sample of this many items."),
     seed: int = typer.Option(0, help="Seeds the sample, few-shot picks and retry jitter."),
+    shard: str = typer.Option(None, help="K/N: run every N-th item of the (sampled) items starting at the K-th "
+                              "(0-based), so N runs of K = 0..N-1 split one sample into disjoint parts."),
     base_url: str = typer.Option(None, "--base-url", help="A running gateway or OpenAI-compatible server (.../v1); "
                                  "default: the gateway in this process."),
     api_key: str = typer.Option(None, "--api-key", help="Key of the --base-url server (default: LINK_API_KEY). "
@@ -216,7 +245,7 @@ def run(
     options = {k: v for k, v in {"path": path, "baseline": baseline, "categories": category or None,
                                      "scoring": scoring}.items() if v is not None}
     try:
-        spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, base_url=base_url,
+        spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, shard=shard, base_url=base_url,
                        api_key=api_key, config=config, data_dir=data_dir, shots=shots, style=style, concurrency=concurrency,
                        order=order, retries=retries, max_cost_usd=max_cost, judge=judge, out_dir=out, progress=progress,
                        options=options)

@@ -67,6 +67,20 @@ def test_run_writes_outcomes_and_resumes_from_the_cache(link_home, config_file, 
     assert {r["id"] for r in runs} >= {run_id, _run_id(second.output)} and all(r["status"] == "finished" for r in runs)
 
 
+def test_shards_split_one_sample_into_disjoint_parts(link_home, config_file, data_dir, mock, tmp_path):
+    args = ["--suite", "gsm8k", "--limit", 5, "--seed", 7, "--target", "mock", "--config", config_file,
+            "--data-dir", data_dir, "--no-progress"]
+    def ids(*extra):
+        result = _invoke(*args, *extra)
+        assert result.exit_code == 0, result.output
+        return [r.prompt_id for r in OutcomeTable.read(link_home / "evals" / _run_id(result.output) / "outcomes.jsonl")]
+    whole = ids()
+    parts = [ids("--shard", f"{k}/3") for k in range(3)]
+    assert [len(p) for p in parts] == [2, 2, 1]
+    assert sorted(sum(parts, [])) == sorted(whole) and len(set(whole)) == 5
+    assert parts[0] == [whole[0], whole[3]]  # items[K::N] of the sample, in its order
+
+
 def test_base_url_and_out_dir(link_home, data_dir, mock, tmp_path):
     result = _invoke("--suite", "gsm8k", "--limit", 2, "--target", "mock-model", "--base-url", mock.api_base,
                      "--api-key", "sk-anything", "--data-dir", data_dir, "--out", tmp_path / "out", "--no-progress")
@@ -108,6 +122,8 @@ def test_missing_key_fails_before_anything_runs(link_home, data_dir, mock, monke
     (["--suite", "gsm8k", "--target", "mock", "--max-cost", -1], "--max-cost must be >= 0"),
     (["--suite", "gsm8k", "--target", "mock", "--order", "bogus"], "--order must be interleave or by-target"),
     (["--suite", "jsonl", "--target", "mock"], "pass --path FILE"),
+    (["--suite", "gsm8k", "--target", "mock", "--shard", "4/4"], "--shard must be K/N with 0 <= K < N"),
+    (["--suite", "gsm8k", "--target", "mock", "--shard", "1"], "--shard must be K/N with 0 <= K < N"),
 ])
 def test_clear_one_line_errors(link_home, config_file, data_dir, args, message):
     result = _invoke(*args, "--config", config_file, "--data-dir", data_dir, "--no-progress")
