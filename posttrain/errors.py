@@ -17,3 +17,9 @@ class TrainingError(PosttrainError, ValueError):
 
 class ExportError(PosttrainError, ValueError):
     """An adapter cannot be merged, written or registered: a missing adapter, an existing output folder."""
+
+
+class PosttrainDataError(PosttrainError, ValueError):
+    """Traces cannot become training data: a malformed line (the message names file and line), a trace without
+    tools or without an assistant turn, a call to a function that is not offered, an empty dataset, a chat
+    template whose prompt is not a token prefix of the conversation."""
