@@ -8,9 +8,9 @@ The lifespan builds everything (link/state.py): the database engine (migrated to
 the request-log writer, the rate limiter, the budget ledger, the local engine pool and one deployment
 pool per model name with its health checks; shutdown closes them all and drains the log writer.
 Routes: link/routes/ (openai: /v1/*, policies: /api/policies, route: /api/route, requests: /api/requests,
-traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, system: /health and
-/metrics); the console under /console, mounted by `web` through the entry point group `togetherlink.apps`
-(`link` never imports `web`). Every API error is an OpenAI error object.
+traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, traces: /api/traces, system:
+/health and /metrics); the console under /console, mounted by `web` through the entry point group
+`togetherlink.apps` (`link` never imports `web`). Every API error is an OpenAI error object.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from link.config import LinkConfig, load_config
-from link.routes import evals, keys, models, openai, policies, requests, route, system, traffic
+from link.routes import evals, keys, models, openai, policies, requests, route, system, traces, traffic
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
@@ -74,7 +74,7 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
             await close_gateway(app.state.gateway)
 
     app = FastAPI(title="TogetherLink gateway", lifespan=lifespan)
-    for module in (openai, policies, route, requests, traffic, keys, models, evals, system):
+    for module in (openai, policies, route, requests, traffic, keys, models, evals, traces, system):
         app.include_router(module.router)
     mount_extensions(app, settings)
 

@@ -1,6 +1,7 @@
 """`link keys create|list|revoke`: API keys of the gateway, stored hashed in the database.
 
     link keys create alice --budget-usd 5 --rpm 60     prints the key once
+    link keys create harness --capture-traces          its requests with `tools` become tool-call traces
     link keys list [--active]
     link keys revoke ID
 """
@@ -69,6 +70,9 @@ def keys_create(
     budget_usd: float = typer.Option(None, "--budget-usd", help="Most the key may spend, USD (default: unlimited)."),
     rpm: int = typer.Option(None, "--rpm", help="Requests per minute (default: unlimited)."),
     tpm: int = typer.Option(None, "--tpm", help="Tokens per minute (default: unlimited)."),
+    capture_traces: bool = typer.Option(False, "--capture-traces/--no-capture-traces",
+                                        help="Record the key's chat requests with `tools` as tool-call traces "
+                                             "(GET /api/traces, posttrain)."),
     database_url: str = DATABASE_URL_OPTION,
 ) -> None:
     """Create an API key; prints the key once (only its hash is stored)."""
@@ -83,7 +87,8 @@ def keys_create(
         err_console.print(f"[red]error:[/red] {_key_option_error(exc)}", soft_wrap=True)
         raise typer.Exit(2) from None
     with _keys_session(database_url) as session:
-        key, plaintext = create_key(session, name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm)
+        key, plaintext = create_key(session, name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm,
+                                    capture_traces=capture_traces)
     err_console.print(f"created key {key.id} ({key.name}); store it now, it is not shown again:")
     print(plaintext)
 
@@ -99,13 +104,14 @@ def keys_list(
     with _keys_session(database_url) as session:
         keys = list_keys(session, include_revoked=include_revoked)
     table = Table(title="API keys")
-    for column in ("id", "name", "key", "created", "revoked", "budget $", "spend $", "reserved $", "rpm", "tpm"):
+    for column in ("id", "name", "key", "created", "revoked", "budget $", "spend $", "reserved $", "rpm", "tpm", "traces"):
         table.add_column(column, no_wrap=column in ("key", "created"))
     for key in keys:
         table.add_row(str(key.id), key.name, key.key_prefix + "...", f"{key.created_at:%Y-%m-%d %H:%M}",
                       f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "",
                       "-" if key.budget_usd is None else f"{key.budget_usd:.4f}", f"{key.spend_usd:.4f}",
-                      f"{key.reserved_usd:.4f}", str(key.rpm_limit or "-"), str(key.tpm_limit or "-"))
+                      f"{key.reserved_usd:.4f}", str(key.rpm_limit or "-"), str(key.tpm_limit or "-"),
+                      "on" if key.capture_traces else "-")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 

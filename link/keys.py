@@ -38,6 +38,7 @@ class KeyIdentity:
     rpm_limit: int | None = None
     tpm_limit: int | None = None
     budget_usd: float | None = None
+    capture_traces: bool = False  # record requests with `tools` as tool-call traces (link/traces.py)
 
     @property
     def is_master(self) -> bool:
@@ -62,21 +63,23 @@ def generate_key() -> str:
 
 
 def create_key(session: Session, name: str, budget_usd: float | None = None, rpm_limit: int | None = None,
-               tpm_limit: int | None = None) -> tuple[ApiKeyPublic, str]:
+               tpm_limit: int | None = None, capture_traces: bool = False) -> tuple[ApiKeyPublic, str]:
     """Create and store a key; returns its public view and the plaintext (shown this once, never stored).
 
     Args:
         name: a label (several keys may share one).
         budget_usd: the most this key may spend in USD; None = unlimited.
         rpm_limit, tpm_limit: requests and tokens per minute; None = unlimited.
+        capture_traces: record the key's chat requests with `tools` as tool-call traces (link/traces.py).
 
     Raises:
         pydantic.ValidationError: an empty name or a negative budget / non-positive limit.
     """
-    fields = ApiKeyCreate(name=name, budget_usd=budget_usd, rpm_limit=rpm_limit, tpm_limit=tpm_limit)
+    fields = ApiKeyCreate(name=name, budget_usd=budget_usd, rpm_limit=rpm_limit, tpm_limit=tpm_limit,
+                          capture_traces=capture_traces)
     plaintext = generate_key()
     row = ApiKey(name=fields.name, rpm_limit=fields.rpm_limit, tpm_limit=fields.tpm_limit,
-                 key_hash=hash_key(plaintext), key_prefix=plaintext[:DISPLAY_PREFIX_LENGTH],
+                 capture_traces=fields.capture_traces, key_hash=hash_key(plaintext), key_prefix=plaintext[:DISPLAY_PREFIX_LENGTH],
                  budget_nusd=None if fields.budget_usd is None else usd_to_nano(fields.budget_usd))
     session.add(row)
     session.commit()
@@ -105,12 +108,12 @@ def list_keys(session: Session, include_revoked: bool = True) -> list[ApiKeyPubl
 
 
 def update_key(session: Session, key_id: int, changes: ApiKeyUpdate) -> ApiKeyPublic:
-    """Change a key's name, limits or budget: the fields set in `changes` (an explicit None makes a limit or the
-    budget unlimited); spend is kept. The ledger reads the budget at each reservation, so a new budget applies
+    """Change a key's name, limits, budget or trace capture: the fields set in `changes` (an explicit None makes a
+    limit or the budget unlimited); spend is kept. The ledger reads the budget at each reservation, so a new budget applies
     to the next request.
 
     Raises:
-        KeyNotFound: no key with this id. ValueError: `changes` sets the name to None.
+        KeyNotFound: no key with this id. ValueError: `changes` sets the name or capture_traces to None.
     """
     row = session.get(ApiKey, key_id)
     if row is None:
@@ -118,6 +121,8 @@ def update_key(session: Session, key_id: int, changes: ApiKeyUpdate) -> ApiKeyPu
     fields = changes.model_dump(exclude_unset=True)
     if "name" in fields and fields["name"] is None:
         raise ValueError("a key's name cannot be removed")
+    if "capture_traces" in fields and fields["capture_traces"] is None:
+        raise ValueError("capture_traces must be true or false, not null")
     if "budget_usd" in fields:
         budget = fields.pop("budget_usd")
         row.budget_nusd = None if budget is None else usd_to_nano(budget)
@@ -171,4 +176,4 @@ def verify_key(session: Session, plaintext: str, master_key: str | SecretStr | N
         return None
     public = ApiKeyPublic.from_row(row)
     return KeyIdentity(key_id=row.id, name=row.name, rpm_limit=row.rpm_limit, tpm_limit=row.tpm_limit,
-                       budget_usd=public.budget_usd)
+                       budget_usd=public.budget_usd, capture_traces=row.capture_traces)

@@ -2,7 +2,7 @@
 
     state = await open_gateway(settings, config)   # DB engine (migrated), writers, limiters, pools, policies
     ...
-    await close_gateway(state)                     # health checks, backends, engines, log writer (drained)
+    await close_gateway(state)                     # health checks, backends, engines, log and trace writers (drained)
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from link.metrics import GatewayMetrics
 from link.policies.store import PolicyStore
 from link.request_log import RequestLogWriter
 from link.settings import Settings
+from link.traces import TraceRecorder
 
 logger = logging.getLogger(__name__)
 LOG_DRAIN_TIMEOUT_S = 10.0
@@ -46,6 +47,7 @@ class GatewayState:
     log_writer: RequestLogWriter | None
     engine_pool: object | None  # link.backends.local.EnginePool when a local model is configured
     created: int
+    traces: TraceRecorder | None = None  # tool-call traces of opted-in keys and policies (link/traces.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -84,7 +86,8 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     ledger = BudgetLedger(db) if settings.budgets else None
     return GatewayState(settings=settings, config=config, db=db, auth=Authenticator(db, settings), policies=policies,
                         pools=pools, metrics=metrics, accounting=Accounting(metrics, log_writer, ledger, limiter),
-                        limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()))
+                        limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),
+                        traces=TraceRecorder(db))
 
 
 async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
@@ -104,5 +107,8 @@ async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_
 
 
 async def close_gateway(state: GatewayState, *, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
-    """Stop health checks, close backends and engines, drain the request log (at most `log_timeout_s` s)."""
+    """Stop health checks, close backends and engines, drain the request log and the tool-call traces (at most
+    `log_timeout_s` s each)."""
+    if state.traces is not None:
+        await asyncio.to_thread(state.traces.close, log_timeout_s)
     await _close_parts(state.pools, state.engine_pool, state.limiter, state.log_writer, state.db, log_timeout_s)

@@ -60,6 +60,8 @@ class ApiKeyBase(SQLModel):
     name: str = Field(min_length=1, max_length=128, index=True)
     rpm_limit: int | None = Field(default=None, ge=1, description="requests per minute; None = unlimited")
     tpm_limit: int | None = Field(default=None, ge=1, description="tokens per minute; None = unlimited")
+    capture_traces: bool = Field(default=False, description="record this key's requests with `tools` as tool-call "
+                                 "traces (table tool_trace, GET /api/traces)")
 
 
 class ApiKeyCreate(ApiKeyBase):
@@ -71,6 +73,7 @@ class ApiKeyUpdate(SQLModel):
     rpm_limit: int | None = Field(default=None, ge=1)
     tpm_limit: int | None = Field(default=None, ge=1)
     budget_usd: float | None = Field(default=None, ge=0)
+    capture_traces: bool | None = None
 
 
 class ApiKey(ApiKeyBase, table=True):
@@ -102,8 +105,8 @@ class ApiKeyPublic(ApiKeyBase):
     @classmethod
     def from_row(cls, row: ApiKey) -> ApiKeyPublic:
         return cls(id=row.id, name=row.name, rpm_limit=row.rpm_limit, tpm_limit=row.tpm_limit,
-                   key_prefix=row.key_prefix, created_at=row.created_at, revoked_at=row.revoked_at,
-                   budget_usd=nano_to_usd(row.budget_nusd), spend_usd=nano_to_usd(row.spend_nusd),
+                   capture_traces=row.capture_traces, key_prefix=row.key_prefix, created_at=row.created_at,
+                   revoked_at=row.revoked_at, budget_usd=nano_to_usd(row.budget_nusd), spend_usd=nano_to_usd(row.spend_nusd),
                    reserved_usd=nano_to_usd(row.reserved_nusd))
 
 
@@ -233,6 +236,30 @@ class RequestLogPublic(RequestLogBase):
     @classmethod
     def from_row(cls, row: RequestLog) -> RequestLogPublic:
         return cls(**row.model_dump())
+
+
+# --- tool-call traces ---------------------------------------------------------------------------
+
+
+class ToolTrace(SQLModel, table=True):
+    """One chat request with `tools` and its answer, recorded for keys or policies that opted in
+    (`ApiKey.capture_traces`, a policy's `options.capture_traces`); written by link/traces.py, read by
+    GET /api/traces and posttrain/traces_log.py. `messages` are the request's messages as sent, `response`
+    the answer's first choice as one assistant message (`content` when it has text, `tool_calls` when it
+    called tools), also for a streamed answer (assembled from its chunks)."""
+
+    __tablename__ = "tool_trace"
+
+    id: str = Field(primary_key=True, max_length=64, description="the x-link-request-id")
+    created_at: datetime = _time_column(index=True)
+    api_key_id: int | None = Field(default=None, foreign_key="api_key.id", index=True, ondelete="SET NULL")
+    policy: str | None = Field(default=None, max_length=128, index=True)
+    model: str | None = Field(default=None, max_length=256, description="the model that answered")
+    stream: bool = False
+    messages: list[dict[str, Any]] = Field(sa_type=JSON, description="the request's messages (OpenAI chat format)")
+    tools: list[dict[str, Any]] = Field(sa_type=JSON, description="the request's tools (OpenAI format)")
+    response: dict[str, Any] = Field(sa_type=JSON, description="the assistant message of the answer")
+    finish_reason: str | None = Field(default=None, max_length=32)
 
 
 # --- rate-limit counters (internal; Redis holds them instead when configured) ---------------------

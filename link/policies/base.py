@@ -129,6 +129,12 @@ class CostBound:
                 "extra_prompt_tokens": self.extra_prompt_tokens}
 
 
+# Options every policy type takes beside its own; the gateway acts on them, not the policy:
+#   capture_traces (bool, default false): record the policy's chat requests with `tools` as tool-call traces
+#   (link/traces.py; GET /api/traces).
+COMMON_OPTIONS = ("capture_traces",)
+
+
 class PolicyError(ValueError):
     """An invalid policy definition. `param` names the offending field ("models", "type", "options")."""
 
@@ -163,6 +169,14 @@ class Policy(ABC):
         unknown = [m for m in config.models if m not in model_names]
         if unknown:
             raise PolicyError(f"unknown model(s) {unknown}; the gateway serves {sorted(model_names)}", param="models")
+        if not isinstance(config.options.get("capture_traces", False), bool):
+            raise PolicyError(f"options.capture_traces must be true or false, got {config.options['capture_traces']!r}",
+                              param="options.capture_traces")
+
+    @property
+    def capture_traces(self) -> bool:
+        """True when the policy's requests with `tools` are recorded as tool-call traces (`COMMON_OPTIONS`)."""
+        return self.config.options.get("capture_traces") is True
 
     @abstractmethod
     async def plan(self, request: PolicyRequest) -> Plan:

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Callable
 
 from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.config import PolicyConfig
-from link.policies.base import CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
+from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
 from link.policies.router import LazyRouter, router_path
 
 OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path")
@@ -97,7 +97,7 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
     from routers.cascade import Cascade, JudgeScorer, PredictedQuality
 
     options = config.options
-    unknown = sorted(set(options) - set(OPTIONS))
+    unknown = sorted(set(options) - set(OPTIONS) - set(COMMON_OPTIONS))
     if unknown:
         raise PolicyError(f"unknown cascade option(s) {unknown}; options: {list(OPTIONS)}", param="options")
     scorer_name = options.get("scorer", "judge")

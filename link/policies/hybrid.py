@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from link.config import PolicyConfig
-from link.policies.base import CostBound, Plan, Policy, PolicyError, PolicyRequest
+from link.policies.base import COMMON_OPTIONS, CostBound, Plan, Policy, PolicyError, PolicyRequest
 from link.policies.moa import MoAExecutor, build_moa, moa_cost_bound
 from link.policies.router import LazyRouter, nonnegative_number, request_overrides, router_path
 
@@ -68,7 +68,7 @@ class HybridPolicy(Policy):
     @classmethod
     def _parts(cls, config: PolicyConfig, model_names: tuple[str, ...] | None):
         options = config.options
-        unknown = sorted(set(options) - set(OPTIONS))
+        unknown = sorted(set(options) - set(OPTIONS) - set(COMMON_OPTIONS))
         if unknown:
             raise PolicyError(f"unknown hybrid option(s) {unknown}; options: {list(OPTIONS)}", param="options")
         router = LazyRouter(router_path(config))

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable
 from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.backends import BackendError, BackendUnavailable
 from link.config import PolicyConfig
-from link.policies.base import CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
+from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
 
 OPTIONS = ("aggregator", "temperatures", "proposers", "layers", "deadline_s", "proposer_max_tokens", "min_proposals")
 
@@ -54,7 +54,7 @@ def build_moa(options: dict[str, Any], models: list[str], model_names: tuple[str
     """
     from routers.moa import MixtureOfAgents, Proposer
 
-    unknown = sorted(set(options) - set(OPTIONS))
+    unknown = sorted(set(options) - set(OPTIONS) - set(COMMON_OPTIONS))
     if unknown:
         raise PolicyError(f"unknown MoA option(s) {unknown}; options: {list(OPTIONS)}", param="options")
     aggregator = options.get("aggregator", models[0])

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from link.config import PolicyConfig
-from link.policies.base import Plan, Policy, PolicyError, PolicyRequest
+from link.policies.base import COMMON_OPTIONS, Plan, Policy, PolicyError, PolicyRequest
 from link.schemas import OpenAIError
 
 logger = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class RouterPolicy(Policy):
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:
         super().check(config, model_names)
-        unknown = sorted(set(config.options) - set(cls.OPTIONS))
+        unknown = sorted(set(config.options) - set(cls.OPTIONS) - set(COMMON_OPTIONS))
         if unknown:
             raise PolicyError(f"unknown option(s) {unknown} of a {cls.type!r} policy; options: {list(cls.OPTIONS)}",
                               param="options")

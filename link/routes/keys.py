@@ -1,10 +1,12 @@
 """`/api/keys`: API keys with their limits, budgets and spend (master key required).
 
-    POST   /api/keys                {"name", "budget_usd", "rpm_limit", "tpm_limit"}   201: the key's fields and
+    POST   /api/keys                {"name", "budget_usd", "rpm_limit", "tpm_limit", "capture_traces"}   201: the key's fields and
                                     "key", the plaintext, returned this once (only its sha256 is stored)
     GET    /api/keys?include_revoked=true    every key, oldest first: budget_usd, spend_usd, reserved_usd
     GET    /api/keys/{id}           one key (404 unknown)
-    PATCH  /api/keys/{id}           {"name", "budget_usd", "rpm_limit", "tpm_limit"}: the fields given (null = unlimited)
+    PATCH  /api/keys/{id}           {"name", "budget_usd", "rpm_limit", "tpm_limit", "capture_traces"}: the fields given
+                                    (null = unlimited); capture_traces true records the key's requests with `tools`
+                                    as tool-call traces (GET /api/traces)
     DELETE /api/keys/{id}           revoke it (200, the revoked key; revoking twice keeps the first time)
 The same operations as `link keys create|list|revoke`; errors are OpenAI error objects naming the field.
 """
@@ -40,7 +42,7 @@ def _not_found(exc: KeyNotFound) -> OpenAIError:
 async def create(request: Request, session: SessionDep, _: AdminDep):
     body = parse_body(await request.body(), ApiKeyCreate, "an API key")
     key, plaintext = create_key(session, body.name, budget_usd=body.budget_usd, rpm_limit=body.rpm_limit,
-                                tpm_limit=body.tpm_limit)
+                                tpm_limit=body.tpm_limit, capture_traces=body.capture_traces)
     return ApiKeyCreated(**key.model_dump(), key=plaintext)
 
 
@@ -65,7 +67,7 @@ async def update(key_id: int, request: Request, session: SessionDep, _: AdminDep
     except KeyNotFound as exc:
         raise _not_found(exc) from None
     except ValueError as exc:
-        raise OpenAIError(400, str(exc), param="name") from None
+        raise OpenAIError(400, str(exc), param="capture_traces" if "capture_traces" in str(exc) else "name") from None
 
 
 @router.delete("/{key_id}", response_model=ApiKeyPublic)

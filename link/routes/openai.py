@@ -9,6 +9,7 @@ A request's life (`handle`):
     6. call the backends: fallback across replicas and models before the first byte   link/proxy.py
        (a plan with an executor, cascade or MoA, makes several calls: link/executor.py)
     7. settle the real cost, count tokens, write the request-log row, observe metrics (always, in `finally`)
+       (a chat request with `tools` of an opted-in key or policy is also recorded as a tool-call trace: link/traces.py)
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
 requested name); a whole (non-streamed) answer also carries `x-link-cost-usd`, its cost in USD.
@@ -34,6 +35,7 @@ from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
 from link.schemas import OpenAIError, model_card, model_not_found, parse_json_object, validate_request
 from link.state import GatewayState
+from link.traces import finish_whole, watch
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
 from serving.errors import ServingError
 
@@ -121,16 +123,18 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
         else:
             max_cost = executor.max_cost_usd(endpoint, body, state.config.deployments)
         await state.accounting.reserve(record, max_cost)
+        capture = state.traces.start(record, policy, body) if state.traces is not None else None
         include_usage = bool(parsed.stream and parsed.stream_options and parsed.stream_options.include_usage)
         if parsed.stream and executor is None:
             live = await open_stream(state.pools, plan, record, endpoint, body)
             is_streaming = True
-            return GatewayStream(live, record, state.accounting, sse_frames(live, record, include_usage))
+            return GatewayStream(live, record, state.accounting, watch(capture, sse_frames(live, record, include_usage)))
         if parsed.stream:
             caller = GatewayCaller(state.pools, record, plan.policy)
             executed = await start_executed_stream(executor, caller, record, body)
             is_streaming = True
-            return GatewayStream(executed, record, state.accounting, executed_frames(executed, record, caller, include_usage))
+            frames = executed_frames(executed, record, caller, include_usage)
+            return GatewayStream(executed, record, state.accounting, watch(capture, frames))
         if executor is None:
             response = await unless_disconnected(request, complete(state.pools, plan, record, endpoint, body))
         else:
@@ -138,6 +142,7 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
             response = await unless_disconnected(request, execute_whole(executor, caller, record, body))
         record.status, record.http_status = "ok", 200
         record.estimate_missing_usage()
+        finish_whole(capture, response)
         # The cost of a whole answer is known now (a stream's only after its last chunk): clients such as
         # `link eval` read it without a request-log lookup.
         return JSONResponse(response, headers={**_headers(record, requested), "x-link-cost-usd": f"{record.cost_usd:.9f}"})
