@@ -25,7 +25,7 @@ Split: `split_traces(traces, val_fraction, seed)` assigns whole conversations (t
 that each category keeps the ratio, the same seed always gives the same split, and order does not matter.
 
     tokenizer, chat_format = load_chat_tokenizer("smollm2-135m-instruct")     # no weights loaded
-    train, val = split_traces(read_bfcl(data_dir), val_fraction=0.3, seed=0)
+    train, val = split_traces(read_bfcl(data_dir), val_fraction=0.3, seed=0)   # posttrain.traces_bfcl
     data = TraceDataset(train, tokenizer, chat_format, max_seq_length=1024)  # data[i]: Example
 """
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from posttrain.errors import PosttrainDataError
-from posttrain.traces import Trace
+from posttrain.traces import Trace, check_trace
 
 IGNORE_INDEX = -100  # no loss (torch.nn.functional.cross_entropy's ignore_index)
 
@@ -195,21 +195,35 @@ class TraceDataset(Sequence[Example]):
         tokenizer, chat_format: from `load_chat_tokenizer` (or `serving.model_loader.load_model`).
         max_seq_length: most tokens per example (≥ 1); longer examples are dropped and counted.
         tool_format: the harness format (`serving.tool_formats.ToolCallFormat`, None = the default).
+        skip_invalid: leave out (and list in `invalid`) traces that fail `check_trace` or `encode_trace`, e.g.
+            a logged reply whose call names no offered tool, instead of raising.
     Attributes:
-        examples: the kept examples, in trace order; dropped: ids of the traces longer than max_seq_length.
+        examples: the kept examples, in trace order; dropped: ids of the traces longer than max_seq_length;
+        invalid: (trace id, reason) of the traces left out by `skip_invalid`.
     Raises:
-        PosttrainDataError: no traces, a trace that cannot be encoded (see `encode_trace`), or every example
-            longer than max_seq_length (the message gives the shortest length).
+        PosttrainDataError: no traces, a trace that fails `check_trace` or `encode_trace` (unless skip_invalid),
+            no valid trace, or every example longer than max_seq_length (the message gives the shortest length).
     """
 
     def __init__(self, traces: Sequence[Trace], tokenizer: Any, chat_format: Any, *, max_seq_length: int = 1024,
-                 tool_format: Any = None):
+                 tool_format: Any = None, skip_invalid: bool = False):
         if max_seq_length < 1:
             raise PosttrainDataError(f"max_seq_length must be at least 1, got {max_seq_length}")
         if not traces:
             raise PosttrainDataError("the dataset is empty: no traces to train on")
         self.max_seq_length = max_seq_length
-        encoded = [encode_trace(t, tokenizer, chat_format, tool_format) for t in traces]
+        self.invalid: list[tuple[str, str]] = []
+        encoded = []
+        for trace in traces:
+            try:
+                check_trace(trace)
+                encoded.append(encode_trace(trace, tokenizer, chat_format, tool_format))
+            except PosttrainDataError as exc:
+                if not skip_invalid:
+                    raise
+                self.invalid.append((trace.id, str(exc)))
+        if not encoded:
+            raise PosttrainDataError(f"none of the {len(traces)} traces can be trained on; the first: {self.invalid[0][1]}")
         self.examples = [e for e in encoded if e.num_tokens <= max_seq_length]
         self.dropped = [e.trace_id for e in encoded if e.num_tokens > max_seq_length]
         if not self.examples:
@@ -230,10 +244,11 @@ class TraceDataset(Sequence[Example]):
         return len(self.dropped)
 
     def stats(self) -> dict[str, float]:
-        """Counts and token statistics of the kept examples: num_examples, num_dropped, num_tokens,
-        num_label_tokens, mean_tokens, max_tokens."""
+        """Counts and token statistics of the kept examples: num_examples, num_dropped, num_invalid,
+        num_tokens, num_label_tokens, mean_tokens, max_tokens."""
         lengths = [e.num_tokens for e in self.examples]
-        return {"num_examples": len(lengths), "num_dropped": self.num_dropped, "num_tokens": sum(lengths),
+        return {"num_examples": len(lengths), "num_dropped": self.num_dropped, "num_invalid": len(self.invalid),
+                "num_tokens": sum(lengths),
                 "num_label_tokens": sum(e.num_label_tokens for e in self.examples),
                 "mean_tokens": statistics.fmean(lengths), "max_tokens": max(lengths)}
 

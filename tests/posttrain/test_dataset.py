@@ -17,7 +17,8 @@ import torch
 from posttrain.dataset import (IGNORE_INDEX, TraceDataset, encode_trace, harness_messages, load_chat_tokenizer,
                                split_traces)
 from posttrain.errors import PosttrainDataError
-from posttrain.traces import Trace, read_bfcl
+from posttrain.traces import Trace
+from posttrain.traces_bfcl import read_bfcl
 from serving.api.protocol import ChatCompletionRequest
 from serving.api.responses import plan_chat
 from serving.chat_format import TemplateChatFormat
@@ -144,6 +145,20 @@ def test_dataset_drops_examples_longer_than_max_seq_length(smollm2, bfcl):
         TraceDataset(traces, tokenizer, chat_format, max_seq_length=10)
     with pytest.raises(PosttrainDataError, match="the dataset is empty"):
         TraceDataset([], tokenizer, chat_format)
+
+
+def test_dataset_checks_traces_and_can_skip_invalid_ones(smollm2):
+    tokenizer, chat_format = smollm2
+    good = _weather_trace()
+    call = {"id": "c9", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+    bad = Trace("bad", [good.messages[1], {"role": "assistant", "tool_calls": [call]}], [WEATHER], {})
+    with pytest.raises(PosttrainDataError, match="trace bad: messages\\[1\\].tool_calls\\[0\\]: calls 'get_time'"):
+        TraceDataset([good, bad], tokenizer, chat_format)
+    data = TraceDataset([good, bad], tokenizer, chat_format, skip_invalid=True)
+    assert [e.trace_id for e in data] == ["w1"] and [i for i, _ in data.invalid] == ["bad"]
+    assert data.stats()["num_invalid"] == 1
+    with pytest.raises(PosttrainDataError, match="none of the 1 traces can be trained on"):
+        TraceDataset([bad], tokenizer, chat_format, skip_invalid=True)
 
 
 def test_templates_that_break_the_prefix_or_never_end_a_turn_are_refused(smollm2):
