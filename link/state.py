@@ -22,6 +22,7 @@ from link.db import make_db_engine, upgrade
 from link.deployments import DeploymentPool
 from link.limits import BudgetLedger, RateLimiter
 from link.metrics import GatewayMetrics
+from link.model_registration import with_registered_models
 from link.policies.store import PolicyStore
 from link.request_log import RequestLogWriter
 from link.settings import Settings
@@ -55,7 +56,8 @@ class GatewayState:
 
 
 async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
-    """Migrate the database and build every long-lived object; health checks start on the running loop.
+    """Migrate the database and build every long-lived object; health checks start on the running loop. Models
+    registered in the database (link/model_registration.py) are served besides the config's.
 
     Raises:
         link.policies.base.PolicyError: a config policy of an unknown type or over unknown models.
@@ -68,6 +70,7 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     engine_pool = None
     pools: dict[str, DeploymentPool] = {}
     try:
+        config = await asyncio.to_thread(with_registered_models, config, db)  # models registered in the database
         policies = PolicyStore(db, config)
         await asyncio.to_thread(policies.reload)
         if any(d.kind == "local" for d in config.models):
