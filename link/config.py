@@ -80,6 +80,9 @@ class ModelDeployment(BaseModel):
         max_connections: size of the HTTP connection pool to this deployment (remote kinds).
         engine: kind local: engine settings (`EngineOptions`); one engine serves each `local` value, set up by
             the first deployment of it that is used.
+        tool_format: kind local: the tool-call harness format of requests with `tools` (a registered name such as
+            "json" (default) or "xml", or a dict of `serving.tool_formats.ToolCallFormat` fields with an optional
+            `base`); per deployment, so two deployments of one model may speak two harnesses.
         deployment_id: derived, "{name}#{index among replicas}".
     """
 
@@ -100,6 +103,7 @@ class ModelDeployment(BaseModel):
     first_token_timeout_s: float = Field(60.0, gt=0)
     max_connections: int = Field(256, ge=1)
     engine: EngineOptions | None = None
+    tool_format: str | dict[str, Any] | None = None
     deployment_id: str = ""
 
     @model_validator(mode="after")
@@ -125,15 +129,29 @@ class ModelDeployment(BaseModel):
         else:
             if self.local is not None:
                 raise ValueError(f"`local` applies only to kind 'local', not {self.kind!r}; use `model`")
-            if self.engine is not None:
-                raise ValueError(f"`engine` applies only to kind 'local', not {self.kind!r}")
+            for field in ("engine", "tool_format"):
+                if getattr(self, field) is not None:
+                    raise ValueError(f"`{field}` applies only to kind 'local', not {self.kind!r}")
             if self.kind == "litellm" and not self.model:
                 raise ValueError("kind 'litellm' needs `model`: a LiteLLM model string such as 'openai/gpt-4o-mini'")
             if self.kind == "openai" and not self.api_base:
                 raise ValueError("kind 'openai' needs `api_base`, e.g. 'http://127.0.0.1:8001/v1'")
             if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
                 raise ValueError(f"api_base {self.api_base!r} must start with http:// or https://")
+        if self.tool_format is not None:
+            _ = self.harness_format  # refuses a bad tool_format at load, with ToolFormatError's message
         return self
+
+    @property
+    def harness_format(self):
+        """kind local: the `serving.tool_formats.ToolCallFormat` of `tool_format` (the JSON default when unset).
+
+        Raises:
+            ValueError (ToolFormatError): an unknown name or invalid fields.
+        """
+        from serving.tool_formats import tool_format_from_config
+
+        return tool_format_from_config(self.tool_format)
 
     @property
     def is_local_path(self) -> bool:

@@ -27,6 +27,8 @@ object, as OpenAI's non-strict function calling promises no more; with `"strict"
     parsed = parse_forced_calls(output_text, forced_tools(tools, tool_choice))   # content None, the calls
 
 A forced output always comes back as `tool_calls`, even when max_tokens cut it (`parse_forced_calls`).
+Each function takes the harness format (`fmt`, a json-style `serving.tool_formats.ToolCallFormat`: its
+block tags and keys); an xml-style format cannot be forced this way (`ToolCallFormat.can_force`).
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ from typing import Any, Sequence
 
 from serving.guided_json import JsonAutomaton, UnsupportedSchemaError
 from serving.toolcalls import (
-    CALL_CLOSE, CALL_OPEN, ParsedOutput, ToolFormatError, forced_tool_name, parse_tool_calls, tool_call, tool_functions,
+    DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, forced_tool_name, parse_tool_calls, tool_call,
+    tool_functions,
 )
 
 MAX_PARALLEL_CALLS = 4
 
 
-def call_structure(function: dict) -> dict:
+def call_structure(function: dict, fmt: ToolCallFormat = DEFAULT_FORMAT) -> dict:
     """The structure {"begin", "schema", "end"} of one call to `function` (an OpenAI `function` object).
 
     Raises:
@@ -61,12 +64,19 @@ def call_structure(function: dict) -> dict:
             raise ToolFormatError(f"tools: function {function['name']!r} is strict but its parameters cannot be "
                                   f"enforced on a local model: {exc}") from None
         schema = {"type": "object"}
-    return {"begin": call_begin(function["name"]), "schema": schema, "end": f"}}\n{CALL_CLOSE}"}
+    return {"begin": call_begin(function["name"], fmt), "schema": schema, "end": f"}}\n{fmt.call_close}"}
 
 
-def call_begin(name: str) -> str:
-    """The fixed text before a call's arguments: `<tool_call>\\n{"name": "<name>", "arguments": `."""
-    return f"{CALL_OPEN}\n{{\"name\": {json.dumps(name, ensure_ascii=False)}, \"arguments\": "
+def call_begin(name: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> str:
+    """The fixed text before a call's arguments: `<tool_call>\\n{"name": "<name>", "arguments": `.
+
+    Raises:
+        ToolFormatError: `fmt` is not of style json.
+    """
+    if not fmt.can_force:
+        raise ToolFormatError(f"tool format {fmt.name!r} (style {fmt.style}) cannot force tool calls by constrained decoding")
+    key, args = json.dumps(fmt.name_key, ensure_ascii=False), json.dumps(fmt.arguments_key, ensure_ascii=False)
+    return f"{fmt.call_open}\n{{{key}: {json.dumps(name, ensure_ascii=False)}, {args}: "
 
 
 def _closed(schema):
@@ -100,7 +110,8 @@ def forced_tools(tools: Sequence[dict] | None, tool_choice: Any) -> list[dict] |
     return [tool for tool, fn in zip(tools, tool_functions(tools)) if name is None or fn["name"] == name]
 
 
-def forced_tool_tag(tools: Sequence[dict] | None, tool_choice: Any, parallel_tool_calls: bool = True) -> str | None:
+def forced_tool_tag(tools: Sequence[dict] | None, tool_choice: Any, parallel_tool_calls: bool = True,
+                    fmt: ToolCallFormat = DEFAULT_FORMAT) -> str | None:
     """The `SamplingParams.structural_tag` (JSON text) that forces the calls `tool_choice` asks for, or None.
 
     Args:
@@ -108,18 +119,20 @@ def forced_tool_tag(tools: Sequence[dict] | None, tool_choice: Any, parallel_too
         tool_choice: "required" or {"type": "function", "function": {"name"}} constrain; None, "auto"
             and "none" do not.
         parallel_tool_calls: False allows one call.
+        fmt: the harness format (style json).
     Raises:
-        ToolFormatError: malformed tools or tool_choice, or a strict function that cannot be enforced.
+        ToolFormatError: malformed tools or tool_choice, a strict function that cannot be enforced, or a forcing
+            tool_choice with a format that cannot be forced.
     """
     allowed = forced_tools(tools, tool_choice)
     if allowed is None:
         return None
     max_blocks = MAX_PARALLEL_CALLS if parallel_tool_calls and tool_choice == "required" else 1
-    return json.dumps({"structures": [call_structure(fn) for fn in tool_functions(allowed)], "max_blocks": max_blocks,
+    return json.dumps({"structures": [call_structure(fn, fmt) for fn in tool_functions(allowed)], "max_blocks": max_blocks,
                        "separator": "", "whitespace": "compact"}, ensure_ascii=False)
 
 
-def parse_forced_calls(text: str, tools: Sequence[dict]) -> ParsedOutput:
+def parse_forced_calls(text: str, tools: Sequence[dict], fmt: ToolCallFormat = DEFAULT_FORMAT) -> ParsedOutput:
     """The calls of a forced output: the blocks the tag allowed, the last one perhaps cut short (max_tokens).
 
     Whole blocks parse as usual. A block cut after its arguments closed (`}}\n</` with the end tag missing)
@@ -132,13 +145,14 @@ def parse_forced_calls(text: str, tools: Sequence[dict]) -> ParsedOutput:
     Args:
         text: the model's output under `forced_tool_tag`.
         tools: the tools the tag allowed (`forced_tools`).
+        fmt: the harness format the tag was built with.
     """
-    parsed = parse_tool_calls(text, tools, cut=True)
+    parsed = parse_tool_calls(text, tools, cut=True, fmt=fmt)
     tail = ((parsed.content or "") if parsed.tool_calls else text).strip()
     calls = parsed.tool_calls
     if tail:
         functions = tool_functions(tools)
-        begins = {fn["name"]: call_begin(fn["name"]) for fn in functions}
+        begins = {fn["name"]: call_begin(fn["name"], fmt) for fn in functions}
         whole = [name for name, begin in begins.items() if tail.startswith(begin)]
         if whole:
             calls.append(tool_call(whole[0], _arguments_so_far(tail[len(begins[whole[0]]):])))

@@ -1,15 +1,22 @@
-"""The tool-call harness format for local models (which have no native one), issues 4 and 8.
+"""The tool-call harness for local models (which have no native one), issues 4 and 8.
 
-The offered tools go into the system turn (merged after an existing system message), one JSON schema
-per line inside `<tools></tools>`. The model calls a function by writing one JSON object
+Everything model-visible goes through a `serving.tool_formats.ToolCallFormat` (`fmt`, default
+`DEFAULT_FORMAT`, the format below, bit-for-bit that of issue 4); a link.yaml local model may name
+another (`tool_format: xml`). Post-training (issue 8) renders traces with the same functions, so a
+fine-tuned model sees at serving exactly what it was trained on.
+
+The default: the offered tools go into the system turn (merged after an existing system message), one
+JSON schema per line inside `<tools></tools>`. The model calls a function by writing one JSON object
 `{"name": ..., "arguments": {...}}` inside a `<tool_call></tool_call>` block; parallel calls are
 several blocks; "no call" is plain text with no block. Results come back in a user turn, one
 `<tool_response name="..." tool_call_id="...">...</tool_response>` block per result. A user turn
 (not a "tool" role) is used because many chat templates reject unknown roles or demand that user and
-assistant alternate. Post-training (issue 8) trains on exactly this rendering.
+assistant alternate.
 
-    messages = render_messages(body["messages"], tools, tool_choice)   # -> the chat template
-    parsed = parse_tool_calls(model_text, tools)                       # -> content, OpenAI tool_calls
+    messages = render_messages(body["messages"], tools, tool_choice, fmt=fmt)   # -> the chat template
+    parsed = parse_tool_calls(model_text, tools, fmt=fmt)                      # -> content, OpenAI tool_calls
+    messages = render_messages(trace_messages, tools, fmt=fmt, strict=True)    # training: refuses what
+                                                                               # would not parse back
 
 An example model output with two calls:
 
@@ -24,19 +31,18 @@ An example model output with two calls:
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from serving.chat_format import message_text
-from serving.errors import ServingError
+from serving.tool_formats import DEFAULT_FORMAT, ToolCallFormat
+from serving.tool_styles import ToolFormatError, tool_call, tool_functions  # re-exported: callers import them from here
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response", "</tool_response>"
+__all__ = ["CALL_OPEN", "CALL_CLOSE", "DEFAULT_FORMAT", "ParsedOutput", "ToolCallFormat", "ToolFormatError",
+           "forced_tool_name", "parse_tool_calls", "render_messages", "render_tool_call", "render_tools_system_prompt",
+           "streamable_length", "tool_call", "tool_functions", "with_system_text"]
 
-
-class ToolFormatError(ServingError):
-    """Malformed `tools`, `tool_choice` or tool messages (the message names the field)."""
+CALL_OPEN, CALL_CLOSE = DEFAULT_FORMAT.call_open, DEFAULT_FORMAT.call_close
 
 
 @dataclass
@@ -45,21 +51,6 @@ class ParsedOutput:
 
     content: str | None
     tool_calls: list[dict] = field(default_factory=list)
-
-
-def tool_functions(tools: Sequence[dict] | None) -> list[dict]:
-    """The `function` objects of OpenAI `tools`.
-
-    Raises:
-        ToolFormatError: a tool that is not {"type": "function", "function": {"name": str, ...}}.
-    """
-    functions = []
-    for i, tool in enumerate(tools or ()):
-        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise ToolFormatError(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}}")
-        functions.append(fn)
-    return functions
 
 
 def forced_tool_name(tool_choice: Any, tools: Sequence[dict] | None) -> str | None:
@@ -78,48 +69,38 @@ def forced_tool_name(tool_choice: Any, tools: Sequence[dict] | None) -> str | No
     return name
 
 
-def render_tools_system_prompt(tools: Sequence[dict], tool_choice: Any = "auto", parallel_tool_calls: bool = True) -> str:
-    """The system-turn text that offers `tools` and says how to call them.
+def render_tools_system_prompt(tools: Sequence[dict], tool_choice: Any = "auto", parallel_tool_calls: bool = True,
+                               *, fmt: ToolCallFormat = DEFAULT_FORMAT) -> str:
+    """The system-turn text that offers `tools` and says how to call them (`fmt.system_template`).
 
     Args:
         tools: OpenAI tools, [{"type": "function", "function": {"name", "description", "parameters"}}].
         tool_choice: "none", "auto" (or None), "required", or {"type": "function", "function": {"name"}}.
         parallel_tool_calls: False allows at most one call per reply.
+        fmt: the harness format.
     Raises:
         ToolFormatError: malformed tools or tool_choice.
     """
     forced = forced_tool_name(tool_choice, tools)
-    lines = ["# Tools", "", "You can call these functions. Each line in <tools></tools> describes one:", "<tools>"]
-    for fn in tool_functions(tools):
-        entry = {"name": fn["name"], "description": fn.get("description", ""), "parameters": fn.get("parameters", {})}
-        lines.append(json.dumps(entry, ensure_ascii=False))
-    lines += ["</tools>", "",
-              "To call a function, write a JSON object with its name and arguments inside a tool_call block:",
-              CALL_OPEN, '{"name": "<function name>", "arguments": {<argument name>: <value>, ...}}', CALL_CLOSE]
-    if parallel_tool_calls and tool_choice != "none":
-        lines.append("To call several functions at once, write one block per call.")
-    lines.append("Results come back in <tool_response></tool_response> blocks.")
     if tool_choice == "none":
-        lines.append("In this reply do not call any function: answer in plain text.")
+        choice = "In this reply do not call any function: answer in plain text."
     elif tool_choice == "required":
-        lines.append("In this reply you must call at least one function; write only tool_call blocks.")
+        choice = f"In this reply you must call at least one function; write only {fmt.block} blocks."
     elif forced is not None:
-        lines.append(f"In this reply you must call the function {forced}; write only its tool_call block.")
+        choice = f"In this reply you must call the function {forced}; write only its {fmt.block} block."
     else:
-        lines.append("Call a function when it helps; otherwise answer in plain text with no block.")
+        choice = "Call a function when it helps; otherwise answer in plain text with no block."
     if not parallel_tool_calls and tool_choice != "none":
-        lines.append("Call at most one function in a reply.")
-    return "\n".join(lines)
+        choice += "\nCall at most one function in a reply."
+    parallel = "To call several functions at once, write one block per call." if parallel_tool_calls and tool_choice != "none" else ""
+    return fmt.render_system_prompt(tool_functions(tools), choice, parallel)
 
 
-def render_tool_call(name: str, arguments: Any) -> str:
-    """One call in the harness format; `arguments` is a dict or an OpenAI JSON-string of one."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            pass  # kept as the string it is, so the model sees what was sent
-    return f"{CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CALL_CLOSE}"
+def render_tool_call(name: str, arguments: Any, tools: Sequence[dict] | None = None, *,
+                     fmt: ToolCallFormat = DEFAULT_FORMAT) -> str:
+    """One call in the harness format; `arguments` is a dict or an OpenAI JSON-string of one. `tools` gives
+    the parameter types the xml style needs (`ToolCallFormat.render_call`)."""
+    return fmt.render_call(name, arguments, tools)
 
 
 def with_system_text(messages: Sequence[dict], text: str) -> list[dict]:
@@ -133,32 +114,45 @@ def with_system_text(messages: Sequence[dict], text: str) -> list[dict]:
 
 
 def render_messages(messages: Sequence[dict], tools: Sequence[dict] | None, tool_choice: Any = "auto",
-                    parallel_tool_calls: bool = True) -> list[dict]:
+                    parallel_tool_calls: bool = True, *, fmt: ToolCallFormat = DEFAULT_FORMAT,
+                    strict: bool = False) -> list[dict]:
     """OpenAI chat messages with tools -> plain {"role", "content"} messages for the chat template.
 
-    Assistant `tool_calls` become tool_call blocks after the assistant's text; consecutive `tool`
-    results become one user turn of tool_response blocks, named by the call they answer.
+    Assistant `tool_calls` become call blocks after the assistant's text; consecutive `tool` results
+    become one user turn of result blocks, named by the call they answer.
 
+    Args:
+        messages: OpenAI chat messages (assistant turns may carry `tool_calls`, "tool" turns `tool_call_id`).
+        tools: OpenAI tools (None or empty: no system text is added).
+        tool_choice, parallel_tool_calls: as in `render_tools_system_prompt`.
+        fmt: the harness format.
+        strict: training data: also refuse tools the format cannot carry (`fmt.check_tools`) and any assistant
+            turn that `parse_tool_calls` would not read back as the same content and calls.
     Raises:
-        ToolFormatError: malformed tools/tool_choice, or a tool message without `tool_call_id`.
+        ToolFormatError: malformed tools/tool_choice, a tool message without `tool_call_id`; with `strict`, the
+            first tool or turn (`messages[i]`) that does not round-trip.
     """
+    if strict:
+        fmt.check_tools(tools)
     names: dict[str, str] = {}
     out: list[dict] = []
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
         if role == "assistant" and m.get("tool_calls"):
-            blocks = [message_text(m.get("content")).rstrip()] if message_text(m.get("content")).strip() else []
+            text = message_text(m.get("content"))
+            blocks = [text.rstrip()] if text.strip() else []
             for call in m["tool_calls"]:
                 fn = call.get("function", {}) if isinstance(call, dict) else {}
                 names[call.get("id", "")] = fn.get("name", "")
-                blocks.append(render_tool_call(fn.get("name", ""), fn.get("arguments", {})))
+                blocks.append(fmt.render_call(fn.get("name", ""), fn.get("arguments", {}), tools))
             out.append({"role": "assistant", "content": "\n".join(blocks)})
+            if strict:
+                _check_round_trip(i, text, m["tool_calls"], out[-1]["content"], tools, fmt)
         elif role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise ToolFormatError(f"messages[{i}] has role 'tool' but no tool_call_id")
-            name = m.get("name") or names.get(call_id, "")
-            block = f'{RESPONSE_OPEN} name="{name}" tool_call_id="{call_id}">\n{message_text(m.get("content"))}\n{RESPONSE_CLOSE}'
+            block = fmt.render_result(m.get("name") or names.get(call_id, ""), call_id, message_text(m.get("content")))
             if out and out[-1].get("is_tool_result"):
                 out[-1]["content"] += "\n" + block
             else:
@@ -167,85 +161,79 @@ def render_messages(messages: Sequence[dict], tools: Sequence[dict] | None, tool
             out.append({k: v for k, v in m.items() if k in ("role", "content")} if isinstance(m, dict) else m)
     out = [{k: v for k, v in m.items() if k != "is_tool_result"} if isinstance(m, dict) else m for m in out]
     if tools:
-        out = with_system_text(out, render_tools_system_prompt(tools, tool_choice, parallel_tool_calls))
+        out = with_system_text(out, render_tools_system_prompt(tools, tool_choice, parallel_tool_calls, fmt=fmt))
     return out
 
 
-def _calls_in_block(body: str, names: set[str] | None) -> list[dict] | None:
-    """The calls in one block's text, or None when it is not a well-formed call (or list of calls)."""
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    items = value if isinstance(value, list) and value else [value]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+def _canonical(arguments: Any) -> str | None:
+    """Arguments (a dict or OpenAI JSON text) as sorted JSON text, None when they are not a JSON object."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
             return None
-        args = item.get("arguments", item.get("parameters", {}))
-        if isinstance(args, str):  # an OpenAI-style JSON string of the arguments
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(args, dict) or (names is not None and item["name"] not in names):
-            return None
-        calls.append(tool_call(item["name"], json.dumps(args, ensure_ascii=False)))
-    return calls
+    return json.dumps(arguments, sort_keys=True, ensure_ascii=False) if isinstance(arguments, dict) else None
 
 
-def tool_call(name: str, arguments: str) -> dict:
-    """One OpenAI tool call with a fresh id; `arguments` is JSON text (OpenAI's wire form)."""
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+def _check_round_trip(i: int, text: str, calls: list, rendered: str, tools, fmt: ToolCallFormat) -> None:
+    """Raise unless `rendered` (assistant turn `messages[i]`) parses back to `text` and `calls`."""
+    parsed = parse_tool_calls(rendered, tools, fmt=fmt)
+    want = [(c.get("function", {}).get("name"), _canonical(c.get("function", {}).get("arguments", {})))
+            for c in calls if isinstance(c, dict)]
+    got = [(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in parsed.tool_calls]
+    if len(want) != len(calls) or any(a is None for _, a in want):
+        raise ToolFormatError(f"messages[{i}].tool_calls: each call needs a function name and arguments that are a JSON object")
+    if got != want or parsed.content != (text.rstrip() or None):
+        bad = next((j for j, w in enumerate(want) if j >= len(got) or got[j] != w), None)
+        what = f"tool_calls[{bad}] ({want[bad][0]}, arguments {want[bad][1]})" if bad is not None else "content"
+        raise ToolFormatError(f"messages[{i}].{what} does not survive the {fmt.name!r} tool format: the model's text "
+                              f"would not parse back to it (a value holding the format's tags, a name the tools do not "
+                              f"offer, or a value of the wrong type); fix or drop this trace")
 
 
-def _without_cut_close(body: str) -> str:
-    """An unclosed block's body less the start of a `</tool_call>` (and whitespace) that ends it."""
-    body = body.rstrip()
-    for k in range(len(CALL_CLOSE) - 1, 0, -1):
-        if body.endswith(CALL_CLOSE[:k]):
-            return body[:-k].rstrip()
-    return body
-
-
-def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: bool = False) -> ParsedOutput:
+def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: bool = False,
+                     fmt: ToolCallFormat = DEFAULT_FORMAT) -> ParsedOutput:
     """Split a model output into content and OpenAI `tool_calls`; never raises on model text.
 
-    A block whose body is not a JSON call object (or a list of them), or that names a function not in
-    `tools` (when given), stays in the content verbatim, as does an unclosed `<tool_call>` (unless `cut`).
+    A block whose body is not a call (or a list of calls, style json), or that names a function not in
+    `tools` (when given), stays in the content verbatim, as does an unclosed block (unless `cut`).
     Without any call the content is `text` unchanged; with calls it is the text outside the accepted blocks
     (whitespace next to a block trimmed, pieces joined by newlines), or None when that is empty.
 
     Args:
         text: the model's output.
-        tools: the offered OpenAI tools, to check names against; None accepts any name.
+        tools: the offered OpenAI tools, to check names against (and, style xml, to type values); None accepts
+            any name.
         cut: the output was cut short (max_tokens): a last block whose body is already a whole call, only
-            its `</tool_call>` (or the end of it) missing, is a call too. An output that ended on its own
+            its close tag (or the end of it) missing, is a call too. An output that ended on its own
             without closing the block is not trusted that far.
+        fmt: the harness format.
     Raises:
         ToolFormatError: only for malformed `tools`.
     """
-    names = None if tools is None else {fn["name"] for fn in tool_functions(tools)}
+    if tools is not None:
+        tool_functions(tools)
+    opener, closer = fmt.block_open, fmt.block_close
     calls: list[dict] = []
     pieces: list[str] = []  # the text between accepted blocks (rejected blocks included verbatim)
     pos, current = 0, ""
-    while (start := text.find(CALL_OPEN, pos)) >= 0:
-        end = text.find(CALL_CLOSE, start + len(CALL_OPEN))
+    while (start := text.find(opener, pos)) >= 0:
+        end = text.find(closer, start + len(opener))
         if end < 0:
-            found = _calls_in_block(_without_cut_close(text[start + len(CALL_OPEN):]), names) if cut else None
+            found = fmt.parse_block(_without_cut_close(text[start + len(opener):], closer), tools) if cut else None
             if found is not None:
                 pieces.append(current + text[pos:start])
                 current, pos = "", len(text)
                 calls.extend(found)
             break
-        found = _calls_in_block(text[start + len(CALL_OPEN):end], names)
+        found = fmt.parse_block(text[start + len(opener):end], tools)
         if found is None:
-            current += text[pos:end + len(CALL_CLOSE)]
+            current += text[pos:end + len(closer)]
         else:
             pieces.append(current + text[pos:start])
             current = ""
             calls.extend(found)
-        pos = end + len(CALL_CLOSE)
+        pos = end + len(closer)
     if not calls:
         return ParsedOutput(text, [])
     pieces.append(current + text[pos:])
@@ -255,14 +243,24 @@ def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: boo
     return ParsedOutput(content or None, calls)
 
 
-def streamable_length(text: str) -> int:
-    """How many leading characters of a growing output are surely content: everything before a
-    `<tool_call>` tag (or a suffix that could start one), less the whitespace that would be trimmed."""
-    start = text.find(CALL_OPEN)
+def _without_cut_close(body: str, closer: str = CALL_CLOSE) -> str:
+    """An unclosed block's body less the start of its close tag (and whitespace) that ends it."""
+    body = body.rstrip()
+    for k in range(len(closer) - 1, 0, -1):
+        if body.endswith(closer[:k]):
+            return body[:-k].rstrip()
+    return body
+
+
+def streamable_length(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> int:
+    """How many leading characters of a growing output are surely content: everything before a block's
+    open tag (or a suffix that could start one), less the whitespace that would be trimmed."""
+    opener = fmt.block_open
+    start = text.find(opener)
     if start < 0:
         start = len(text)
-        for k in range(min(len(CALL_OPEN) - 1, len(text)), 0, -1):
-            if text.endswith(CALL_OPEN[:k]):
+        for k in range(min(len(opener) - 1, len(text)), 0, -1):
+            if text.endswith(opener[:k]):
                 start -= k
                 break
     return len(text[:start].rstrip())

@@ -4,7 +4,8 @@ The pool loads a model on its first request (in a worker thread, so the event lo
 starts one `AsyncLLMEngine` for it and shares it between every deployment naming the same model. The
 request path is the standalone server's (`serving/api/responses.py`: `plan_chat`/`plan_completion`,
 `whole_response`, `stream_events`), so a local answer through the gateway equals `link engine serve`'s.
-The first-chunk and whole-request timeouts start once the model is loaded.
+The first-chunk and whole-request timeouts start once the model is loaded. Requests with `tools` use
+the deployment's harness format (link.yaml `tool_format:`, `serving.tool_formats`).
 
     pool = EnginePool()                       # owned by the app; `await pool.aclose()` in its lifespan
     backend = make_backend(deployment, engine_pool=pool)
@@ -154,6 +155,7 @@ class LocalBackend(Backend):
     def __init__(self, deployment: ModelDeployment, engine_pool: EnginePool):
         super().__init__(deployment)
         self.pool = engine_pool
+        self.tool_format = deployment.harness_format
 
     async def _start(self, endpoint: Endpoint, body: dict):
         """Load the model if needed, plan the request and queue it: (plan, engine streams, state)."""
@@ -161,7 +163,8 @@ class LocalBackend(Backend):
         engine = state.engine
         try:
             if endpoint == "chat":
-                plan: RequestPlan = plan_chat(ChatCompletionRequest.model_validate(body), state.loaded, engine.engine.max_model_len)
+                plan: RequestPlan = plan_chat(ChatCompletionRequest.model_validate(body), state.loaded, engine.engine.max_model_len,
+                                                  self.tool_format)
             else:
                 plan = plan_completion(CompletionRequest.model_validate(body), state.loaded, engine.engine.max_model_len)
             vocab = state.loaded.config.vocab_size  # as serving/api/server.py checks it, for equal 400s

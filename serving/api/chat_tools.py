@@ -13,6 +13,11 @@
 - `ToolStream`: the streamed form: content is held back from where a `<tool_call>` tag may start (a
   forced output sends none), and the calls are sent at the end as `delta.tool_calls` chunks, parsed as
   the whole response parses them, so streamed equals whole.
+
+Every step takes the model's harness format (`serving.tool_formats.ToolCallFormat`, link.yaml
+`tool_format:`; default the JSON format). A format of style xml is not forced by constrained decoding:
+a forcing tool_choice is then a prompt instruction, and the output is parsed as in "auto" mode
+(calls only of the forced tools).
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from dataclasses import dataclass
 from serving.api.protocol import ChatCompletionRequest, ValidationProblem
 from serving.guided_json import UnsupportedSchemaError, response_format_schema
 from serving.guided_tools import forced_tool_tag, forced_tools, parse_forced_calls
-from serving.toolcalls import ParsedOutput, ToolFormatError, parse_tool_calls, render_messages, streamable_length, with_system_text
+from serving.toolcalls import (
+    DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, parse_tool_calls, render_messages, streamable_length,
+    with_system_text,
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,7 @@ class ChatSetup:
     """messages: for the chat template; guided_json: the schema as JSON text or None; tools: the tools
     whose calls are parsed from the output (None: no parsing; a named tool_choice: that tool); parallel:
     several calls allowed; structural_tag: the forced tool calls (`SamplingParams.structural_tag`) or None;
-    forced: the output is forced calls."""
+    forced: the output is forced calls; tool_format: the harness format that rendered and parses the calls."""
 
     messages: list[dict]
     guided_json: str | None
@@ -39,6 +47,7 @@ class ChatSetup:
     parallel: bool = True
     structural_tag: str | None = None
     forced: bool = False
+    tool_format: ToolCallFormat = DEFAULT_FORMAT
 
 
 def unservable_fields(body: ChatCompletionRequest) -> None:
@@ -69,10 +78,12 @@ def unservable_fields(body: ChatCompletionRequest) -> None:
                                     param=f"tools[{i}].type")
 
 
-def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
-    """Raises:
+def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORMAT) -> ChatSetup:
+    """The messages and constraints of a chat request, tools in the harness format `fmt`.
+
+    Raises:
         ValidationProblem: malformed tools/tool_choice, an unsupported response_format or schema keyword,
-            or response_format json together with active tools. (`stop` with response_format is accepted, as
+            or response_format json together with active tools; tools `fmt` cannot carry (`fmt.check_tools`). (`stop` with response_format is accepted, as
             by OpenAI: a stop sequence may end the output before the JSON closes.)
     """
     unservable_fields(body)
@@ -82,8 +93,9 @@ def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
     messages = body.messages
     try:
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages if isinstance(m, dict)):
-            messages = render_messages(messages, tools, body.tool_choice or "auto", parallel)
-        tag = forced_tool_tag(tools, body.tool_choice, parallel)
+            messages = render_messages(messages, tools, body.tool_choice or "auto", parallel, fmt=fmt)
+        fmt.check_tools(tools)
+        tag = forced_tool_tag(tools, body.tool_choice, parallel, fmt) if fmt.can_force else None
         forced = forced_tools(tools, body.tool_choice)
     except ToolFormatError as exc:
         param = "tool_choice" if "tool_choice" in str(exc) else "messages" if "messages[" in str(exc) else "tools"
@@ -101,23 +113,24 @@ def prepare_chat(body: ChatCompletionRequest) -> ChatSetup:
             hint += f" It must follow this JSON Schema:\n{json.dumps(schema, ensure_ascii=False)}"
         messages = with_system_text(messages, hint)
     parsed_tools = forced if forced is not None else list(tools) if active else None
-    return ChatSetup(messages, None if schema is None else json.dumps(schema), parsed_tools, parallel, tag, forced is not None)
+    return ChatSetup(messages, None if schema is None else json.dumps(schema), parsed_tools, parallel, tag, tag is not None, fmt)
 
 
-def _parse(text: str, finish: str | None, tools: list[dict], parallel: bool, forced: bool) -> ParsedOutput:
-    parsed = parse_forced_calls(text, tools) if forced else parse_tool_calls(text, tools, cut=finish == "length")
+def _parse(text: str, finish: str | None, tools: list[dict], parallel: bool, forced: bool, fmt: ToolCallFormat) -> ParsedOutput:
+    parsed = (parse_forced_calls(text, tools, fmt) if forced else
+              parse_tool_calls(text, tools, cut=finish == "length", fmt=fmt))
     if not parallel:
         parsed.tool_calls = parsed.tool_calls[:1]
     return parsed
 
 
 def tool_message(text: str, finish: str | None, tools: list[dict] | None, parallel: bool = True,
-                 forced: bool = False) -> tuple[dict, str | None]:
+                 forced: bool = False, fmt: ToolCallFormat = DEFAULT_FORMAT) -> tuple[dict, str | None]:
     """The assistant message of a whole response and its finish reason ("tool_calls" after calls that
     ended on their own; "length" stays)."""
     if tools is None:
         return {"role": "assistant", "content": text}, finish
-    parsed = _parse(text, finish, tools, parallel, forced)
+    parsed = _parse(text, finish, tools, parallel, forced, fmt)
     message = {"role": "assistant", "content": parsed.content}
     if not parsed.tool_calls:
         return message, finish
@@ -128,17 +141,17 @@ def tool_message(text: str, finish: str | None, tools: list[dict] | None, parall
 class ToolStream:
     """Per-choice streaming of a chat output whose tool calls are parsed (see the module docstring)."""
 
-    def __init__(self, tools: list[dict], parallel: bool = True, forced: bool = False):
-        self.tools, self.parallel, self.forced = tools, parallel, forced
+    def __init__(self, tools: list[dict], parallel: bool = True, forced: bool = False, fmt: ToolCallFormat = DEFAULT_FORMAT):
+        self.tools, self.parallel, self.forced, self.fmt = tools, parallel, forced, fmt
 
     def safe_length(self, text: str, sent: int) -> int:
         """Characters of `text` that may be sent as content before the output ends."""
-        return sent if self.forced else max(sent, streamable_length(text))
+        return sent if self.forced else max(sent, streamable_length(text, self.fmt))
 
     def final_deltas(self, text: str, sent: int, finish: str | None) -> tuple[list[dict], str | None]:
         """The deltas that finish a choice (the rest of the content, then one per tool call) and its
         finish reason; the last delta is the one to carry the finish reason."""
-        parsed = _parse(text, finish, self.tools, self.parallel, self.forced)
+        parsed = _parse(text, finish, self.tools, self.parallel, self.forced, self.fmt)
         rest = (parsed.content or "")[sent:] if parsed.tool_calls or self.forced else text[sent:]
         deltas = [{"content": rest}] if rest else []
         for i, call in enumerate(parsed.tool_calls):

@@ -20,6 +20,7 @@ from serving.api.protocol import ChatCompletionRequest, CompletionRequest, Valid
 from serving.model_loader import LoadedModel
 from serving.outputs import RequestOutput
 from serving.sampling_params import SamplingParams
+from serving.tool_formats import DEFAULT_FORMAT, ToolCallFormat
 
 
 @dataclass
@@ -38,6 +39,7 @@ class RequestPlan:
     tools: list[dict] | None = None  # chat: the offered tools whose calls are parsed from the output
     parallel_tool_calls: bool = True
     forced_tool_calls: bool = False  # chat: the output is calls forced by tool_choice (content always null)
+    tool_format: ToolCallFormat = DEFAULT_FORMAT  # chat: the harness format the calls are parsed in
     response_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -95,13 +97,14 @@ def _max_tokens(requested: int | None, prompt_lens: list[int], ctx: int, default
     return wanted
 
 
-def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
-    """Validate a chat request and render its messages with the model's chat format.
+def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int,
+              tool_format: ToolCallFormat = DEFAULT_FORMAT) -> RequestPlan:
+    """Validate a chat request and render its messages with the model's chat format (tools in `tool_format`).
 
     Raises:
         ValidationProblem: a field the model cannot serve, or a prompt that does not fit (see `_max_tokens`).
     """
-    setup = prepare_chat(body)  # unservable fields refused; tools rendered into the messages; response_format schema
+    setup = prepare_chat(body, tool_format)  # unservable fields refused; tools rendered into the messages; response_format schema
     if body.top_logprobs is not None and not body.logprobs:
         raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")
     fmt = lm.chat_format
@@ -116,7 +119,8 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int) 
     params = fmt.reply_params(params)  # the format's turn markers as stop strings, after the client's; its reply's opening space
     return RequestPlan("chat", body.model, params, [ids], [prompt], body.stream,
                        bool(body.stream_options and body.stream_options.include_usage), top,
-                       tools=setup.tools, parallel_tool_calls=setup.parallel, forced_tool_calls=setup.forced)
+                       tools=setup.tools, parallel_tool_calls=setup.parallel, forced_tool_calls=setup.forced,
+                       tool_format=setup.tool_format)
 
 
 def plan_completion(body: CompletionRequest, lm: LoadedModel, max_model_len: int) -> RequestPlan:
@@ -154,7 +158,7 @@ def _choice(plan: RequestPlan, state, prompt_index: int, completion, text: str, 
     index = prompt_index * plan.params.n + completion.index
     if plan.kind == "chat":
         logprobs = chat_logprobs(token_ids, entries, state.loaded.tokenizer, plan.top_logprobs) if entries is not None else None
-        message, finish = tool_message(text, finish, plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls)
+        message, finish = tool_message(text, finish, plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls, plan.tool_format)
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     prefix = plan.prompt_texts[prompt_index] if plan.echo else ""
     logprobs = None
@@ -230,7 +234,7 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
     text_offsets: dict[int, TextOffsets] = {}  # completions logprobs: per choice, offsets of the tokens sent
     start = time.monotonic()
     completion_tokens = 0
-    tool_stream = ToolStream(plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls) if plan.tools is not None else None
+    tool_stream = ToolStream(plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls, plan.tool_format) if plan.tools is not None else None
 
     def chunk(choices: list[dict]) -> dict:
         body = {"id": plan.id, "object": chunk_object, "created": plan.created, "model": plan.model, "choices": choices}
