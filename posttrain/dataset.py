@@ -5,6 +5,9 @@ plan_chat`): `serving.toolcalls.render_messages` writes the tools into the syste
 as text in the harness format, the model's chat template (`serving.chat_format.TemplateChatFormat`) turns the
 messages into text, and our tokenizer (`serving.tokenizer.Tokenizer`) into ids. So the tokens before each
 assistant turn are, token for token, the prompt the engine builds when a client sends that conversation.
+The harness format (`serving.tool_formats.ToolCallFormat`, `tool_format=`) must be the deployment's
+(link.yaml `tool_format:`); traces are rendered strictly: a schema the format cannot express, or a call that
+would not parse back, is refused before training.
 
 For every learned assistant turn (OpenAI's "weight": 0 marks a turn as context only):
 
@@ -118,12 +121,26 @@ def render_conversation(chat_format: Any, messages: Sequence[dict], add_generati
                                         bos_token=chat_format.bos_token or "", eos_token=chat_format.eos_token or "")
 
 
+def resolve_tool_format(tool_format: Any = None) -> Any:
+    """A `serving.tool_formats.ToolCallFormat` from None (the default JSON format), a registered name ("xml"),
+    a dict of fields (as link.yaml's `tool_format:`), or a format. Raises PosttrainDataError for a bad one."""
+    from serving.errors import ServingError
+    from serving.tool_formats import tool_format_from_config
+
+    try:
+        return tool_format_from_config(tool_format)
+    except ServingError as exc:
+        raise PosttrainDataError(str(exc)) from None
+
+
 def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
-    """The trace's messages as the engine hands them to the chat template (`serving.toolcalls.render_messages`
-    with meta "tool_choice" (default "auto") and "parallel_tool_calls" (default True), as `prepare_chat` does).
+    """The trace's messages as the engine hands them to the chat template: `serving.toolcalls.render_messages`
+    in the harness format, with meta "tool_choice" (default "auto") and "parallel_tool_calls" (default True)
+    as `serving.api.chat_tools.prepare_chat` passes them, and `strict`: tools the format cannot express, or an
+    assistant turn that would not parse back to the same content and calls, are refused.
 
     Args:
-        tool_format: a `serving.tool_formats.ToolCallFormat` (None: the default harness format).
+        tool_format: see `resolve_tool_format` (None: the default JSON format).
     Raises:
         PosttrainDataError: tools or messages the harness format cannot render (the message says which).
     """
@@ -133,12 +150,12 @@ def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
     messages = trace.messages
     if not (trace.tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)):
         return [dict(m) for m in messages]
-    kwargs = {} if tool_format is None else {"fmt": tool_format}
+    fmt = resolve_tool_format(tool_format)
     try:
         return render_messages(messages, trace.tools or None, trace.meta.get("tool_choice") or "auto",
-                               trace.meta.get("parallel_tool_calls", True) is not False, **kwargs)
+                               trace.meta.get("parallel_tool_calls", True) is not False, fmt=fmt, strict=True)
     except ServingError as exc:
-        raise PosttrainDataError(f"trace {trace.id}: the harness format cannot render it: {exc}") from None
+        raise PosttrainDataError(f"trace {trace.id}: the {fmt.name!r} tool format cannot carry it: {exc}") from None
 
 
 def encode_trace(trace: Trace, tokenizer: Any, chat_format: Any, tool_format: Any = None) -> Example:
@@ -194,7 +211,9 @@ class TraceDataset(Sequence[Example]):
         traces: the traces (e.g. one side of `split_traces`).
         tokenizer, chat_format: from `load_chat_tokenizer` (or `serving.model_loader.load_model`).
         max_seq_length: most tokens per example (≥ 1); longer examples are dropped and counted.
-        tool_format: the harness format (`serving.tool_formats.ToolCallFormat`, None = the default).
+        tool_format: the harness format: a `serving.tool_formats.ToolCallFormat`, a registered name ("xml"), a
+            dict of its fields (link.yaml `tool_format:`), or None (the default JSON format); the same as the
+            model's deployment, so serving parses what training taught.
         skip_invalid: leave out (and list in `invalid`) traces that fail `check_trace` or `encode_trace`, e.g.
             a logged reply whose call names no offered tool, instead of raising.
     Attributes:
@@ -212,6 +231,7 @@ class TraceDataset(Sequence[Example]):
         if not traces:
             raise PosttrainDataError("the dataset is empty: no traces to train on")
         self.max_seq_length = max_seq_length
+        tool_format = resolve_tool_format(tool_format)
         self.invalid: list[tuple[str, str]] = []
         encoded = []
         for trace in traces:

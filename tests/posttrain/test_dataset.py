@@ -130,6 +130,39 @@ def test_bfcl_labels_decode_to_the_rendered_answer(smollm2, bfcl):
         assert tokenizer.decode(example.input_ids[a:b], False) == answer + "<|im_end|>", trace.id
 
 
+XML_CALL = "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>"
+
+
+def test_xml_harness_format_renders_as_the_gateway_does(smollm2, engine_model):
+    from serving.tool_formats import XML_FORMAT
+
+    tokenizer, chat_format = smollm2
+    trace = _weather_trace()
+    example = encode_trace(trace, tokenizer, chat_format, "xml")
+    runs = _label_runs(example)
+    assert [tokenizer.decode(example.input_ids[a:b], False) for a, b in runs] == [
+        XML_CALL + "<|im_end|>", "It is 18 C and sunny.<|im_end|>"]
+    for (start, _), i in zip(runs, (2, 4)):
+        messages = [{k: v for k, v in m.items() if k != "weight"} for m in trace.messages[:i]]
+        body = ChatCompletionRequest(model=MODEL, messages=messages, tools=trace.tools)
+        assert plan_chat(body, engine_model, 8192, tool_format=XML_FORMAT).prompts[0] == example.input_ids[:start]
+    assert encode_trace(trace, tokenizer, chat_format, {"base": "xml"}) == example
+
+
+def test_schemas_the_harness_format_cannot_express_are_refused(smollm2):
+    tokenizer, chat_format = smollm2
+    spaced = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"the city": {"type": "string"}}}}}
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"the city": "Paris"}'}}
+    trace = Trace("spaced", [{"role": "user", "content": "Paris?"}, {"role": "assistant", "tool_calls": [call]}],
+                  [spaced], {})
+    encode_trace(trace, tokenizer, chat_format)  # the JSON format carries any schema
+    with pytest.raises(PosttrainDataError, match="trace spaced: the 'xml' tool format cannot carry it: .*the city"):
+        TraceDataset([trace], tokenizer, chat_format, tool_format="xml")
+    with pytest.raises(PosttrainDataError, match="unknown tool format 'yaml'"):
+        TraceDataset([trace], tokenizer, chat_format, tool_format="yaml")
+
+
 def test_dataset_drops_examples_longer_than_max_seq_length(smollm2, bfcl):
     tokenizer, chat_format = smollm2
     traces = bfcl[:40]
