@@ -260,5 +260,9 @@ def query_traces(session: Session, *, api_key_ids: Sequence[int] | None = None, 
 
 def fine_tuning_example(row: ToolTrace) -> dict[str, Any]:
     """One line of OpenAI's chat fine-tuning JSONL: {"messages": [...the request's, the answer], "tools": [...]}
-    (https://platform.openai.com/docs/guides/supervised-fine-tuning, "function calling" examples)."""
-    return {"messages": [*row.messages, row.response], "tools": row.tools}
+    (https://platform.openai.com/docs/guides/supervised-fine-tuning, "function calling" examples).
+
+    The request's own assistant turns get "weight": 0 (context, not learned): an agent loop resends its earlier
+    answers with every step, and each of those was recorded as the answer of its own request already."""
+    history = [{**m, "weight": 0} if isinstance(m, dict) and m.get("role") == "assistant" else m for m in row.messages]
+    return {"messages": [*history, row.response], "tools": row.tools}

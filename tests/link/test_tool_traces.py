@@ -23,7 +23,7 @@ from sqlmodel import Session
 from link.db import make_db_engine, upgrade
 from link.db.migrate import alembic_config, current_revision, head_revision
 from link.db.models import ToolTrace
-from link.traces import StreamAssembler, TraceRecorder, assistant_message, query_traces
+from link.traces import StreamAssembler, TraceRecorder, assistant_message, fine_tuning_example, query_traces
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
 from tests.link.mock_launch import start_mock_thread
 
@@ -304,3 +304,14 @@ def test_migration_0003_adds_the_table_and_keeps_keys(backend, new_database_url)
         assert "capture_traces" not in {c["name"] for c in inspect(engine).get_columns("api_key")}
     finally:
         engine.dispose()
+
+
+def test_an_agent_loops_earlier_answers_are_context_not_learned():
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    earlier = {"role": "assistant", "content": None, "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "18 C"}
+    answer = {"role": "assistant", "content": "It is 18 C in Paris."}
+    row = ToolTrace(id="r1", messages=[*_messages("Weather in Paris?"), earlier, result], tools=[], response=answer)
+    example = fine_tuning_example(row)
+    assert example["messages"] == [*_messages("Weather in Paris?"), {**earlier, "weight": 0}, result, answer]
+    assert row.messages[2] == earlier  # the row itself is not changed
