@@ -139,7 +139,10 @@ class ModelDeployment(BaseModel):
             if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
                 raise ValueError(f"api_base {self.api_base!r} must start with http:// or https://")
         if self.tool_format is not None:
-            _ = self.harness_format  # refuses a bad tool_format at load, with ToolFormatError's message
+            try:
+                self.harness_format  # noqa: B018 - refuses a bad tool_format at load
+            except ValueError as exc:
+                raise ValueError(str(exc) if str(exc).startswith("tool_format") else f"tool_format: {exc}") from None
         return self
 
     @property

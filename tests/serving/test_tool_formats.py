@@ -237,3 +237,16 @@ def test_serving_prepares_an_xml_request():
     with pytest.raises(ValidationProblem, match="'get weather' cannot be written") as info:
         prepare_chat(body.model_copy(update={"tools": [spaced], "tool_choice": "auto"}), XML_FORMAT)
     assert info.value.param == "tools"
+
+
+def test_link_yaml_tool_format_is_checked_at_load():
+    from link.config import ConfigError, ModelDeployment, parse_config
+
+    entry = {"name": "m", "kind": "local", "local": "smollm2-135m-instruct"}
+    assert ModelDeployment(**entry).harness_format is DEFAULT_FORMAT
+    assert ModelDeployment(**entry, tool_format="xml").harness_format is XML_FORMAT
+    assert ModelDeployment(**entry, tool_format={"base": "json", "call_open": "<c>", "call_close": "</c>"}).harness_format.call_open == "<c>"
+    with pytest.raises(ConfigError, match=r"unknown tool format 'xlm'; registered: "):
+        parse_config({"models": [{**entry, "tool_format": "xlm"}]})
+    with pytest.raises(ConfigError, match=r"`tool_format` applies only to kind 'local'"):
+        parse_config({"models": [{"name": "r", "kind": "openai", "api_base": "http://127.0.0.1:1/v1", "tool_format": "xml"}]})
