@@ -18,6 +18,7 @@ model refuses what it cannot honour (audio, web search, legacy functions, image/
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -60,11 +61,26 @@ def invalid_body(exc: ValidationError) -> OpenAIError:
     return OpenAIError(400, message, param=param, log_status="invalid_request")
 
 
+def non_finite_path(value: Any, path: str = "") -> str | None:
+    """The path ("options.layers", "messages[0].temperature") of the first NaN or infinite number in parsed JSON, or
+    None. Python's json reads NaN, Infinity and out-of-range numbers (1e309) as such floats; strict JSON has none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = non_finite_path(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be one JSON object.
+    """A request body that must be one JSON object (strict JSON: NaN, Infinity and numbers beyond a float's
+    range are refused, as OpenAI's API refuses them).
 
     Raises:
-        OpenAIError: 400 naming the position of a JSON syntax error, or saying the body is not an object.
+        OpenAIError: 400 naming the position of a JSON syntax error, a non-finite number, or saying the body is not
+            an object.
     """
     try:
         body = json.loads(raw)
@@ -77,6 +93,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise OpenAIError(400, f"The request body must be a JSON object, not {json_type(body)}.",
                           log_status="invalid_request")
+    param = non_finite_path(body)
+    if param is not None:
+        raise OpenAIError(400, f"{param}: JSON numbers must be finite (no NaN, Infinity or values beyond 1.8e308).",
+                          param=param, log_status="invalid_request")
     return body
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Literal
 
 from link.config import PolicyConfig
+from link.policies.options import PolicyError, bool_option, check_name, check_options
 
 
 @dataclass(frozen=True)
@@ -135,14 +136,6 @@ class CostBound:
 COMMON_OPTIONS = ("capture_traces",)
 
 
-class PolicyError(ValueError):
-    """An invalid policy definition. `param` names the offending field ("models", "type", "options")."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.message, self.param = message, param
-
-
 class Policy(ABC):
     """A named policy over public model names.
 
@@ -154,6 +147,9 @@ class Policy(ABC):
     """
 
     type: str = ""
+    # The type's own option names (besides COMMON_OPTIONS); another key is refused. None (a user's subclass
+    # that declares nothing): any key, still only finite numbers.
+    OPTIONS: tuple[str, ...] | None = None
 
     def __init__(self, config: PolicyConfig, model_names: tuple[str, ...] | list[str]):
         self.config = config
@@ -165,13 +161,14 @@ class Policy(ABC):
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:
-        """Validate a definition before it is stored or used. Raises PolicyError."""
+        """Validate a definition before it is stored or used: the name, the option keys (`OPTIONS`), finite
+        numbers only, the models served. Subclasses check their options' values. Raises PolicyError."""
+        check_name(config.name)
+        check_options(config.type, config.options, None if cls.OPTIONS is None else (*cls.OPTIONS, *COMMON_OPTIONS))
         unknown = [m for m in config.models if m not in model_names]
         if unknown:
             raise PolicyError(f"unknown model(s) {unknown}; the gateway serves {sorted(model_names)}", param="models")
-        if not isinstance(config.options.get("capture_traces", False), bool):
-            raise PolicyError(f"options.capture_traces must be true or false, got {config.options['capture_traces']!r}",
-                              param="options.capture_traces")
+        bool_option(config.options, "capture_traces", False)
 
     @property
     def capture_traces(self) -> bool:

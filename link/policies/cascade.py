@@ -4,7 +4,7 @@
       type: cascade
       models: [smollm2-135m-instruct, gemma-3-270m]   # escalation order, cheapest first
       options:
-        threshold: 0.5          # one value, or one per step but the last; in [0, 1]; default: the one
+        threshold: 0.5          # one number, or a list of one per step but the last; in [0, 1]; default: the one
                                 # `link router calibrate --rule cascade` stored in the router file for
                                 # these steps (scorer router), else 0.5
         scorer: judge           # judge (a model's yes/no verdict on the answer) | router (predicted quality)
@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable
 from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.config import PolicyConfig
 from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
+from link.policies.options import bool_option, check_options, number_value, str_option
 from link.policies.router import LazyRouter, router_path
 
 OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path")
@@ -97,26 +98,31 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
     from routers.cascade import Cascade, JudgeScorer, PredictedQuality
 
     options = config.options
-    unknown = sorted(set(options) - set(OPTIONS) - set(COMMON_OPTIONS))
-    if unknown:
-        raise PolicyError(f"unknown cascade option(s) {unknown}; options: {list(OPTIONS)}", param="options")
+    check_options("cascade", options, (*OPTIONS, *COMMON_OPTIONS))
     scorer_name = options.get("scorer", "judge")
     if scorer_name not in SCORERS:
         raise PolicyError(f"options.scorer must be one of {SCORERS}, got {scorer_name!r}", param="options.scorer")
     if scorer_name == "judge":
-        judge = options.get("judge", config.models[-1])
+        judge = str_option(options, "judge", config.models[-1])
         if model_names is not None and judge not in model_names:
             raise PolicyError(f"judge model {judge!r} is not served; the gateway serves {sorted(model_names)}",
                               param="options.judge")
-        scorer, router = JudgeScorer(judge, use_logprobs=bool(options.get("judge_logprobs", True))), None
+        scorer, router = JudgeScorer(judge, use_logprobs=bool_option(options, "judge_logprobs", True)), None
     else:
         router = LazyRouter(router_path(config))
         outside = [m for m in config.models[:-1] if m not in router.models]
         if outside:
             raise PolicyError(f"step model(s) {outside} are not among the router's models {router.models}", param="models")
         scorer = PredictedQuality(lambda body: router.get().router.score(body))
+    threshold = options.get("threshold")
+    if threshold is None:
+        threshold = default_threshold(config, router)
+    elif isinstance(threshold, list):
+        threshold = [number_value(t, f"options.threshold[{i}]", 0.0, 1.0) for i, t in enumerate(threshold)]
+    else:
+        threshold = number_value(threshold, "options.threshold", 0.0, 1.0)
     try:
-        return Cascade(config.models, scorer, options.get("threshold", default_threshold(config, router))), router
+        return Cascade(config.models, scorer, threshold), router
     except (TypeError, ValueError) as exc:
         raise PolicyError(f"cascade: {exc}", param="options.threshold" if "threshold" in str(exc) else "models") from None
 
@@ -125,6 +131,7 @@ class CascadePolicy(Policy):
     """A cascade over the policy's models (see the module docstring)."""
 
     type = "cascade"
+    OPTIONS = OPTIONS
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:

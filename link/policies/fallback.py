@@ -16,6 +16,7 @@ class FallbackPolicy(Policy):
     """Models in order of preference (at least two, each once)."""
 
     type = "fallback"
+    OPTIONS = ()  # only the common ones (capture_traces)
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ class FixedPolicy(Policy):
     """One model; its replicas are still retried before the first byte (the deployment pool's job)."""
 
     type = "fixed"
+    OPTIONS = ()  # only the common ones (capture_traces)
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:

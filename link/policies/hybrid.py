@@ -9,7 +9,8 @@ against cost.
         moa: {models: [smollm2-135m-instruct, gemma-3-270m], aggregator: smollm2-135m-instruct}   # a moa policy's options
         moa_column: link/moa     # optional: the router's column that predicts the MoA's quality (trained on
                                  #   outcomes of the moa policy); default "link/moa" when the router has it
-        moa_gain: 0.03           # without a column: predicted MoA quality = its best proposer's + moa_gain
+        moa_gain: 0.03           # without a column: predicted MoA quality = its best proposer's + moa_gain,
+                                 #   in [0, 1]
         cost_penalty: 200        # optional, as a router policy's (default: the file's lambda rule knob, else 0)
         max_cost_usd: 0.01       # optional, as a router policy's
 
@@ -27,9 +28,10 @@ import time
 from typing import Any
 
 from link.config import PolicyConfig
-from link.policies.base import COMMON_OPTIONS, CostBound, Plan, Policy, PolicyError, PolicyRequest
+from link.policies.base import CostBound, Plan, Policy, PolicyError, PolicyRequest
 from link.policies.moa import MoAExecutor, build_moa, moa_cost_bound
-from link.policies.router import LazyRouter, nonnegative_number, request_overrides, router_path
+from link.policies.options import number_option, str_option
+from link.policies.router import LazyRouter, knob_options, request_overrides, router_path
 
 OPTIONS = ("path", "moa", "moa_column", "moa_gain", "cost_penalty", "max_cost_usd")
 DEFAULT_MOA_COLUMN = "link/moa"
@@ -59,6 +61,7 @@ class HybridPolicy(Policy):
     """Single models or a MoA plan, whichever the router's objective prefers (see the module docstring)."""
 
     type = "hybrid"
+    OPTIONS = OPTIONS
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:
@@ -68,17 +71,22 @@ class HybridPolicy(Policy):
     @classmethod
     def _parts(cls, config: PolicyConfig, model_names: tuple[str, ...] | None):
         options = config.options
-        unknown = sorted(set(options) - set(OPTIONS) - set(COMMON_OPTIONS))
-        if unknown:
-            raise PolicyError(f"unknown hybrid option(s) {unknown}; options: {list(OPTIONS)}", param="options")
+        knob_options(options)
         router = LazyRouter(router_path(config))
         outside = [m for m in config.models if m not in router.models]
         if outside:
             raise PolicyError(f"model(s) {outside} are not among the router's models {router.models}", param="models")
-        moa_options = dict(options.get("moa") or {})
+        moa_options = options.get("moa") or {}
+        if not isinstance(moa_options, dict):
+            raise PolicyError(f"options.moa must be a moa policy's options (a JSON object), got {moa_options!r}",
+                              param="options.moa")
+        moa_options = dict(moa_options)
         moa_models = moa_options.pop("models", None) or list(config.models)
-        moa = build_moa(moa_options, list(moa_models), model_names)
-        column = options.get("moa_column", DEFAULT_MOA_COLUMN if DEFAULT_MOA_COLUMN in router.models else None)
+        if not isinstance(moa_models, list) or not all(isinstance(m, str) for m in moa_models):
+            raise PolicyError(f"options.moa.models must be a list of model names, got {moa_models!r}",
+                              param="options.moa.models")
+        moa = build_moa(moa_options, list(moa_models), model_names, prefix="options.moa")
+        column = str_option(options, "moa_column", DEFAULT_MOA_COLUMN if DEFAULT_MOA_COLUMN in router.models else None)
         if column is not None and column not in router.models:
             raise PolicyError(f"options.moa_column {column!r} is not among the router's models {router.models}",
                               param="options.moa_column")
@@ -87,7 +95,7 @@ class HybridPolicy(Policy):
             if unpriced:
                 raise PolicyError(f"MoA model(s) {unpriced} are not among the router's models {router.models}: without "
                                   "options.moa_column the MoA is predicted from its models' scores", param="options.moa")
-        gain = nonnegative_number(options.get("moa_gain", 0.0), "options.moa_gain", "options.moa_gain")
+        gain = number_option(options, "moa_gain", 0.0, 0.0, 1.0)
         return router, moa, column, gain
 
     def __init__(self, config: PolicyConfig, model_names: tuple[str, ...] | list[str]):
@@ -96,8 +104,7 @@ class HybridPolicy(Policy):
         self.router.preload()
         self.executor = MoAExecutor(self.moa)
         self.executor.recorded_as = self.moa_column   # offline replay: the MoA option's recorded outcomes
-        self.cost_penalty = nonnegative_number(config.options.get("cost_penalty"), "cost_penalty", "options.cost_penalty")
-        self.max_cost_usd = nonnegative_number(config.options.get("max_cost_usd"), "max_cost_usd", "options.max_cost_usd")
+        self.cost_penalty, self.max_cost_usd = knob_options(config.options)
 
     def cost_bound(self) -> CostBound:
         """The MoA plan's (a single model's one call costs less), priced over every model either plan calls."""

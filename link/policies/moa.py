@@ -9,10 +9,15 @@
                                             #   once, at the request's temperature); one model at several
                                             #   temperatures is `models: [m]`, `temperatures: [0.3, 0.7, 1.0]`
         proposers: [{model: m, temperature: 0.7}, ...]   # optional: the proposers spelled out (overrides both)
-        layers: 1                           # proposer layers (later layers see the previous answers)
-        deadline_s: 60                      # each proposer's time from its layer's start; late ones are dropped
-        proposer_max_tokens: 512            # cap of a proposer's answer (the request's max_tokens when smaller)
-        min_proposals: 1                    # answers a layer needs (fewer: the request fails with 503)
+        layers: 1                           # proposer layers, 1..4 (later layers see the previous answers)
+        deadline_s: 60                      # each proposer's time from its layer's start, (0, 3600] s; late
+                                            #   ones are dropped
+        proposer_max_tokens: 512            # cap of a proposer's answer, 1..131072 or null (the request's
+                                            #   max_tokens when smaller)
+        min_proposals: 1                    # answers a layer needs, 1..proposers (fewer: the request fails with 503)
+
+Temperatures are numbers in [0, 2]; a layer has at most 16 proposers; an unknown option or field is refused
+(400 naming it, e.g. `options.layers`).
 
 A streamed answer starts at once: SSE keep-alive comments flow while the proposers work, then the
 aggregator's answer streams. Every proposer's output (or error) and the aggregator go into the request
@@ -27,49 +32,82 @@ from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.backends import BackendError, BackendUnavailable
 from link.config import PolicyConfig
 from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
+from link.policies.options import check_options, int_option, number_option, number_value, str_option
 
 OPTIONS = ("aggregator", "temperatures", "proposers", "layers", "deadline_s", "proposer_max_tokens", "min_proposals")
+# Bounds of the options (the module docstring's defaults inside them): a layer calls every proposer, so layers and
+# proposers multiply the cost of one request.
+MAX_LAYERS = 4              # the MoA paper's best configuration used 3
+MAX_PROPOSERS = 16          # proposers of one layer (models x temperatures, or spelled out)
+MAX_DEADLINE_S = 3600.0
+MAX_PROPOSER_TOKENS = 131_072
+MAX_TEMPERATURE = 2.0       # OpenAI's range
 
 
-def _proposer_list(options: dict[str, Any], models: list[str]) -> list[tuple[str, float | None]]:
+def _proposer_list(options: dict[str, Any], models: list[str], prefix: str) -> list[tuple[str, float | None]]:
+    """(model, temperature or None) of one layer's proposers. Raises PolicyError naming the field."""
     spelled = options.get("proposers")
     if spelled is not None:
+        param = f"{prefix}.proposers"
         if not isinstance(spelled, list) or not spelled or not all(isinstance(p, dict) and isinstance(p.get("model"), str)
-                                                                    for p in spelled):
-            raise PolicyError("options.proposers must be a non-empty list of {model, temperature}", param="options.proposers")
-        return [(p["model"], p.get("temperature")) for p in spelled]
-    temperatures = options.get("temperatures")
-    if temperatures is None:
-        return [(m, None) for m in models]
-    if not isinstance(temperatures, list) or not temperatures:
-        raise PolicyError("options.temperatures must be a non-empty list of numbers in [0, 2]", param="options.temperatures")
-    return [(m, t) for m in models for t in temperatures]
+                                                                    and p["model"] for p in spelled):
+            raise PolicyError(f"{param} must be a non-empty list of {{model, temperature}}", param=param)
+        pairs = []
+        for i, proposer in enumerate(spelled):
+            extra = [k for k in proposer if k not in ("model", "temperature")]
+            if extra:
+                raise PolicyError(f"unknown field {extra[0]!r} of {param}[{i}]; its fields: model, temperature",
+                                  param=f"{param}[{i}].{extra[0]}")
+            temperature = proposer.get("temperature")
+            if temperature is not None:
+                temperature = number_value(temperature, f"{param}[{i}].temperature", 0.0, MAX_TEMPERATURE)
+            pairs.append((proposer["model"], temperature))
+    else:
+        temperatures = options.get("temperatures")
+        if temperatures is None:
+            pairs = [(m, None) for m in models]
+        else:
+            param = f"{prefix}.temperatures"
+            if not isinstance(temperatures, list) or not temperatures:
+                raise PolicyError(f"{param} must be a non-empty list of numbers in [0, {MAX_TEMPERATURE:g}]", param=param)
+            values = [number_value(t, f"{param}[{i}]", 0.0, MAX_TEMPERATURE) for i, t in enumerate(temperatures)]
+            pairs = [(m, t) for m in models for t in values]
+    if len(pairs) > MAX_PROPOSERS:
+        raise PolicyError(f"a MoA layer has at most {MAX_PROPOSERS} proposers, got {len(pairs)}",
+                          param=f"{prefix}.proposers" if spelled is not None else f"{prefix}.temperatures")
+    return pairs
 
 
-def build_moa(options: dict[str, Any], models: list[str], model_names: tuple[str, ...] | None = None):
-    """A `routers.moa.MixtureOfAgents` from a policy's options (see the module docstring).
+def build_moa(options: dict[str, Any], models: list[str], model_names: tuple[str, ...] | None = None, *,
+              prefix: str = "options"):
+    """A `routers.moa.MixtureOfAgents` from a policy's options (see the module docstring for each option;
+    the bounds are MAX_* above).
 
+    Args:
+        prefix: where the options sit, for error params ("options"; a hybrid policy's: "options.moa").
     Raises:
-        PolicyError: an unknown option, a bad value, or (with `model_names`) a model the gateway does not serve.
+        PolicyError: an unknown option, a value of the wrong type or out of its range, or (with `model_names`) a
+            model the gateway does not serve; `param` names the field ("options.layers").
     """
     from routers.moa import MixtureOfAgents, Proposer
 
-    unknown = sorted(set(options) - set(OPTIONS) - set(COMMON_OPTIONS))
-    if unknown:
-        raise PolicyError(f"unknown MoA option(s) {unknown}; options: {list(OPTIONS)}", param="options")
-    aggregator = options.get("aggregator", models[0])
-    pairs = _proposer_list(options, models)
+    check_options("moa", options, (*OPTIONS, *COMMON_OPTIONS), prefix)
+    aggregator = str_option(options, "aggregator", models[0], prefix)
+    pairs = _proposer_list(options, models, prefix)
     if model_names is not None:
         missing = [m for m in dict.fromkeys([aggregator, *(m for m, _ in pairs)]) if m not in model_names]
         if missing:
             raise PolicyError(f"MoA model(s) {missing} are not served; the gateway serves {sorted(model_names)}",
-                              param="options.aggregator" if aggregator in missing else "options.proposers")
+                              param=f"{prefix}.aggregator" if aggregator in missing else f"{prefix}.proposers")
+    settings = {"layers": int_option(options, "layers", 1, 1, MAX_LAYERS, prefix=prefix),
+                "deadline_s": number_option(options, "deadline_s", 60.0, 0.0, MAX_DEADLINE_S, low_open=True, prefix=prefix),
+                "proposer_max_tokens": int_option(options, "proposer_max_tokens", 512, 1, MAX_PROPOSER_TOKENS,
+                                                  nullable=True, prefix=prefix),
+                "min_proposals": int_option(options, "min_proposals", 1, 1, len(pairs), prefix=prefix)}
     try:
-        proposers = [Proposer(m, None if t is None else float(t)) for m, t in pairs]
-        settings = {k: options[k] for k in ("layers", "deadline_s", "proposer_max_tokens", "min_proposals") if k in options}
-        return MixtureOfAgents(proposers, aggregator, **settings)
+        return MixtureOfAgents([Proposer(m, t) for m, t in pairs], aggregator, **settings)
     except (TypeError, ValueError) as exc:
-        raise PolicyError(f"MoA options: {exc}", param="options") from None
+        raise PolicyError(f"MoA options: {exc}", param=prefix) from None
 
 
 # Prompt tokens of the synthesis instruction around the references (as MoAExecutor.max_cost_usd assumes).
@@ -145,6 +183,7 @@ class MoAPolicy(Policy):
     """A Mixture-of-Agents over the policy's models (see the module docstring)."""
 
     type = "moa"
+    OPTIONS = OPTIONS
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:

@@ -5,8 +5,9 @@
       models: [smollm2-135m-instruct, gemma-3-270m]     # the candidates (a subset of the router's models)
       options:
         path: routers/trained/link-auto.safetensors     # written by `link router train` (routers.base.save_router)
-        cost_penalty: 200          # optional: lambda in quality points per USD (default: the file's calibrated one)
-        max_cost_usd: 0.01         # optional: skip models expected to cost more per request
+        cost_penalty: 200          # optional: lambda in quality points per USD, in [0, 1e9] (default: the
+                                   #   file's calibrated one)
+        max_cost_usd: 0.01         # optional: skip models expected to cost more per request, in [0, 1e6]
 
 The plan is [the chosen model, then the other candidates by the same objective] (fallbacks before the
 first byte). The decision (each model's predicted quality and expected cost, lambda, the chosen model)
@@ -31,13 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from link.config import PolicyConfig
-from link.policies.base import COMMON_OPTIONS, Plan, Policy, PolicyError, PolicyRequest
+from link.policies.base import Plan, Policy, PolicyError, PolicyRequest
+from link.policies.options import number_option
 from link.schemas import OpenAIError
 
 logger = logging.getLogger(__name__)
 # Per-request overrides in the OpenAI `metadata` (values are strings there): key -> what it sets.
 METADATA_COST_PENALTY = "link_cost_penalty"
 METADATA_MAX_COST = "link_max_cost_usd"
+MAX_COST_PENALTY = 1e9   # lambda, quality points per USD (a calibrated one is in the hundreds or thousands)
+MAX_COST_USD = 1e6       # a per-request ceiling above this excludes nothing
 
 
 def nonnegative_number(value: Any, name: str, param: str) -> float | None:
@@ -51,6 +55,13 @@ def nonnegative_number(value: Any, name: str, param: str) -> float | None:
     if not math.isfinite(number) or number < 0:
         raise PolicyError(f"{name} must be a finite number >= 0, got {value!r}", param=param)
     return number
+
+
+def knob_options(options: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(cost_penalty, max_cost_usd) of a router or hybrid policy's options, None where unset: numbers in
+    [0, MAX_COST_PENALTY] and [0, MAX_COST_USD]. Raises PolicyError naming the option."""
+    return (number_option(options, "cost_penalty", None, 0.0, MAX_COST_PENALTY),
+            number_option(options, "max_cost_usd", None, 0.0, MAX_COST_USD))
 
 
 def request_overrides(body: dict[str, Any]) -> tuple[float | None, float | None]:
@@ -158,12 +169,7 @@ class RouterPolicy(Policy):
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:
         super().check(config, model_names)
-        unknown = sorted(set(config.options) - set(cls.OPTIONS) - set(COMMON_OPTIONS))
-        if unknown:
-            raise PolicyError(f"unknown option(s) {unknown} of a {cls.type!r} policy; options: {list(cls.OPTIONS)}",
-                              param="options")
-        nonnegative_number(config.options.get("cost_penalty"), "options.cost_penalty", "options.cost_penalty")
-        nonnegative_number(config.options.get("max_cost_usd"), "options.max_cost_usd", "options.max_cost_usd")
+        knob_options(config.options)
         header = LazyRouter.read_header(Path(router_path(config)).expanduser())
         outside = [m for m in config.models if m not in (header.get("models") or [])]
         if outside:
@@ -174,8 +180,7 @@ class RouterPolicy(Policy):
         super().__init__(config, model_names)
         self.router = LazyRouter(router_path(config))
         self.router.preload()
-        self.cost_penalty = nonnegative_number(config.options.get("cost_penalty"), "cost_penalty", "options.cost_penalty")
-        self.max_cost_usd = nonnegative_number(config.options.get("max_cost_usd"), "max_cost_usd", "options.max_cost_usd")
+        self.cost_penalty, self.max_cost_usd = knob_options(config.options)
 
     def decide(self, body: dict[str, Any], cost_penalty: float | None, max_cost_usd: float | None) -> dict[str, Any]:
         """The routing decision for one request, as the request log's decision dict (blocking; a worker thread).

@@ -13,6 +13,7 @@ The CRUD methods block on the database: call them through `asyncio.to_thread` fr
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ from link.config import LinkConfig, PolicyConfig
 from link.db.models import PolicyCreate, PolicyPublic, PolicyRow, PolicyUpdate, utcnow
 from link.policies.base import Policy, PolicyError, make_policy, policy_class
 from link.policies.fixed import implicit_fixed
+
+logger = logging.getLogger(__name__)
 
 
 class PolicyNotFound(LookupError):
@@ -59,6 +62,7 @@ class PolicyStore:
         self.fixed = {name: implicit_fixed(name, self.model_names) for name in self.model_names}
         self.configured = {p.name: make_policy(p, self.model_names) for p in config.policies}
         self._stored: dict[str, Policy] = {}
+        self.invalid: dict[str, str] = {}  # database policies not served: name -> why (see `reload`)
         self._loaded_at = float("-inf")
 
     # --- resolution (request path) ---------------------------------------------------------------
@@ -73,10 +77,11 @@ class PolicyStore:
         return self._stored.get(name)
 
     def reload(self) -> None:
-        """Re-read the database policies (a row that no longer validates is skipped)."""
+        """Re-read the database policies. A row that no longer validates (a model removed from the config since,
+        options stored before today's checks) is not served: it is logged once and listed in `invalid`."""
         with Session(self.engine) as session:
             rows = session.exec(select(PolicyRow)).all()
-        stored = {}
+        stored, invalid = {}, {}
         for row in rows:
             old = self._stored.get(row.name)
             if old is not None and (old.config.type, old.config.models, old.config.options) == (row.type, row.models, row.options):
@@ -85,9 +90,11 @@ class PolicyStore:
             try:
                 stored[row.name] = make_policy(PolicyConfig(name=row.name, type=row.type, models=row.models,
                                                             options=row.options), self.model_names)
-            except (PolicyError, ValidationError):
-                continue  # e.g. a model removed from the config since; listed by /api/policies, not served
-        self._stored, self._loaded_at = stored, time.monotonic()
+            except (PolicyError, ValidationError, TypeError, ValueError) as exc:
+                invalid[row.name] = exc.message if isinstance(exc, PolicyError) else str(exc)
+                if self.invalid.get(row.name) != invalid[row.name]:
+                    logger.warning("policy %r in the database is not served: %s", row.name, invalid[row.name])
+        self._stored, self.invalid, self._loaded_at = stored, invalid, time.monotonic()
 
     def stored_policies(self) -> list[Policy]:
         return list(self._stored.values())
@@ -102,6 +109,15 @@ class PolicyStore:
             return PolicyConfig(name=name, type=type_, models=models, options=options)
         except ValidationError as exc:
             raise _policy_error(exc) from None
+
+    def why_invalid(self, policy: PolicyPublic) -> str | None:
+        """Why a stored policy is not served (it fails today's checks: options stored before they were checked, a
+        model removed from the config), or None when it is valid."""
+        try:
+            self._validated(policy.name, policy.type, policy.models, policy.options)
+        except (PolicyError, TypeError, ValueError) as exc:
+            return exc.message if isinstance(exc, PolicyError) else str(exc)
+        return None
 
     def _check_name(self, name: str) -> None:
         if name in self.fixed:
@@ -176,6 +192,7 @@ class PolicyStore:
             raise PolicyConflict(f"a policy named {new_name!r} already exists") from None
         session.refresh(row)
         self._stored.pop(name, None)
+        self.invalid.pop(name, None)
         self._stored[row.name] = make_policy(config, self.model_names)
         return PolicyPublic.model_validate(row)
 
@@ -186,3 +203,4 @@ class PolicyStore:
         session.delete(row)
         session.commit()
         self._stored.pop(name, None)
+        self.invalid.pop(name, None)

@@ -18,6 +18,7 @@ requested name); a whole (non-streamed) answer also carries `x-link-cost-usd`, i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 from typing import AsyncIterator
@@ -210,9 +211,16 @@ def _cards(state: GatewayState) -> list[dict]:
                         link={"type": "model", "kind": state.config.deployments(name)[0].kind,
                               "replicas": len(state.config.deployments(name))})
              for name in state.model_names]
-    policies = [*state.policies.configured.values(), *state.policies.stored_policies()]
-    cards += [model_card(p.name, state.created, owned_by="togetherlink-policy", link={"type": "policy", **p.describe()})
-              for p in policies]
+    for policy in [*state.policies.configured.values(), *state.policies.stored_policies()]:
+        try:
+            card = model_card(policy.name, state.created, owned_by="togetherlink-policy",
+                              link={"type": "policy", **policy.describe()})
+            json.dumps(card, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            # one policy that cannot be described as strict JSON must not fail the list for everyone
+            logger.error("policy %r left out of /v1/models: %s", policy.name, exc)
+            continue
+        cards.append(card)
     return cards
 
 

@@ -2,6 +2,7 @@
 
     POST   /api/policies            {"name", "type", "models", "options"}   201, 400 invalid, 409 name taken
     GET    /api/policies            every policy: config ones (`"source": "config"`, read-only) and database ones
+                                    (a stored one that fails today's checks carries `"invalid": why`, and is not served)
     GET    /api/policies/{name}     one policy (404 unknown)
     PUT    /api/policies/{name}     replace type, models and options (400 without type or models); "name" renames
     PATCH  /api/policies/{name}     change the fields given; "name" renames
@@ -65,7 +66,13 @@ def create_policy(body: CreateBody, state: StateDep, session: SessionDep):
 @router.get("")
 def list_policies(state: StateDep, session: SessionDep, _: AdminDep) -> dict:
     configured = [{**p.describe(), "source": "config"} for p in state.policies.configured.values()]
-    stored = [{**p.model_dump(mode="json"), "source": "database"} for p in state.policies.list(session)]
+    stored = []
+    for policy in state.policies.list(session):
+        item = {**policy.model_dump(mode="json"), "source": "database"}
+        problem = state.policies.why_invalid(policy)
+        if problem is not None:
+            item["invalid"] = problem  # stored before today's checks, or a model gone since: listed, not served
+        stored.append(item)
     return {"object": "list", "data": configured + stored}
 
 

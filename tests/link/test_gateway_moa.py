@@ -149,7 +149,7 @@ def test_moa_policies_are_listed_and_validated(gateway):
     cards = {m["id"]: m for m in httpx.get(gateway.base_url + "/models", headers=AUTH).json()["data"]}
     assert cards["moa-down"]["link"]["type"] == "moa" and cards["moa-down"]["link"]["options"]["aggregator"] == "agg"
     api = gateway.url + "/api/policies"
-    bad = [({"aggregator": "nope"}, "options.aggregator"), ({"layers": 0}, "options"), ({"colour": 1}, "options"),
+    bad = [({"aggregator": "nope"}, "options.aggregator"), ({"layers": 0}, "options.layers"), ({"colour": 1}, "options.colour"),
            ({"temperatures": "hot"}, "options.temperatures")]
     for options, param in bad:
         response = httpx.post(api, headers=AUTH, json={"name": "m-bad", "type": "moa", "models": ["p-fast"], "options": options})

@@ -126,7 +126,7 @@ def test_router_policy_validation(gateway, router_files, tmp_path):
              ({"name": "r3", "type": "router", "models": ["down", "small"], "options": {"path": str(router_files["main"])}}, "models"),
              ({"name": "r4", "type": "router", "models": ["small"], "options": {"path": str(router_files["main"]),
                                                                                "cost_penalty": -1}}, "options.cost_penalty"),
-             ({"name": "r5", "type": "router", "models": ["small"], "options": {"path": str(router_files["main"]), "k": 3}}, "options"),
+             ({"name": "r5", "type": "router", "models": ["small"], "options": {"path": str(router_files["main"]), "k": 3}}, "options.k"),
              ({"name": "h1", "type": "hybrid", "models": ["small"], "options": {"path": str(router_files["main"]),
                                                                               "moa_column": "nope"}}, "options.moa_column")]
     for body, param in cases:
