@@ -53,6 +53,15 @@ def mount_extensions(app: FastAPI, settings: Settings) -> list[str]:
     return names
 
 
+def _error_page(request: Request, status_code: int, message: str):
+    """The error page an extension registered in `app.state.error_pages` for the request's path, else None (the
+    API's OpenAI error object)."""
+    for prefix, render in request.app.state.error_pages.items():
+        if request.url.path == prefix or request.url.path.startswith(prefix + "/"):
+            return render(request, status_code, message)
+    return None
+
+
 def create_app(settings: Settings | None = None, config: LinkConfig | None = None) -> FastAPI:
     """Build the gateway app; nothing starts until the ASGI server runs its lifespan.
 
@@ -74,6 +83,8 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
             await close_gateway(app.state.gateway)
 
     app = FastAPI(title="TogetherLink gateway", lifespan=lifespan)
+    # path prefix -> render(request, status_code, message): an extension's own error pages (the console's HTML)
+    app.state.error_pages = {}
     for module in (openai, policies, route, requests, traffic, keys, models, evals, traces, system):
         app.include_router(module.router)
     mount_extensions(app, settings)
@@ -87,7 +98,7 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
         errors = exc.errors()
         skip = 1 if errors and tuple(errors[0].get("loc", ()))[:1] in (("body",), ("query",), ("path",)) else 0
         message, param = describe_errors(errors, skip=skip)
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return _error_page(request, 400, message) or JSONResponse(error_body(message, param=param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -98,6 +109,7 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
             message = f"Method {request.method} is not allowed on {request.url.path}."
         else:
             message = str(exc.detail)
-        return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)
+        return (_error_page(request, exc.status_code, message)
+                or JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers))
 
     return app

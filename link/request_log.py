@@ -175,20 +175,24 @@ def _json_safe(values: dict) -> dict:
     return values
 
 
+MAX_OFFSET = 2**31 - 1   # rows to skip at most: far beyond any log, inside every database's OFFSET
+MAX_ID = 2**63 - 1       # the largest integer id a query may compare (SQLite and BIGINT columns are 64-bit)
+
+
 def query_requests(session: Session, *, limit: int = 100, offset: int = 0, api_key_id: int | None = None,
                    model: str | None = None, policy: str | None = None, status: str | None = None,
                    since: datetime | None = None, until: datetime | None = None) -> list[RequestLogPublic]:
     """Request-log rows, newest first, filtered by any of key, model, policy, status and a time range.
 
     Args:
-        limit: rows at most (1..1000); offset: rows to skip (paging).
+        limit: rows at most (1..1000); offset: rows to skip (paging; 0..MAX_OFFSET).
         since, until: UTC datetimes; rows with since <= created_at < until.
 
     Raises:
-        ValueError: a limit outside 1..1000 or a negative offset.
+        ValueError: a limit outside 1..1000 or an offset outside 0..MAX_OFFSET.
     """
-    if not 1 <= limit <= 1000 or offset < 0:
-        raise ValueError(f"limit must be in 1..1000 and offset >= 0, got limit={limit}, offset={offset}")
+    if not 1 <= limit <= 1000 or not 0 <= offset <= MAX_OFFSET:
+        raise ValueError(f"limit must be in 1..1000 and offset in 0..{MAX_OFFSET}, got limit={limit}, offset={offset}")
     query = select(RequestLog)
     for column, value in ((RequestLog.api_key_id, api_key_id), (RequestLog.model, model),
                           (RequestLog.policy, policy), (RequestLog.status, status)):

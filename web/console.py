@@ -5,12 +5,14 @@
 Every page reads and writes through the same `/api/...` endpoints scripts use (`ConsoleApi`: an in-process
 HTTP client of the app carrying the master key), so nothing is possible only in the browser; the browser's
 own calls (the "try it" stream, the report plot) reach `/api` and `/v1` with the session cookie (see
-web/session.py). Pages need an admin session (else a redirect to the login page); every POST form carries
-the session's CSRF token (else 403).
+web/session.py). Pages need a live admin session (else a redirect to the login page; logging out revokes the
+session server-side); every POST form carries the session's CSRF token (else 403). Errors under /console
+(an unknown page, an invalid parameter) are HTML pages; the API keeps its JSON errors.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -24,12 +26,14 @@ from starlette.middleware.sessions import SessionMiddleware
 
 from link.keys import is_master_key
 from link.settings import Settings
-from web.session import (CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, SESSION_MAX_AGE_S, SessionBearer, csrf_token,
-                         is_admin, is_valid_csrf, session_secret)
+from web.formatting import compact_json, format_usd, pretty_json
+from web.session import (CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, SESSION_ID, SESSION_MAX_AGE_S, SessionBearer,
+                         csrf_token, is_admin, is_valid_csrf, open_session, revoke_session, session_secret)
 
 HERE = Path(__file__).parent
 PREFIX = "/console"
 templates = Jinja2Templates(directory=HERE / "templates")  # autoescape is on for .html
+templates.env.filters.update(usd=format_usd, pretty_json=pretty_json, compact_json=compact_json)
 router = APIRouter()  # the login pages; mount_console puts every console router under PREFIX
 
 
@@ -67,9 +71,14 @@ class ConsoleApi:
         await self._client.aclose()
 
 
+def db_engine(request: Request):
+    """The gateway's database (console sessions live there)."""
+    return request.app.state.gateway.db
+
+
 async def console_api(request: Request):
-    """The API client of an admin page; raises LoginRequired without an admin session."""
-    if not is_admin(request.session):
+    """The API client of an admin page; raises LoginRequired without a live admin session."""
+    if not await is_admin(request.session, db_engine(request)):
         raise LoginRequired()
     api = ConsoleApi(request, request.app.state.gateway.settings.master_key.get_secret_value())
     try:
@@ -110,7 +119,8 @@ def api_error(response: httpx.Response) -> dict:
 
 @router.get("/", response_class=HTMLResponse)
 async def home(request: Request) -> Response:
-    return RedirectResponse(f"{PREFIX}/traffic" if is_admin(request.session) else f"{PREFIX}/login", status_code=303)
+    admin = await is_admin(request.session, db_engine(request))
+    return RedirectResponse(f"{PREFIX}/traffic" if admin else f"{PREFIX}/login", status_code=303)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -130,16 +140,30 @@ async def login(request: Request, key: Annotated[str, Form()] = "", next: Annota
     settings: Settings = request.app.state.gateway.settings
     if not is_master_key(key.strip(), settings.master_key):
         return render(request, "login.html", status_code=401, next=next, error="That is not the master key.")
+    await asyncio.to_thread(revoke_session, db_engine(request), request.session.get(SESSION_ID))
     request.session.clear()  # a new session (and CSRF token) at each login
-    request.session["admin"] = True
+    request.session[SESSION_ID] = await asyncio.to_thread(open_session, db_engine(request))
     csrf_token(request.session)
     return RedirectResponse(_safe_next(next), status_code=303)
 
 
 @router.post("/logout", dependencies=[CsrfDep])
 async def logout(request: Request) -> Response:
+    # revoked server-side: a copy of the cookie taken before no longer logs anyone in
+    await asyncio.to_thread(revoke_session, db_engine(request), request.session.get(SESSION_ID))
     request.session.clear()
     return RedirectResponse(f"{PREFIX}/login", status_code=303)
+
+
+TITLES = {400: "Invalid request", 404: "Not found", 405: "Not allowed"}
+
+
+def _error_page(request: Request, status_code: int, message: str) -> HTMLResponse:
+    """A console path's error as a page (link/app.py calls it for 404s and invalid parameters under /console)."""
+    if status_code == 404:
+        message = f"There is no console page at {request.url.path}."
+    return render(request, "error.html", status_code=status_code, section="",
+                  title=TITLES.get(status_code, f"Error {status_code}"), message=message)
 
 
 def mount_console(app: FastAPI, settings: Settings) -> None:
@@ -158,6 +182,7 @@ def mount_console(app: FastAPI, settings: Settings) -> None:
         console.include_router(module_router)
     app.include_router(console)
     app.add_api_route(PREFIX, home, methods=["GET"], include_in_schema=False)
+    app.state.error_pages[PREFIX] = _error_page  # 404s and invalid parameters under /console: HTML, not JSON
 
     @app.exception_handler(LoginRequired)
     async def _login(request: Request, exc: LoginRequired):

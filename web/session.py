@@ -1,9 +1,14 @@
 """The console's session: who is logged in, the CSRF token, and the bridge that lets a session call the API.
 
 An admin logs in with the master key (`LINK_MASTER_KEY`); the session lives in a signed cookie (Starlette's
-`SessionMiddleware`, itsdangerous): HttpOnly, SameSite=Lax, Secure in production (served over https), valid
-for `SESSION_MAX_AGE_S`. Its signing secret is derived from the master key, so every gateway replica sharing
-the key accepts the cookie and changing the key logs every session out.
+`SessionMiddleware`, itsdangerous): HttpOnly, SameSite=Lax, Secure in production (served over https). Its
+signing secret is derived from the master key, so every gateway replica sharing the key accepts the cookie and
+changing the key logs every session out.
+
+The cookie carries a random session id (`sid`) whose sha256 keys a `console_session` row (link/db/models.py):
+the session is live while that row is neither revoked (logging out revokes it, so a copy of the cookie taken
+before stops working at once) nor past its `expires_at`, `SESSION_MAX_AGE_S` after the login, which using the
+session does not extend. The row also holds a one-time flash for the next page (`push_flash`, `pop_flash`).
 
 `SessionBearer` makes a session a client of the same `/api/...` and `/v1/...` endpoints that scripts use:
 a request there without an `Authorization` header but with an admin session is let through as the master
@@ -12,15 +17,24 @@ key, after its CSRF token (header `X-CSRF-Token`) is checked on every method tha
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import secrets
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
+from sqlalchemy import Engine, delete
+from sqlmodel import Session
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from link.db.models import ConsoleSession, utcnow
+
 SESSION_COOKIE = "link_console"
-SESSION_MAX_AGE_S = 12 * 3600
+SESSION_MAX_AGE_S = 12 * 3600  # a login's absolute lifetime (the row's expires_at; the cookie's max-age too)
+SESSION_ID = "sid"
+LAST_SEEN_EVERY_S = 60  # last_seen_at is written at most this often (not on every request)
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -48,8 +62,86 @@ def is_valid_csrf(session: dict, sent: str | None) -> bool:
     return bool(expected and sent) and hmac.compare_digest(expected.encode(), sent.encode())
 
 
-def is_admin(session: dict) -> bool:
-    return session.get("admin") is True
+def _row_id(sid: str) -> str:
+    return hashlib.sha256(sid.encode()).hexdigest()
+
+
+def open_session(engine: Engine) -> str:
+    """Store a new console session (live for SESSION_MAX_AGE_S) and return its random id, for the cookie. Rows that
+    ended over a day ago are deleted on the way."""
+    sid, now = secrets.token_urlsafe(32), utcnow()
+    with Session(engine) as db:
+        db.exec(delete(ConsoleSession).where(ConsoleSession.expires_at < now - timedelta(days=1)))
+        db.add(ConsoleSession(id=_row_id(sid), created_at=now, last_seen_at=now,
+                              expires_at=now + timedelta(seconds=SESSION_MAX_AGE_S)))
+        db.commit()
+    return sid
+
+
+def _live_row(db: Session, sid: Any) -> ConsoleSession | None:
+    if not isinstance(sid, str) or not sid:
+        return None
+    row = db.get(ConsoleSession, _row_id(sid))
+    now = utcnow()
+    if row is None or row.revoked_at is not None or _aware(row.expires_at) <= now:
+        return None
+    return row
+
+
+def _aware(value: datetime) -> datetime:
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value  # SQLite hands back naive UTC
+
+
+def is_live(engine: Engine, sid: Any) -> bool:
+    """True while the session `sid` is neither revoked nor expired (notes when it was last seen)."""
+    with Session(engine) as db:
+        row = _live_row(db, sid)
+        if row is None:
+            return False
+        now = utcnow()
+        if (now - _aware(row.last_seen_at)).total_seconds() >= LAST_SEEN_EVERY_S:
+            row.last_seen_at = now
+            db.add(row)
+            db.commit()
+        return True
+
+
+def revoke_session(engine: Engine, sid: Any) -> None:
+    """End the session `sid` for good (logout); its pending flash goes with it."""
+    with Session(engine) as db:
+        row = _live_row(db, sid)
+        if row is not None:
+            row.revoked_at, row.flash = utcnow(), None
+            db.add(row)
+            db.commit()
+
+
+def push_flash(engine: Engine, sid: Any, flash: dict[str, Any]) -> None:
+    """Keep `flash` for the session's next page (Post/Redirect/Get: a created key's plaintext, shown once)."""
+    with Session(engine) as db:
+        row = _live_row(db, sid)
+        if row is not None:
+            row.flash = flash
+            db.add(row)
+            db.commit()
+
+
+def pop_flash(engine: Engine, sid: Any) -> dict[str, Any] | None:
+    """The session's pending flash, removed as it is read (a reload shows nothing)."""
+    with Session(engine) as db:
+        row = _live_row(db, sid)
+        if row is None or row.flash is None:
+            return None
+        flash, row.flash = row.flash, None
+        db.add(row)
+        db.commit()
+        return flash
+
+
+async def is_admin(session: dict, engine: Engine) -> bool:
+    """True when the cookie's session is a live admin login (a database read, in a worker thread)."""
+    sid = session.get(SESSION_ID)
+    return isinstance(sid, str) and await asyncio.to_thread(is_live, engine, sid)
 
 
 class SessionBearer:
@@ -69,8 +161,10 @@ class SessionBearer:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         session = scope.get("session") or {}
-        if b"authorization" in headers or not is_admin(session):
+        if b"authorization" in headers or SESSION_ID not in session:
             return await self.app(scope, receive, send)
+        if not await is_admin(session, scope["app"].state.gateway.db):
+            return await self.app(scope, receive, send)  # a revoked or expired session: no key, as without one
         if scope["method"] not in SAFE_METHODS:
             sent = headers.get(CSRF_HEADER.encode(), b"").decode("latin-1")
             if not is_valid_csrf(session, sent):

@@ -13,6 +13,7 @@ floats in USD appear only at the API boundary. Times are UTC.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Annotated, Any
 from uuid import uuid4
@@ -22,6 +23,10 @@ from sqlalchemy import JSON, BigInteger, Column, DateTime, Text
 from sqlmodel import Field, SQLModel
 
 NANO_PER_USD = 1_000_000_000
+# Bounds of API inputs that reach integer columns: a 32-bit INTEGER (PostgreSQL's; SQLite's are 64-bit) for the
+# limits, and nano-dollars of a budget well inside BIGINT (1e9 USD = 1e18 nUSD < 2**63).
+MAX_INT32 = 2**31 - 1
+MAX_BUDGET_USD = 1e9
 REQUEST_STATUSES = ("ok", "error", "timeout", "client_disconnected", "rate_limited", "budget_exceeded",
                     "unauthorized", "invalid_request")
 
@@ -37,6 +42,18 @@ def usd_to_nano(usd: float) -> int:
 
 def nano_to_usd(nano: int | None) -> float | None:
     return None if nano is None else nano / NANO_PER_USD
+
+
+def json_compliant(value: Any) -> Any:
+    """`value` with every non-finite float (nested in lists and dicts) replaced by its name ("NaN", "Infinity",
+    "-Infinity"), as strict JSON requires."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_compliant(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_compliant(v) for v in value]
+    return value
 
 
 def _as_utc(value: datetime) -> datetime:
@@ -58,21 +75,22 @@ def _time_column(nullable: bool = False, index: bool = False) -> Any:
 
 class ApiKeyBase(SQLModel):
     name: str = Field(min_length=1, max_length=128, index=True)
-    rpm_limit: int | None = Field(default=None, ge=1, description="requests per minute; None = unlimited")
-    tpm_limit: int | None = Field(default=None, ge=1, description="tokens per minute; None = unlimited")
+    rpm_limit: int | None = Field(default=None, ge=1, le=MAX_INT32, description="requests per minute; None = unlimited")
+    tpm_limit: int | None = Field(default=None, ge=1, le=MAX_INT32, description="tokens per minute; None = unlimited")
     capture_traces: bool = Field(default=False, description="record this key's requests with `tools` as tool-call "
                                  "traces (table tool_trace, GET /api/traces)")
 
 
 class ApiKeyCreate(ApiKeyBase):
-    budget_usd: float | None = Field(default=None, ge=0, description="USD; None = no budget")
+    # ge/le also refuse NaN and Infinity (no comparison holds for NaN)
+    budget_usd: float | None = Field(default=None, ge=0, le=MAX_BUDGET_USD, description="USD; None = no budget")
 
 
 class ApiKeyUpdate(SQLModel):
     name: str | None = Field(default=None, min_length=1, max_length=128)
-    rpm_limit: int | None = Field(default=None, ge=1)
-    tpm_limit: int | None = Field(default=None, ge=1)
-    budget_usd: float | None = Field(default=None, ge=0)
+    rpm_limit: int | None = Field(default=None, ge=1, le=MAX_INT32)
+    tpm_limit: int | None = Field(default=None, ge=1, le=MAX_INT32)
+    budget_usd: float | None = Field(default=None, ge=0, le=MAX_BUDGET_USD)
     capture_traces: bool | None = None
 
 
@@ -142,6 +160,13 @@ class PolicyPublic(PolicyBase):
     id: int
     created_at: UTCDateTime
     updated_at: UTCDateTime
+
+    @field_validator("options")
+    @classmethod
+    def _json_compliant(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # A row stored before options were checked may hold NaN or Infinity, which JSON cannot carry: shown as
+        # the strings "NaN", "Infinity", so the API still lists it (and the check refuses it until fixed).
+        return json_compliant(value)
 
 
 # --- models -------------------------------------------------------------------------------------
@@ -260,6 +285,25 @@ class ToolTrace(SQLModel, table=True):
     tools: list[dict[str, Any]] = Field(sa_type=JSON, description="the request's tools (OpenAI format)")
     response: dict[str, Any] = Field(sa_type=JSON, description="the assistant message of the answer")
     finish_reason: str | None = Field(default=None, max_length=32)
+
+
+# --- console sessions ---------------------------------------------------------------------------
+
+
+class ConsoleSession(SQLModel, table=True):
+    """One login to the console (web/session.py). The signed cookie carries a random session id; the row, keyed by
+    its sha256, makes the session revocable: logging out sets `revoked_at`, and `expires_at` (the login time plus
+    the session lifetime) ends it whatever the cookie says. `flash` holds a one-time message for the next page
+    (a key's plaintext after it was created), removed when that page reads it."""
+
+    __tablename__ = "console_session"
+
+    id: str = Field(primary_key=True, max_length=64, description="sha256 hex of the cookie's session id")
+    created_at: datetime = _time_column()
+    last_seen_at: datetime = _time_column()
+    expires_at: datetime = Field(sa_type=DateTime(timezone=True), nullable=False, index=True)
+    revoked_at: datetime | None = _time_column(nullable=True)
+    flash: dict[str, Any] | None = Field(default=None, sa_type=JSON, nullable=True)
 
 
 # --- rate-limit counters (internal; Redis holds them instead when configured) ---------------------

@@ -13,14 +13,18 @@ The same operations as `link keys create|list|revoke`; errors are OpenAI error o
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
 
 from link.db.models import ApiKeyCreate, ApiKeyPublic, ApiKeyUpdate
 from link.deps import AdminDep, SessionDep
 from link.keys import KeyNotFound, create_key, get_key, list_keys, revoke_key, update_key
+from link.request_log import MAX_ID
 from link.schemas import OpenAIError, parse_body
 
 router = APIRouter(prefix="/api/keys", tags=["keys"])
+KeyId = Annotated[int, Path(ge=1, le=MAX_ID, description="the key's id")]  # beyond 64 bits no query can run
 
 
 class ApiKeyCreated(ApiKeyPublic):
@@ -52,7 +56,7 @@ def list_all(session: SessionDep, _: AdminDep, include_revoked: bool = True):
 
 
 @router.get("/{key_id}", response_model=ApiKeyPublic)
-def one(key_id: int, session: SessionDep, _: AdminDep):
+def one(key_id: KeyId, session: SessionDep, _: AdminDep):
     try:
         return get_key(session, key_id)
     except KeyNotFound as exc:
@@ -60,7 +64,7 @@ def one(key_id: int, session: SessionDep, _: AdminDep):
 
 
 @router.patch("/{key_id}", response_model=ApiKeyPublic, openapi_extra=_json_body(ApiKeyUpdate))
-async def update(key_id: int, request: Request, session: SessionDep, _: AdminDep):
+async def update(key_id: KeyId, request: Request, session: SessionDep, _: AdminDep):
     changes = parse_body(await request.body(), ApiKeyUpdate, "an API key")
     try:
         return update_key(session, key_id, changes)
@@ -71,7 +75,7 @@ async def update(key_id: int, request: Request, session: SessionDep, _: AdminDep
 
 
 @router.delete("/{key_id}", response_model=ApiKeyPublic)
-def revoke(key_id: int, session: SessionDep, _: AdminDep):
+def revoke(key_id: KeyId, session: SessionDep, _: AdminDep):
     try:
         return revoke_key(session, key_id)
     except KeyNotFound as exc:

@@ -12,6 +12,7 @@ from datetime import datetime
 from fastapi import APIRouter, Query
 
 from link.deps import AdminDep, SessionDep
+from link.request_log import MAX_ID
 from link.schemas import OpenAIError
 from link.traffic import MAX_BUCKETS, traffic_stats
 
@@ -20,7 +21,7 @@ router = APIRouter(prefix="/api/traffic", tags=["requests"])
 
 @router.get("")
 def traffic(session: SessionDep, _: AdminDep, since: datetime | None = None, until: datetime | None = None,
-            model: str | None = None, policy: str | None = None, api_key_id: int | None = None,
+            model: str | None = None, policy: str | None = None, api_key_id: int | None = Query(None, ge=0, le=MAX_ID),
             buckets: int = Query(24, ge=1, le=MAX_BUCKETS)) -> dict:
     try:
         return traffic_stats(session, since=since, until=until, model=model, policy=policy, api_key_id=api_key_id,

@@ -6,6 +6,11 @@ to the console, and Chromium driven by Playwright.
 
 Chromium is the system one (`/usr/bin/chromium`, Debian's package; `.ci/run` installs it): without it the
 browser tests skip, except under CI (`CI=true`), where they fail.
+
+Screenshots (the `screenshot` fixture, full pages at 1280x800) go to `$LINK_SCREENSHOT_DIR` when it is set, else to
+`console-shots/` under the session's pytest temporary folder (printed by `pytest -v`; never inside the repository):
+
+    LINK_SCREENSHOT_DIR=/tmp/shots .venv/bin/python -m pytest -q tests/web/test_browser.py
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ CHROMIUM = os.environ.get("LINK_TEST_CHROMIUM", "/usr/bin/chromium")
 LOCAL_MODEL = "smollm2-135m-instruct"
 # Prices of the mock models (USD per million tokens): the Traffic test recomputes costs from them.
 MOCK_PRICES = {"input_cost_per_million": 1000.0, "output_cost_per_million": 2000.0}
-SCREENSHOTS = Path(os.environ.get("LINK_CONSOLE_SHOTS", "/work/console-shots"))
+SCREENSHOT_DIR_ENV = "LINK_SCREENSHOT_DIR"
 
 
 @pytest.fixture(scope="session")
@@ -122,9 +127,21 @@ def browser_login(page) -> None:
     page.wait_for_url("**/console/traffic")
 
 
-def screenshot(page, name: str) -> Path:
-    """Save a full-page screenshot under SCREENSHOTS (an ignored folder outside the repository)."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
+@pytest.fixture(scope="session")
+def screenshot_dir(tmp_path_factory) -> Path:
+    """Where screenshots go: $LINK_SCREENSHOT_DIR, else <pytest's session temporary folder>/console-shots."""
+    configured = os.environ.get(SCREENSHOT_DIR_ENV)
+    folder = Path(configured) if configured else tmp_path_factory.getbasetemp() / "console-shots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def screenshot(screenshot_dir):
+    """screenshot(page, name) saves a full-page PNG `<name>.png` in `screenshot_dir` and returns its path."""
+    def save(page, name: str) -> Path:
+        path = screenshot_dir / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return save

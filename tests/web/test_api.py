@@ -162,5 +162,93 @@ def test_openapi_documents_the_console_endpoints(api):
         assert path in paths, path
     assert not any(p.startswith("/console") for p in paths)
     create = paths["/api/keys"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert set(create["properties"]) == {"name", "budget_usd", "rpm_limit", "tpm_limit"} and create["required"] == ["name"]
+    assert set(create["properties"]) == {"name", "budget_usd", "rpm_limit", "tpm_limit", "capture_traces"}
+    assert create["required"] == ["name"] and create["properties"]["rpm_limit"]["anyOf"][0]["maximum"] == 2**31 - 1
     assert "budget_usd" in paths["/api/keys/{key_id}"]["patch"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+
+
+@pytest.mark.parametrize("raw,param", [
+    (b'{"name": "x", "budget_usd": 1e309}', "budget_usd"),          # json.loads reads inf: refused
+    (b'{"name": "x", "budget_usd": NaN}', "budget_usd"),
+    (b'{"name": "x", "budget_usd": 1e10}', "budget_usd"),           # finite but beyond MAX_BUDGET_USD
+    (b'{"name": "x", "rpm_limit": 10000000000000000000000000000000000000000}', "rpm_limit"),
+    (b'{"name": "x", "tpm_limit": 2147483648}', "tpm_limit")])
+def test_key_numbers_out_of_range_name_the_field(api, raw, param):
+    response = api.post("/api/keys", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_key_budget_update_out_of_range_names_the_field(api):
+    key = api.post("/api/keys", json={"name": "patch-range"}).json()
+    response = api.patch(f"/api/keys/{key['id']}", content=b'{"budget_usd": Infinity}',
+                         headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "budget_usd"
+    assert api.get(f"/api/keys/{2**64}").status_code == 400  # beyond any id: refused, not a database overflow
+
+
+@pytest.mark.parametrize("params,param", [({"offset": "99999999999999999999"}, "offset"),
+                                          ({"api_key_id": "99999999999999999999"}, "api_key_id")])
+def test_request_log_bounds_its_query(api, params, param):
+    response = api.get("/api/requests", params=params)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+    assert api.get("/api/requests", params={"offset": 2**31 - 1}).json() == []
+    assert api.get("/api/traffic", params={"api_key_id": "99999999999999999999"}).status_code == 400
+
+
+@pytest.mark.parametrize("options,param,message", [
+    ({"layers": 1e308}, "options.layers", "options.layers must be a whole number in [1, 4], got 1e+308"),
+    ({"layers": 10**30}, "options.layers", f"options.layers must be a whole number in [1, 4], got {10**30}"),
+    ({"layers": 5}, "options.layers", "options.layers must be a whole number in [1, 4], got 5"),
+    ({"layers": True}, "options.layers", "options.layers must be a whole number in [1, 4], got True"),
+    ({"deadline_s": 0}, "options.deadline_s", "options.deadline_s must be a number in (0, 3600], got 0"),
+    ({"temperatures": [0.5, 3]}, "options.temperatures[1]", "options.temperatures[1] must be a number in [0, 2], got 3"),
+    ({"proposers": [{"model": "m1", "temp": 1}]}, "options.proposers[0].temp",
+     "unknown field 'temp' of options.proposers[0]; its fields: model, temperature"),
+    ({"min_proposals": 3}, "options.min_proposals", "options.min_proposals must be a whole number in [1, 2], got 3"),
+    ({"colour": 1}, "options.colour", "unknown option 'colour' of a 'moa' policy; its options: aggregator, temperatures, "
+     "proposers, layers, deadline_s, proposer_max_tokens, min_proposals, capture_traces")])
+def test_moa_options_are_checked_strictly(api, options, param, message):
+    body = {"name": "strict-moa", "type": "moa", "models": ["m1", "m2"], "options": options}
+    response = api.post("/api/policies", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param and response.json()["error"]["message"] == message
+    assert api.get("/v1/models").status_code == 200
+
+
+def test_policy_options_refuse_nan_in_the_body(api):
+    raw = b'{"name": "nan-moa", "type": "moa", "models": ["m1"], "options": {"deadline_s": NaN}}'
+    response = api.post("/api/policies", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "options.deadline_s"
+    assert api.get("/api/policies/nan-moa").status_code == 404
+
+
+def test_a_bad_stored_policy_breaks_no_page(api, admin, console_gateway):
+    """Rows stored before options were checked (an absurd `layers`, a NaN) are logged and left out of /v1/models,
+    listed as not served by /api/policies and the console, and can still be deleted."""
+    from sqlmodel import Session
+
+    from link.db.models import PolicyRow
+
+    bad = {"old-huge-moa": {"layers": 1e308}, "old-nan-moa": {"aggregator": "m1", "deadline_s": float("nan")}}
+    with Session(console_gateway.state.db) as session:
+        session.add_all([PolicyRow(name=name, type="moa", models=["m1", "m2"], options=options) for name, options in bad.items()])
+        session.commit()
+    try:
+        console_gateway.state.policies.reload()
+        assert set(console_gateway.state.policies.invalid) >= set(bad)
+        models = api.get("/v1/models")
+        assert models.status_code == 200 and not set(bad) & {m["id"] for m in models.json()["data"]}
+        listed = api.get("/api/policies")
+        assert listed.status_code == 200
+        rows = {p["name"]: p for p in listed.json()["data"]}
+        assert rows["old-huge-moa"]["invalid"].startswith("options.layers must be a whole number in [1, 4]")
+        assert rows["old-nan-moa"]["options"]["deadline_s"] == "NaN" and "options.deadline_s" in rows["old-nan-moa"]["invalid"]
+        assert "invalid" not in rows["from-config"]
+        for path in ("/console/policies", "/console/traffic", "/console/policies/new", "/console/policies/try",
+                     "/console/policies/edit?name=old-nan-moa"):
+            assert admin.get(path).status_code == 200, path
+        assert admin.get("/console/policies").text.count(">not served</span>") == 2
+    finally:
+        for name in bad:
+            assert api.delete(f"/api/policies/{name}").status_code == 204

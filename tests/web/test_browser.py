@@ -1,6 +1,7 @@
 """The console in real Chromium against a gateway on loopback: log in, policies (create, edit, a validation
 error, delete), "try it" with the local SmolLM2, Traffic totals for 20 requests, an eval report's plot, keys,
-models. Each test saves screenshots (1280x800) under LINK_CONSOLE_SHOTS (default /work/console-shots)."""
+models, the Traffic filters, no page wider than the window. Each test saves screenshots (1280x800) with the
+`screenshot` fixture (tests/web/conftest.py: $LINK_SCREENSHOT_DIR, else pytest's temporary folder)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import httpx
 import pytest
 
 from tests.link.gateway_launch import MASTER_KEY
-from tests.web.conftest import LOCAL_MODEL, MOCK_PRICES, browser_login, screenshot
+from tests.web.conftest import LOCAL_MODEL, MOCK_PRICES, browser_login
+from web.formatting import format_usd
 
 pytestmark = pytest.mark.browser
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
@@ -22,7 +24,7 @@ def api(gateway, method: str, path: str, **kwargs) -> httpx.Response:
     return httpx.request(method, gateway.url + path, headers=AUTH, timeout=60, **kwargs)
 
 
-def test_login_redirect_and_logout(page):
+def test_login_redirect_and_logout(page, screenshot):
     page.goto("/console/policies")
     assert "/console/login?next=/console/policies" in page.url
     screenshot(page, "01-login")
@@ -38,19 +40,20 @@ def test_login_redirect_and_logout(page):
     assert "/console/login" in page.url
 
 
-def test_policy_create_edit_invalid_delete(page, console_gateway):
+def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     browser_login(page)
     page.click("nav >> text=Policies")
     page.click("text=New policy")
     page.fill("#name", "browser-policy")
     page.fill("#type", "fallback")
     page.fill("#models", "m1, m2")
-    page.fill("#options", '{"note": "from the browser"}')
+    page.fill("#options", '{"capture_traces": true}')
     page.click("button:has-text('Create')")
     page.wait_for_url("**/console/policies")
     row = page.locator("tr[data-policy='browser-policy']")
     assert row.locator("td").nth(2).inner_text() == "m1, m2"
-    assert api(console_gateway, "GET", "/api/policies/browser-policy").json()["options"] == {"note": "from the browser"}
+    assert api(console_gateway, "GET", "/api/policies/browser-policy").json()["options"] == {"capture_traces": True}
+    assert page.locator("tr[data-policy='browser-policy'] td code").inner_text() == '{"capture_traces": true}'
 
     row.locator("text=Edit").click()
     assert page.input_value("#models") == "m1, m2"
@@ -70,6 +73,18 @@ def test_policy_create_edit_invalid_delete(page, console_gateway):
     page.fill("#options", "{not json")
     page.click("button:has-text('Save')")
     assert "options must be JSON" in page.locator("#options-error").inner_text()
+    page.fill("#type", "fallback")
+    page.fill("#options", '{"colour": 1}')  # an option the type does not have: named, with the allowed ones
+    page.click("button:has-text('Save')")
+    assert page.locator("#options-error").inner_text() == ("unknown option 'colour' of a 'fallback' policy; "
+                                                          "its options: capture_traces")
+    page.fill("#options", '{"capture_traces": NaN}')  # json.loads would read it; JSON has no NaN
+    page.click("button:has-text('Save')")
+    assert "NaN is not a JSON number" in page.locator("#options-error").inner_text()
+    page.fill("#options", "")
+    page.fill("#name", "tab\tname")
+    page.click("button:has-text('Save')")
+    assert "control characters" in page.locator("#name-error").inner_text()
     assert api(console_gateway, "GET", "/api/policies/browser-policy").json()["models"] == ["m2", "m1"]
 
     page.goto("/console/policies")
@@ -80,17 +95,22 @@ def test_policy_create_edit_invalid_delete(page, console_gateway):
     assert api(console_gateway, "GET", "/api/policies/browser-policy").status_code == 404
 
 
-def test_try_it_with_the_local_model(page, console_gateway):
+def test_try_it_with_the_local_model(page, console_gateway, screenshot):
     browser_login(page)
     page.goto(f"/console/policies/try?policy={LOCAL_MODEL}")
     page.fill("#try-prompt", "What is the capital of France?")
     page.fill("#try-max-tokens", "8")
-    page.click("#try-run")
-    page.wait_for_function("document.getElementById('try-status').textContent.startsWith('Done')", timeout=240_000)
-    answer = page.locator("#try-answer").inner_text()
-    assert answer.strip()
+    assert page.input_value("#try-temperature") == "0"  # deterministic by default
+    answers = []
+    for _ in range(2):  # temperature 0: greedy, the same answer twice
+        page.click("#try-run")
+        page.wait_for_function("document.getElementById('try-status').textContent.startsWith('Done')", timeout=240_000)
+        answers.append(page.locator("#try-answer").inner_text())
+    assert answers[0].strip() and answers[0] == answers[1]
     assert page.locator("#try-chosen").inner_text() == LOCAL_MODEL
-    assert page.locator("#try-scores tbody tr td").first.inner_text() == LOCAL_MODEL
+    assert page.locator("#try-scores").is_hidden()  # a fixed policy predicts nothing: said in words, not dashes
+    assert page.locator("#try-note").inner_text() == ("fixed policy: no prediction; it always sends the request to "
+                                                      "its one model.")
     screenshot(page, "04-try-it")
     request_id = page.locator("#try-status").inner_text().split("request ")[1].rstrip(").")
     console_gateway.flush_log()
@@ -98,10 +118,11 @@ def test_try_it_with_the_local_model(page, console_gateway):
     assert row["model"] == LOCAL_MODEL and row["stream"] is True and 1 <= row["completion_tokens"] <= 8
     usage = page.locator("#try-usage").inner_text()  # the latency is rounded by the page: not compared exactly
     assert usage.startswith(f"{row['prompt_tokens']} prompt + {row['completion_tokens']} completion tokens · "
-                            f"${row['cost_usd']:.6f} · ") and usage.endswith(" ms")
+                            f"{format_usd(row['cost_usd'])} · ") and usage.endswith(" ms")
+    assert row["decision"]["type"] == "fixed"
 
 
-def test_try_it_shows_the_routers_decision(page):
+def test_try_it_shows_the_routers_decision(page, screenshot):
     """The test router's table (router_fakes): for a "math" prompt small 0.2, big 0.9; expected costs 0.001 and
     0.01 USD; at lambda 20, big's objective 0.9 - 0.2 beats small's 0.2 - 0.02."""
     browser_login(page)
@@ -110,11 +131,12 @@ def test_try_it_shows_the_routers_decision(page):
     page.click("#try-run")
     page.wait_for_function("document.getElementById('try-status').textContent.startsWith('Done')")
     rows = [[c.inner_text() for c in r.locator("td").all()] for r in page.locator("#try-scores tbody tr").all()]
-    assert rows == [["small", "0.2000", "0.00100", ""], ["big", "0.9000", "0.0100", "chosen"]]
+    assert rows == [["small", "0.2000", "$0.001", ""], ["big", "0.9000", "$0.01", "chosen"]]
+    assert page.locator("#try-note").is_hidden()
     assert page.locator("#try-chosen").inner_text() == "big"
     assert page.locator("#try-answer").inner_text() == "You said: a math question"
     # the mock counts one token per word: 3 prompt + 5 completion tokens at the mock prices
-    assert page.locator("#try-usage").inner_text().startswith("3 prompt + 5 completion tokens · $0.013000 · ")
+    assert page.locator("#try-usage").inner_text().startswith("3 prompt + 5 completion tokens · $0.013 · ")
     screenshot(page, "04b-try-it-router")
 
 
@@ -130,9 +152,11 @@ def test_try_it_shows_a_script_prompt_as_text(page):
     assert page.locator("#try-answer script, #try-answer img").count() == 0
     assert page.evaluate("window.pwned") is None
     assert page.locator("#try-chosen").inner_text() == "m1"
+    assert page.locator("#try-note").inner_text() == ("fallback policy: no prediction; its models are tried in order, "
+                                                      "the next only when one fails before answering.")
 
 
-def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
+def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway, screenshot):
     key = api(console_gateway, "POST", "/api/keys", json={"name": "traffic-browser"}).json()
     before = datetime.now(timezone.utc)
     usages = []
@@ -156,7 +180,7 @@ def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
     assert total("requests") == "20"
     assert total("prompt_tokens") == f"{prompt:,}"
     assert total("completion_tokens") == f"{completion:,}"
-    assert total("cost_usd") == f"${cost:.6f}"
+    assert total("cost_usd") == format_usd(cost)
     assert total("errors") == "0"
     shares = {r.locator("td").nth(0).inner_text(): int(r.locator("td").nth(1).inner_text())
               for r in page.locator("#share-model tbody tr").all()}
@@ -174,7 +198,7 @@ def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
     assert total("requests") == "20" and total("prompt_tokens") == f"{prompt:,}"
     page.goto(f"/console/traffic?key={key['id']}&since={before - timedelta(minutes=9):{minute}}"
               f"&until={before - timedelta(minutes=2):{minute}}")
-    assert total("requests") == "0" and total("cost_usd") == "$0.000000"
+    assert total("requests") == "0" and total("cost_usd") == "$0"
     page.goto(f"/console/traffic?range=15m&key={key['id']}")
 
     page.locator("#request-log tbody tr a").first.click()  # the newest request
@@ -186,7 +210,7 @@ def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway):
     screenshot(page, "06-request")
 
 
-def test_request_page_shows_the_moa_proposers_escaped(page, console_gateway):
+def test_request_page_shows_the_moa_proposers_escaped(page, console_gateway, screenshot):
     evil = "<script>window.pwned = 1</script>"
     response = api(console_gateway, "POST", "/v1/chat/completions",
                    json={"model": "mixture", "messages": [{"role": "user", "content": evil}]})
@@ -204,7 +228,7 @@ def test_request_page_shows_the_moa_proposers_escaped(page, console_gateway):
     assert page.evaluate("window.pwned") is None
     assert "aggregator: m2" in page.locator("#proposers-aggregator").inner_text()
     facts = "\n".join(page.locator("dl.facts").all_inner_texts())
-    assert f"prompt tokens\n{row['prompt_tokens']}" in facts and f"cost\n${row['cost_usd']:.6f}" in facts
+    assert f"prompt tokens\n{row['prompt_tokens']}" in facts and f"cost\n{format_usd(row['cost_usd'])}" in facts
     calls = [[c.inner_text() for c in r.locator("td").all()] for r in page.locator("#calls tbody tr").all()]
     assert [c[0] for c in calls] == [c["model"] for c in row["decision"]["calls"]]
     assert sum(int(c[2]) for c in calls) == row["prompt_tokens"]  # every call is billed to the request
@@ -216,7 +240,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-def test_eval_report_plot_and_compare(page, console_gateway, tmp_path):
+def test_eval_report_plot_and_compare(page, console_gateway, tmp_path, screenshot):
     from evals.cache import EvalStore
     from evals.plot import quality_cost_figure, save_png
 
@@ -253,40 +277,53 @@ def test_eval_report_plot_and_compare(page, console_gateway, tmp_path):
     assert page.evaluate("[document.getElementById('report-plot').naturalWidth, "
                          "document.getElementById('report-plot').naturalHeight]") == list(_png_size(png))
     assert page.locator("#report-table tbody tr").count() == 2
+    assert fits_the_window(page)
     screenshot(page, "08-report")
 
     page.goto("/console/evals/compare?a=run-a&b=run-b")
     rows = {r.locator("td").nth(1).inner_text(): r.locator("td").nth(4).inner_text()
             for r in page.locator("#compare tbody tr").all()}
-    assert rows["score"] == "+0.15"
+    assert rows["score"] == "+0.15" and rows["cost_usd"] == "$0"  # both runs cost $0.02
+    assert fits_the_window(page)
     screenshot(page, "09-compare")
 
 
-def test_keys_create_shown_once_and_revoke(page, console_gateway):
+def test_keys_create_shown_once_and_revoke(page, console_gateway, screenshot):
     browser_login(page)
     page.goto("/console/keys")
     page.fill("#key-name", "console-key")
     page.fill("#key-budget", "abc")
     page.click("button:has-text('Create')")
     assert "budget_usd must be a number" in page.locator(".field.invalid .field-error").inner_text()
+    for bad in ("nan", "inf", "1e309"):  # not finite: a field error, never a 500
+        page.fill("#key-budget", bad)
+        page.click("button:has-text('Create')")
+        assert page.locator(".field.invalid .field-error").inner_text() == f"budget_usd must be a finite number, got '{bad}'"
     page.fill("#key-budget", "12.5")
+    page.fill("#key-rpm", str(10**40))  # beyond the column: the API's range error, beside the field
+    page.click("button:has-text('Create')")
+    assert "less than or equal to 2147483647" in page.locator(".field.invalid #key-rpm ~ .field-error").inner_text()
     page.fill("#key-rpm", "60")
     page.click("button:has-text('Create')")
+    page.wait_for_url("**/console/keys")  # Post/Redirect/Get: the page shown is a GET
     plaintext = page.locator("#created-key pre").inner_text()
     assert plaintext.startswith("sk-link-")
     key_id = int(page.locator("#created-key h2").inner_text().split()[1])
+    named = lambda: [k for k in api(console_gateway, "GET", "/api/keys").json() if k["name"] == "console-key"]  # noqa: E731
+    assert [k["id"] for k in named()] == [key_id]
     row = page.locator(f"tr[data-key-id='{key_id}']")
     assert row.locator("input[name=budget_usd]").input_value() == "12.50" and row.locator("td").nth(7).inner_text() == "60"
     chat = httpx.post(console_gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {plaintext}"},
                       json={"model": "m1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
     assert chat.status_code == 200
     screenshot(page, "10-keys")
-    page.goto("/console/keys")
-    assert plaintext not in page.content()  # shown once
+    page.reload()  # a reload neither creates another key nor shows this one again
+    assert plaintext not in page.content() and page.locator("#created-key").count() == 0
+    assert [k["id"] for k in named()] == [key_id]
     usage = chat.json()["usage"]
     spend = (usage["prompt_tokens"] * MOCK_PRICES["input_cost_per_million"]
              + usage["completion_tokens"] * MOCK_PRICES["output_cost_per_million"]) / 1e6
-    assert page.locator(f"tr[data-key-id='{key_id}'] td").nth(5).inner_text() == f"${spend:.6f}"
+    assert page.locator(f"tr[data-key-id='{key_id}'] td").nth(5).inner_text() == format_usd(spend)
     budget = page.locator(f"tr[data-key-id='{key_id}'] input[name=budget_usd]")
     budget.fill("3")
     budget.press("Enter")
@@ -299,7 +336,7 @@ def test_keys_create_shown_once_and_revoke(page, console_gateway):
     assert api(console_gateway, "GET", f"/api/keys/{key_id}").json()["revoked_at"] is not None
 
 
-def test_models_page(page, console_gateway):
+def test_models_page(page, console_gateway, screenshot):
     # the local model loaded (by this request, or by "try it" before), so its engine numbers show
     chat = api(console_gateway, "POST", "/v1/chat/completions",
                json={"model": LOCAL_MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
@@ -323,3 +360,73 @@ def test_models_page(page, console_gateway):
         pass
     assert refresh.value.status == 200 and page.locator("tr[data-model='m1']").count() == 1
     screenshot(page, "11-models")
+
+
+def fits_the_window(page) -> bool:
+    """True when nothing makes the page scroll sideways at the 1280 px window."""
+    return page.evaluate("document.documentElement.scrollWidth") <= 1280
+
+
+def test_traffic_policy_filter_lists_policies_and_keeps_the_choice(page, console_gateway, screenshot):
+    key = api(console_gateway, "POST", "/api/keys", json={"name": "filter-browser"}).json()
+    for model in ("from-config", "m2", "from-config"):
+        response = httpx.post(console_gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {key['key']}"},
+                              json={"model": model, "messages": [{"role": "user", "content": "filter me"}]})
+        assert response.status_code == 200, response.text
+    console_gateway.flush_log()
+    browser_login(page)
+    page.goto(f"/console/traffic?range=15m&key={key['id']}")
+    listed = page.locator("#filter-policy optgroup[label=policies] option").all_inner_texts()
+    assert {"from-config", "routed", "mixture"} <= set(listed) and "m1" not in listed
+    page.select_option("#filter-policy", "from-config")
+    page.click("button:has-text('Apply')")
+    page.wait_for_url("**policy=from-config**")
+    assert page.input_value("#filter-policy") == "from-config"  # still selected after Apply
+    assert page.input_value("#filter-key") == str(key["id"])
+    assert page.locator("[data-total=requests]").inner_text() == "2"
+    assert [r.locator("td").nth(1).inner_text() for r in page.locator("#request-log tbody tr").all()] == ["from-config"] * 2
+    screenshot(page, "05b-traffic-filtered")
+
+
+def test_no_page_is_wider_than_the_window(page, console_gateway, screenshot):
+    """At 1280x800 no page scrolls sideways, also with a 100-character policy name in every table and filter."""
+    long_name = "a-policy-with-a-very-long-name-" + "x" * 69
+    assert len(long_name) == 100
+    created = api(console_gateway, "POST", "/api/policies", json={"name": long_name, "type": "fallback", "models": ["m1", "m2"]})
+    assert created.status_code == 201, created.text
+    try:
+        answered = api(console_gateway, "POST", "/v1/chat/completions",
+                       json={"model": long_name, "messages": [{"role": "user", "content": "wide"}]})
+        assert answered.status_code == 200, answered.text
+        request_id = answered.headers["x-link-request-id"]
+        console_gateway.flush_log()
+        page.goto("/console/login")
+        assert fits_the_window(page)
+        browser_login(page)
+        pages = {"traffic": "/console/traffic?range=15m", "traffic-long-policy": f"/console/traffic?range=15m&policy={long_name}",
+                 "policies": "/console/policies", "policy-new": "/console/policies/new",
+                 "policy-edit": f"/console/policies/edit?name={long_name}", "try": f"/console/policies/try?policy={long_name}",
+                 "models": "/console/models", "evals": "/console/evals", "keys": "/console/keys",
+                 "request": f"/console/requests/{request_id}", "not-found": "/console/no-such-page"}
+        for name, path in pages.items():
+            page.goto(path)
+            page.wait_for_load_state("networkidle")
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 1280, f"{path} is {width} px wide"
+            screenshot(page, f"12-fit-{name}")
+        page.goto(f"/console/traffic?range=15m&policy={long_name}")
+        cell = page.locator("#share-policy tbody tr td.name").first
+        assert cell.get_attribute("title") == long_name  # cut with an ellipsis, the whole name on hover
+        assert cell.evaluate("td => td.scrollWidth > td.clientWidth")
+    finally:
+        api(console_gateway, "DELETE", f"/api/policies/{long_name}")
+
+
+def test_browser_formats_costs_like_the_server(page):
+    """web/static/format.js and web/formatting.py write the same USD text (the Traffic cost axis, "try it")."""
+    browser_login(page)
+    page.goto("/console/traffic")
+    values = [0, 0.013, 9.5e-06, 1234.5, 0.123456, 1e-6, 0.99996, 1.2345e-10, 5e-05, 0.00012345, -0.5, 3]
+    assert page.evaluate("(values) => values.map(linkFormat.usd)", values) == [format_usd(v) for v in values]
+    ticks = page.evaluate("Chart.getChart('chart-cost').scales.y.ticks.map(t => t.label)")
+    assert ticks and all(t.startswith("$") and "E" not in t for t in ticks), ticks

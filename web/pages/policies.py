@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated
 from urllib.parse import quote
 
@@ -24,14 +25,29 @@ router = APIRouter(prefix="/policies")
 FORM_FIELDS = ("name", "type", "models", "options")
 
 
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"options must be JSON: {name} is not a JSON number (use a finite number)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"options must be JSON: {text} is beyond a number's range")
+    return value
+
+
 def _form_body(name: str, type_: str, models: str, options: str) -> tuple[dict, dict | None]:
     """The form's fields -> an /api/policies body, or a form error {"message", "param"} for options that are not
-    a JSON object (the one check the API cannot make: the form sends text)."""
-    body = {"name": name.strip(), "type": type_.strip(), "models": [m.strip() for m in models.split(",") if m.strip()]}
+    a JSON object of finite numbers (the one check the API cannot make: the form sends text). The name is sent as
+    typed: the API refuses surrounding spaces and control characters, naming the field."""
+    body = {"name": name, "type": type_.strip(), "models": [m.strip() for m in models.split(",") if m.strip()]}
     try:
-        body["options"] = json.loads(options) if options.strip() else {}
+        body["options"] = (json.loads(options, parse_constant=_refuse_constant, parse_float=_finite)
+                           if options.strip() else {})
     except json.JSONDecodeError as exc:
         return body, {"message": f"options must be JSON: {exc.msg} at character {exc.pos}", "param": "options"}
+    except ValueError as exc:  # NaN, Infinity, 1e309: json.loads would read them, JSON has no such numbers
+        return body, {"message": str(exc), "param": "options"}
     if not isinstance(body["options"], dict):
         return body, {"message": "options must be a JSON object, e.g. {\"cost_penalty\": 50}", "param": "options"}
     return body, None

@@ -2,7 +2,8 @@
 request log with one request's details (from /api/traffic and /api/requests).
 
     GET /console/traffic?range=1h&policy=&model=&key=&offset=0    charts, totals, shares, the log (50 rows a page);
-        since=&until= (UTC, "YYYY-MM-DDTHH:MM") give a custom range instead of the last `range`
+        since=&until= (UTC, "YYYY-MM-DDTHH:MM") give a custom range instead of the last `range`; the Policy
+        filter lists every policy and model name (a model is its own implicit fixed policy)
     GET /console/requests/{request_id}                             one request: decision, MoA proposers, usage,
                                                                    cost, timings
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
+from link.request_log import MAX_OFFSET
 from web.console import ApiDep, api_error, render
 
 router = APIRouter()
@@ -21,6 +23,7 @@ RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelt
           "24h": timedelta(hours=24), "7d": timedelta(days=7)}
 NUM_BUCKETS = 30
 PAGE_ROWS = 50
+POLICY_OWNER = "togetherlink-policy"  # a policy's /v1/models card (its link.type is the policy's own type)
 
 
 def _utc(text: str) -> datetime | None:
@@ -34,7 +37,7 @@ def _utc(text: str) -> datetime | None:
 
 @router.get("/traffic", response_class=HTMLResponse)
 async def page(request: Request, api: ApiDep, range: str = "1h", policy: str = "", model: str = "", key: str = "",
-               since: str = "", until: str = "", offset: int = 0) -> Response:
+               since: str = "", until: str = "", offset: int = Query(0, le=MAX_OFFSET)) -> Response:
     custom_since, custom_until = _utc(since), _utc(until)
     end = custom_until or datetime.now(timezone.utc)
     start = custom_since or end - RANGES.get(range, RANGES["1h"])
@@ -51,8 +54,8 @@ async def page(request: Request, api: ApiDep, range: str = "1h", policy: str = "
                   filters={"range": range if range in RANGES else "1h", "policy": policy, "model": model, "key": key,
                            "since": since if custom_since else "", "until": until if custom_until else ""},
                   offset=max(offset, 0), page_rows=PAGE_ROWS, keys=keys,
-                  models=[c["id"] for c in cards if c["link"]["type"] == "model"],
-                  policies=[c["id"] for c in cards if c["link"]["type"] == "policy"])
+                  models=[c["id"] for c in cards if c["owned_by"] != POLICY_OWNER],
+                  policies=[c["id"] for c in cards if c["owned_by"] == POLICY_OWNER])
 
 
 @router.get("/requests/{request_id}", response_class=HTMLResponse)

@@ -5,6 +5,13 @@
   "use strict";
   const csrf = document.querySelector('meta[name="csrf-token"]').content;
   const $ = (id) => document.getElementById(id);
+  // Policies that predict nothing before the call: what they do instead.
+  const NO_PREDICTION = {
+    fixed: "it always sends the request to its one model",
+    fallback: "its models are tried in order, the next only when one fails before answering",
+    moa: "every proposer answers, then the aggregator writes the answer",
+    cascade: "the cheapest model answers first; a low score escalates to the next",
+  };
 
   function post(path, body) {
     return fetch(path, {
@@ -27,17 +34,23 @@
     const d = result.decision || {};
     $("try-chosen").textContent = d.chosen || result.models[0];
     $("try-plan").textContent = "(" + result.type + "; plan: " + result.models.join(" → ") + ")";
-    const table = $("try-scores"), body = table.tBodies[0];
+    const table = $("try-scores"), body = table.tBodies[0], note = $("try-note");
     body.replaceChildren();
     const scores = d.scores || {}, costs = d.expected_cost_usd || {};
-    const names = Object.keys(scores).length ? Object.keys(scores) : result.models;
-    for (const name of names) {
+    if (!Object.keys(scores).length) {
+      table.hidden = true;
+      note.textContent = result.type + " policy: no prediction; " + (NO_PREDICTION[result.type] || "it scores no model") + ".";
+      note.hidden = false;
+      return;
+    }
+    for (const name of Object.keys(scores)) {
       const row = body.insertRow();
       cell(row, name);
-      cell(row, name in scores ? scores[name].toFixed(4) : "–", "num");
-      cell(row, name in costs ? costs[name].toPrecision(3) : "–", "num");
-      cell(row, name === (d.chosen || result.models[0]) ? "chosen" : "");
+      cell(row, scores[name].toFixed(4), "num");
+      cell(row, name in costs ? linkFormat.usd(costs[name]) : "–", "num");
+      cell(row, name === d.chosen ? "chosen" : "");
     }
+    note.hidden = true;
     table.hidden = false;
   }
 
@@ -81,17 +94,19 @@
     const model = $("try-policy").value;
     const messages = [{role: "user", content: $("try-prompt").value}];
     const maxTokens = parseInt($("try-max-tokens").value, 10) || 64;
+    const temperature = parseFloat($("try-temperature").value);
     $("try-run").disabled = true;
     $("try-answer").textContent = "";
     $("try-usage").textContent = "";
     $("try-status").textContent = "Routing…";
     try {
-      const routed = await post("/api/route", {model, messages});
+      const sampling = Number.isFinite(temperature) ? {temperature} : {temperature: 0};
+      const routed = await post("/api/route", {model, messages, ...sampling});
       if (!routed.ok) throw new Error(await errorText(routed));
       showDecision(await routed.json());
       $("try-status").textContent = "Generating…";
       const answer = await post("/v1/chat/completions", {model, messages, max_tokens: maxTokens, stream: true,
-                                                         stream_options: {include_usage: true}});
+                                                         stream_options: {include_usage: true}, ...sampling});
       if (!answer.ok) throw new Error(await errorText(answer));
       const answeredBy = answer.headers.get("x-link-model");
       if (answeredBy) $("try-chosen").textContent = answeredBy;
@@ -100,7 +115,7 @@
       let line = usage ? usage.prompt_tokens + " prompt + " + usage.completion_tokens + " completion tokens" : "";
       const row = await loggedRow(requestId);
       if (row) {
-        line += " · $" + row.cost_usd.toFixed(6) + (row.latency_ms !== null ? " · " + Math.round(row.latency_ms) + " ms" : "");
+        line += " · " + linkFormat.usd(row.cost_usd) + (row.latency_ms !== null ? " · " + Math.round(row.latency_ms) + " ms" : "");
       }
       $("try-usage").textContent = line;
       $("try-status").textContent = "Done (request " + requestId + ").";
