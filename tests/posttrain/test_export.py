@@ -163,7 +163,7 @@ def test_merged_model_in_our_engine_matches_peft_in_transformers(smollm2_base, s
     reference = PeftModel.from_pretrained(hf, str(run.adapter_dir)).eval()  # not merged: x W^T + s (x A^T) B^T
     fmt = ours.loaded.chat_format
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    for question in ("What is the capital of France?", "Name three animals.", "What is 3 + 5?"):
+    for question in ("What is the capital of France?", "Name three animals."):
         ids = ours.tokenizer.encode(fmt.render([{"role": "user", "content": question}]),
                                     add_special_tokens=fmt.add_special_tokens)
         tokens = ours.generate({"prompt_token_ids": ids}, params)[0].outputs[0].token_ids
