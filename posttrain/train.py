@@ -51,6 +51,8 @@ class LoraTrainConfig:
         rank, alpha, dropout: LoRA r, alpha (the update is scaled by alpha / r) and dropout on the adapter input.
         target_modules: names of the linear layers that get an adapter.
         init_lora_weights: True = B zero (the adapter starts as a no-op); False = B random too (tests only).
+        num_adapted_layers: adapt only the last N decoder layers (None = all). Fewer is faster: no gradient flows
+            below the lowest adapted layer, so the backward pass stops there.
         learning_rate: peak AdamW learning rate; weight_decay: AdamW decoupled weight decay.
         epochs: passes over the training set; max_steps: stop earlier (None = all steps of all epochs).
         batch_size: sequences per optimizer step; micro_batch_tokens: padded tokens per forward pass at most
@@ -73,6 +75,7 @@ class LoraTrainConfig:
     dropout: float = 0.0
     target_modules: tuple[str, ...] = DEFAULT_TARGETS
     init_lora_weights: bool = True
+    num_adapted_layers: int | None = None
     learning_rate: float = 2e-4
     weight_decay: float = 0.0
     epochs: int = 1
@@ -99,6 +102,8 @@ class LoraTrainConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"LoraTrainConfig.{name} must be positive, got {value}")
+        if self.num_adapted_layers is not None and self.num_adapted_layers < 1:
+            raise ValueError(f"LoraTrainConfig.num_adapted_layers must be at least 1 (or None for all), got {self.num_adapted_layers}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"LoraTrainConfig.max_steps must be at least 1 (or None for all epochs), got {self.max_steps}")
         for name in ("checkpoint_every", "eval_every", "weight_decay", "max_grad_norm"):
@@ -222,9 +227,13 @@ def lora_model(base_dir: str | Path, config: LoraTrainConfig, dtype: torch.dtype
         base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=dtype)
     except (OSError, ValueError) as exc:
         raise TrainingError(f"transformers cannot load the base model in {base_dir}: {exc}") from exc
+    num_layers = base.config.num_hidden_layers
+    if config.num_adapted_layers is not None and config.num_adapted_layers > num_layers:
+        raise TrainingError(f"num_adapted_layers={config.num_adapted_layers} but {base_dir} has {num_layers} layers")
+    layers = None if config.num_adapted_layers is None else list(range(num_layers - config.num_adapted_layers, num_layers))
     lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout, bias="none",
                       target_modules=list(config.target_modules), init_lora_weights=config.init_lora_weights,
-                      task_type="CAUSAL_LM")
+                      layers_to_transform=layers, task_type="CAUSAL_LM")
     try:
         model = get_peft_model(base, lora)
     except ValueError as exc:

@@ -64,6 +64,21 @@ def test_a_step_moves_only_the_adapter_and_lowers_the_loss(tiny_base, tiny_examp
     assert all(not torch.equal(adapter_after[k], adapter_before[k]) for k in adapter_before), "an adapter did not move"
 
 
+def test_only_the_last_layers_can_be_adapted(tiny_base, tiny_examples):
+    config = LoraTrainConfig(**FAST, num_adapted_layers=1, learning_rate=1e-2)
+    torch.manual_seed(0)
+    model = lora_model(tiny_base, config)
+    adapted = {k.split(".layers.")[1].split(".")[0] for k, v in model.named_parameters() if v.requires_grad}
+    assert adapted == {"1"}  # layer 1 of 0..1
+    before = evaluate_loss(model, tiny_examples, 4096)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
+    for _ in range(8):
+        train_step(model, optimizer, tiny_examples, config.learning_rate, micro_batch_tokens=4096, max_grad_norm=1.0)
+    assert evaluate_loss(model, tiny_examples, 4096) < before
+    with pytest.raises(TrainingError, match="has 2 layers"):
+        lora_model(tiny_base, LoraTrainConfig(**FAST, num_adapted_layers=3))
+
+
 def test_accumulated_micro_batches_give_the_full_batch_gradient(tiny_base, tiny_examples):
     """The step's loss is the mean over all target tokens however the batch is split into micro-batches."""
     config = LoraTrainConfig(**FAST, init_lora_weights=False)
@@ -162,7 +177,7 @@ def test_overlong_examples_can_be_dropped_or_truncated(tiny_base, tmp_path):
 
 @pytest.mark.parametrize("field, value", [("rank", 0), ("batch_size", 0), ("schedule", "step"), ("dtype", "fp8"),
                                           ("dropout", 1.0), ("target_modules", ()), ("overlong", "skip"),
-                                          ("max_steps", 0)])
+                                          ("max_steps", 0), ("num_adapted_layers", 0)])
 def test_config_is_validated(field, value):
     with pytest.raises(ValueError, match=field):
         LoraTrainConfig(**{field: value})
