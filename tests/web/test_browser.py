@@ -88,6 +88,7 @@ def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     assert api(console_gateway, "GET", "/api/policies/browser-policy").json()["models"] == ["m2", "m1"]
 
     page.goto("/console/policies")
+    assert fits_the_window(page), overflowing_cards(page)
     screenshot(page, "02-policies")
     page.locator("tr[data-policy='browser-policy']").locator("button:has-text('Delete')").click()
     page.wait_for_load_state()
@@ -111,6 +112,7 @@ def test_try_it_with_the_local_model(page, console_gateway, screenshot):
     assert page.locator("#try-scores").is_hidden()  # a fixed policy predicts nothing: said in words, not dashes
     assert page.locator("#try-note").inner_text() == ("fixed policy: no prediction; it always sends the request to "
                                                       "its one model.")
+    assert fits_the_window(page), overflowing_cards(page)
     screenshot(page, "04-try-it")
     request_id = page.locator("#try-status").inner_text().split("request ")[1].rstrip(").")
     console_gateway.flush_log()
@@ -189,7 +191,11 @@ def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway, 
                 for r in page.locator("#share-policy tbody tr").all()}
     assert policies == {"m1": 7, "m2": 7, "from-config": 6}
     assert page.locator("#request-log tbody tr").count() == 20
+    newest = usages[-1][2]
+    assert (page.locator("#request-log tbody tr").first.locator("td").nth(4).inner_text()
+            == f"{newest['prompt_tokens']} + {newest['completion_tokens']}")
     assert page.locator("canvas#chart-requests").bounding_box()["height"] > 100
+    assert fits_the_window(page), overflowing_cards(page)
     screenshot(page, "05-traffic")
 
     minute = "%Y-%m-%dT%H:%M"  # a custom range (the form's datetime-local fields, UTC)
@@ -207,6 +213,7 @@ def test_traffic_shows_twenty_requests_with_their_totals(page, console_gateway, 
     facts = page.locator("dl.facts").all_inner_texts()
     assert f"prompt tokens\n{last['prompt_tokens']}" in "\n".join(facts)
     assert f"completion tokens\n{last['completion_tokens']}" in "\n".join(facts)
+    assert fits_the_window(page), overflowing_cards(page)
     screenshot(page, "06-request")
 
 
@@ -232,6 +239,7 @@ def test_request_page_shows_the_moa_proposers_escaped(page, console_gateway, scr
     calls = [[c.inner_text() for c in r.locator("td").all()] for r in page.locator("#calls tbody tr").all()]
     assert [c[0] for c in calls] == [c["model"] for c in row["decision"]["calls"]]
     assert sum(int(c[2]) for c in calls) == row["prompt_tokens"]  # every call is billed to the request
+    assert fits_the_window(page), overflowing_cards(page)
     screenshot(page, "06b-request-moa")
 
 
@@ -316,6 +324,7 @@ def test_keys_create_shown_once_and_revoke(page, console_gateway, screenshot):
     chat = httpx.post(console_gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {plaintext}"},
                       json={"model": "m1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
     assert chat.status_code == 200
+    assert fits_the_window(page), overflowing_cards(page)
     screenshot(page, "10-keys")
     page.reload()  # a reload neither creates another key nor shows this one again
     assert plaintext not in page.content() and page.locator("#created-key").count() == 0
@@ -359,12 +368,20 @@ def test_models_page(page, console_gateway, screenshot):
     with page.expect_response("**/console/models/table", timeout=10_000) as refresh:  # htmx, every 5 s
         pass
     assert refresh.value.status == 200 and page.locator("tr[data-model='m1']").count() == 1
+    assert fits_the_window(page), overflowing_cards(page)
     screenshot(page, "11-models")
 
 
 def fits_the_window(page) -> bool:
-    """True when nothing makes the page scroll sideways at the 1280 px window."""
-    return page.evaluate("document.documentElement.scrollWidth") <= 1280
+    """True when nothing makes the page scroll sideways at the 1280 px window, and no card has to scroll its
+    own content sideways either (cards scroll rather than widen the page: that is the last resort, not the layout)."""
+    return page.evaluate("document.documentElement.scrollWidth") <= 1280 and not overflowing_cards(page)
+
+
+def overflowing_cards(page) -> list[str]:
+    """The first words of each card whose content is wider than the card."""
+    return page.evaluate("[...document.querySelectorAll('.card')].filter(c => c.scrollWidth > c.clientWidth)"
+                         ".map(c => c.innerText.slice(0, 40))")
 
 
 def test_traffic_policy_filter_lists_policies_and_keeps_the_choice(page, console_gateway, screenshot):
@@ -413,6 +430,7 @@ def test_no_page_is_wider_than_the_window(page, console_gateway, screenshot):
             page.wait_for_load_state("networkidle")
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= 1280, f"{path} is {width} px wide"
+            assert overflowing_cards(page) == [], path
             screenshot(page, f"12-fit-{name}")
         page.goto(f"/console/traffic?range=15m&policy={long_name}")
         cell = page.locator("#share-policy tbody tr td.name").first
