@@ -11,6 +11,7 @@
     link route "prompt" --policy link/auto        explain a routing decision (cli_route.py)
     link router train|calibrate|eval              learned routers on outcome tables (cli_router.py)
     link eval run|replay|report                   benchmarks, replay, reports (evals/cli.py)
+    link posttrain sft|eval|export                fine-tune to a tool-call harness, score, export (cli_posttrain.py)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ app.add_typer(router_app, name="router")
 from link.cli_keys import keys_app  # noqa: E402  (`link keys create|list|revoke`)
 
 app.add_typer(keys_app, name="keys")
+app.add_typer(__import__("link.cli_posttrain", fromlist=["posttrain_app"]).posttrain_app, name="posttrain")  # link/cli_posttrain.py
 
 
 @app.command()

@@ -23,3 +23,8 @@ class PosttrainDataError(PosttrainError, ValueError):
     """Traces cannot become training data: a malformed line (the message names file and line), a trace without
     tools or without an assistant turn, a call to a function that is not offered, an empty dataset, a chat
     template whose prompt is not a token prefix of the conversation."""
+
+
+class ModelNotLocalError(PosttrainError, ValueError):
+    """A model to train or score is not a local model: not a local registry name, not a safetensors checkpoint
+    folder and not a .gguf file (a provider model such as openai/gpt-4o cannot be fine-tuned or run here)."""
