@@ -98,7 +98,7 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient(tiny_base, tiny_
 
 
 def test_train_lora_writes_log_adapter_and_result(tiny_base, tiny_examples, tmp_path):
-    config = LoraTrainConfig(**{**FAST, "checkpoint_every": 2}, learning_rate=1e-2, batch_size=4, epochs=2)
+    config = LoraTrainConfig(**{**FAST, "checkpoint_every": 2}, learning_rate=1e-2, batch_size=4, epochs=2, eval_every=3)
     result = train_lora(tiny_base, tiny_examples, tiny_examples[:4], tmp_path, config, progress=False)
     assert result.steps == 8 and result.epochs == 2.0 and result.dtype == "float32"
     assert result.tokens == 2 * sum(len(e.input_ids) for e in tiny_examples)
@@ -106,7 +106,7 @@ def test_train_lora_writes_log_adapter_and_result(tiny_base, tiny_examples, tmp_
     lines = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     steps = [line for line in lines if "loss" in line]
     assert [line["step"] for line in steps] == list(range(1, 9))
-    assert [line["step"] for line in lines if "val_loss" in line] == [4, 8]  # each epoch's end
+    assert [line["step"] for line in lines if "val_loss" in line] == [3, 4, 6, 8]  # every 3 steps and each epoch's end
     assert steps[-1]["tokens"] == result.tokens
     assert [line["lr"] for line in steps] == pytest.approx([config.lr_at(s, 8) for s in range(8)])
     assert result.val_loss == lines[-1]["val_loss"] and result.val_loss < steps[0]["loss"]
