@@ -154,7 +154,7 @@ def evaluate(
     """Score a local model's tool calls against gold answers (posttrain.scorer.ToolCallScorer)."""
     from posttrain.data_specs import read_data
     from posttrain.local_models import local_model_spec
-    from posttrain.scorer import ToolCallScorer, render_table
+    from posttrain.scorer import ToolCallScorer, render_table, summary_line
     from posttrain.sft import check_format, resolve_tool_format
 
     try:
@@ -174,6 +174,7 @@ def evaluate(
     except (*_errors(), ValueError) as exc:
         _fail(exc)
     console.print(render_table(result))
+    console.print(summary_line(result), highlight=False)
     if out is not None:
         result.write_jsonl(out)
         metrics_path = result.write_metrics(out.with_name(out.name.removesuffix(".jsonl") + ".metrics.json"))

@@ -17,7 +17,7 @@ when the reply hit max_tokens) and graded against the final assistant turn:
   no call is made.
 
 Metrics (`ScoreResult`): accuracy overall and per category (the share of items graded right; BFCL's "AST
-accuracy"), the parse share (outputs in which every call block the model opened is a well-formed call of an
+accuracy"), the accuracy on the items whose gold answer makes calls (all but irrelevance), the parse share (outputs in which every call block the model opened is a well-formed call of an
 offered function with object arguments; plain text without a block counts as parsed), and irrelevance
 accuracy (the share of items whose gold answer makes no call that the model answered without a call). As in
 the gateway (and BFCL), a block that does not parse is not a call: it lowers the parse share, and on an
@@ -25,7 +25,7 @@ irrelevance item it is graded as no call.
 
     scorer = ToolCallScorer("smollm2-135m-instruct")            # or an exported folder: "models/acme-tools"
     result = scorer.score(val_traces)                            # -> ScoreResult
-    console.print(render_table(result)); result.write_jsonl("items.jsonl")
+    console.print(render_table(result)); print(summary_line(result)); result.write_jsonl("items.jsonl")
 """
 
 from __future__ import annotations
@@ -125,6 +125,13 @@ class ScoreResult:
         return sum(i.parsed for i in self.items) / len(self.items) if self.items else 0.0
 
     @property
+    def call_accuracy(self) -> float | None:
+        """Share of the items whose gold answer makes calls that were graded right (BFCL: every category but
+        irrelevance); None without such items."""
+        calls = [i for i in self.items if i.expects_call]
+        return sum(i.correct for i in calls) / len(calls) if calls else None
+
+    @property
     def irrelevance_accuracy(self) -> float | None:
         """Share of the items whose gold answer makes no call answered without a call; None without such items."""
         no_call = [i for i in self.items if not i.expects_call]
@@ -146,7 +153,7 @@ class ScoreResult:
         output_tokens = sum(i.output_tokens for i in self.items)
         return {"model": self.model, "tool_format": self.tool_format, "max_tokens": self.max_tokens,
                 "num_items": len(self.items), "accuracy": self.accuracy, "parse_rate": self.parse_rate,
-                "irrelevance_accuracy": self.irrelevance_accuracy,
+                "call_accuracy": self.call_accuracy, "irrelevance_accuracy": self.irrelevance_accuracy,
                 "categories": {c: {"n": s.n, "accuracy": s.accuracy, "parse_rate": s.parse_rate}
                                for c, s in self.categories.items() if c != "all"},
                 "finish_reasons": dict(Counter(i.finish_reason for i in self.items)),
@@ -168,20 +175,28 @@ class ScoreResult:
         return path
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def summary_line(result: ScoreResult) -> str:
+    """One line: accuracy overall, on items with calls, on irrelevance, the parse share and the times."""
+    return (f"accuracy {_pct(result.accuracy)} (items with calls {_pct(result.call_accuracy)}, irrelevance "
+            f"{_pct(result.irrelevance_accuracy)}), parsed {_pct(result.parse_rate)}, {len(result.items)} items in "
+            f"{result.wall_s:.1f} s ({result.generate_s:.1f} s generating)")
+
+
 def render_table(result: ScoreResult, title: str | None = None):
-    """A Rich table: per category the items, accuracy and parse share (percent), then all; the caption gives
-    irrelevance accuracy and times."""
+    """A Rich table: per category the items, accuracy and parse share (percent), then all (`summary_line`
+    gives the rest)."""
     from rich.table import Table
 
-    table = Table(title=title or f"Tool calls of {result.model} ({result.tool_format} format)")
+    table = Table(title=title or f"{Path(result.model).name}: tool calls ({result.tool_format} format)")
     for column in ("category", "items", "accuracy %", "parsed %"):
         table.add_column(column, justify="left" if column == "category" else "right")
     for name, s in result.categories.items():
         style = "bold" if name == "all" else None
         table.add_row(name, str(s.n), f"{100 * s.accuracy:.1f}", f"{100 * s.parse_rate:.1f}", style=style)
-    irr = result.irrelevance_accuracy
-    table.caption = (f"irrelevance accuracy {'-' if irr is None else f'{100 * irr:.1f}%'} · "
-                     f"{result.wall_s:.1f} s ({result.generate_s:.1f} s generating)")
     return table
 
 

@@ -15,7 +15,7 @@ import pytest
 from evals.bfcl_match import match_calls
 from evals.bfcl_schema import decode_tool_calls, to_openai_tools
 from posttrain.errors import ModelNotLocalError, PosttrainDataError
-from posttrain.scorer import ItemScore, ScoreResult, grade_output, prompt_messages, render_table
+from posttrain.scorer import ItemScore, ScoreResult, grade_output, prompt_messages, render_table, summary_line
 from posttrain.traces import Trace
 from posttrain.traces_bfcl import bfcl_target_calls, read_bfcl
 
@@ -139,7 +139,7 @@ def test_score_result_metrics_and_jsonl(tmp_path):
              item(3, "irrelevance", True, False, False), item(4, "irrelevance", False, True, False))
     result = ScoreResult("m", items, wall_s=2.0, generate_s=1.0)
     assert result.accuracy == pytest.approx(2 / 5) and result.parse_rate == pytest.approx(3 / 5)
-    assert result.irrelevance_accuracy == pytest.approx(1 / 2)
+    assert result.irrelevance_accuracy == pytest.approx(1 / 2) and result.call_accuracy == pytest.approx(1 / 3)
     cats = result.categories
     assert list(cats) == ["simple", "irrelevance", "all"]
     assert (cats["simple"].n, cats["simple"].correct, cats["simple"].parsed) == (3, 1, 2)
@@ -149,6 +149,8 @@ def test_score_result_metrics_and_jsonl(tmp_path):
     assert [r["id"] for r in rows] == [f"id{i}" for i in range(5)] and rows[1]["parsed"] is False
     assert json.loads(result.write_metrics(tmp_path / "m.json").read_text())["accuracy"] == pytest.approx(0.4)
     assert render_table(result).row_count == 3
+    assert summary_line(result) == ("accuracy 40.0% (items with calls 33.3%, irrelevance 50.0%), parsed 60.0%, 5 items in "
+                                    "2.0 s (1.0 s generating)")
     assert ScoreResult("m", ()).irrelevance_accuracy is None
 
 
@@ -178,7 +180,7 @@ def six_bfcl(data_dir):
 def smollm2_scored(six_bfcl):
     from posttrain.scorer import ToolCallScorer
 
-    scorer = ToolCallScorer("smollm2-135m-instruct", max_tokens=96)
+    scorer = ToolCallScorer("smollm2-135m-instruct", max_tokens=64)
     return scorer, scorer.score(six_bfcl)
 
 
@@ -205,6 +207,7 @@ def test_a_real_run_records_are_consistent(smollm2_scored, six_bfcl):
     assert result.parse_rate == pytest.approx(sum(i.parsed for i in result.items) / 6)
     irrelevant = [i for i in result.items if i.category == "irrelevance"]
     assert result.irrelevance_accuracy == pytest.approx(sum(i.correct for i in irrelevant) / 2)
+    assert result.call_accuracy == pytest.approx(sum(i.correct for i in result.items if i.category != "irrelevance") / 4)
     for trace, item in zip(six_bfcl, result.items):
         assert item.output_tokens >= 1 and item.finish_reason in ("stop", "length") and item.prompt_tokens > 100
         # each flag is BFCL's grader on the calls parsed from the output, recomputed here
