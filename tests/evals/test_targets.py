@@ -189,5 +189,7 @@ def test_top_logprobs_from_the_real_engine(tmp_path, new_database_url):
     for completion in (text, chat):
         first = completion.top_logprobs[0]
         assert all(v <= 0 for v in first.values())
-        assert completion.text.startswith(max(first, key=first.get))
+        # the greedy token has the highest log-probability (bfloat16 logits can tie: any of the best ones)
+        best = max(first.values())
+        assert any(completion.text.startswith(token) and value == best for token, value in first.items()), first
     assert plain.top_logprobs is None
