@@ -1,5 +1,6 @@
 """`link/moa` of the embedded default with the real local models (smollm2-135m-instruct and gemma-3-270m
-proposing, smollm2 aggregating), through the official `openai` client, whole and streamed; and a MoA that
+proposing, smollm2 aggregating), through the official `openai` client, whole and streamed; `link/auto` with
+the shipped router file (routers/trained/link-auto.safetensors) on a GSM8K test question; and a MoA that
 also has a slow proposer (a mock answering after 3 s) and a broken one (a refused port): keep-alive
 comments arrive before the first content chunk, the broken proposer is dropped, the answer still comes,
 and the request log holds every proposer's output and the cost of every call at the nominal local prices.
@@ -7,6 +8,7 @@ and the request log holds every proposer's output and the cost of every call at 
 
 from __future__ import annotations
 
+import json
 
 import openai
 import pytest
@@ -23,12 +25,15 @@ LOCAL = ("smollm2-135m-instruct", "gemma-3-270m")
 
 @pytest.fixture(scope="module")
 def gateway(new_database_url, tmp_path_factory):
-    from link.config import DEFAULT_CONFIG_YAML, parse_config
+    from link.config import DEFAULT_CONFIG_YAML, default_router_path, parse_config
 
     with start_mock_thread(mode="hang", hang_s=3.0) as slow:
         data = yaml.safe_load(DEFAULT_CONFIG_YAML)
         data["models"] += [mock_deployment("slow", slow.api_base, timeout_s=60.0, first_token_timeout_s=30.0),
                            mock_deployment("broken", refused_url())]
+        assert default_router_path().is_file(), "routers/trained/link-auto.safetensors is shipped (make link-auto)"
+        data["policies"].append({"name": "link/auto", "type": "router", "models": list(LOCAL),
+                                 "options": {"path": str(default_router_path())}})
         data["policies"].append({"name": "moa-faults", "type": "moa", "models": [*LOCAL, "slow", "broken"],
                                  "options": {"aggregator": "smollm2-135m-instruct", "proposer_max_tokens": 16}})
         settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"))
@@ -39,8 +44,6 @@ def gateway(new_database_url, tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(gateway):
     return openai.OpenAI(base_url=gateway.base_url, api_key=MASTER_KEY, max_retries=0, timeout=600)
-
-
 
 
 def nominal_cost(calls: list[dict]) -> float:
@@ -96,3 +99,23 @@ def test_streamed_and_whole_default_moa_through_the_openai_client(gateway, clien
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and {c.model for c in chunks} == {"smollm2-135m-instruct"}
     assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].usage.prompt_tokens > 0
+
+
+def test_link_auto_routes_a_gsm8k_question_whole_and_streamed_with_the_decision_logged(gateway, client):
+    raw = client.chat.completions.with_raw_response.create(model="link/auto", messages=QUESTION, max_tokens=16, temperature=0)
+    answer = raw.parse()
+    chosen = raw.headers["x-link-model"]
+    assert raw.headers["x-link-policy"] == "link/auto" and chosen in LOCAL and answer.model == chosen
+    decision = logged_request(gateway, raw.headers["x-link-request-id"])["decision"]
+    assert decision["type"] == "router" and decision["chosen"] == chosen and set(decision["scores"]) == set(LOCAL)
+    # the rule: argmax of predicted quality - lambda * expected cost, lambda the file's calibrated one
+    objective = {m: decision["scores"][m] - decision["cost_penalty"] * decision["expected_cost_usd"][m] for m in LOCAL}
+    assert decision["objective"] == pytest.approx(objective) and chosen == max(objective, key=objective.get)
+    assert decision["cost_penalty"] > 0 and all(0 <= q <= 1 for q in decision["scores"].values())
+    with client.chat.completions.with_streaming_response.create(
+            model="link/auto", messages=QUESTION, max_tokens=16, temperature=0, stream=True) as streamed:
+        assert streamed.headers["x-link-model"] == chosen  # the same prompt, the same decision
+        lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert lines[-1] == "data: [DONE]" and text == answer.choices[0].message.content
