@@ -200,3 +200,129 @@ def _paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_wi
     scores = scores.float().masked_fill(~mask[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
     return torch.einsum("bhl,blhd->bhd", probs, v)
+
+
+def ref_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add followed by RMSNorm, the pre-norm transformer's step between sublayers.
+
+    The sum is rounded to x's dtype before it is normalized, as an unfused model does
+    (`residual = residual + x; x = norm(residual)`), and is also returned as the next residual.
+
+    Args:
+        x: [..., E] sublayer output.
+        residual: [..., E] the residual stream, same shape and dtype as x.
+        weight: [E] scale; eps and offset as in `ref_rms_norm`.
+    Returns:
+        (normed, new_residual), each [..., E] in x's dtype: ref_rms_norm(x + residual), x + residual.
+    Raises:
+        ValueError: residual's shape or dtype differs from x's.
+    """
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} {x.dtype}")
+    new_residual = x + residual
+    return ref_rms_norm(new_residual, weight, eps, offset=offset), new_residual
+
+
+def ref_gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """The gating step of a gated MLP: act(gate) * up on the fused projection output (Shazeer 2020,
+    arXiv:2002.05202; GELU's tanh approximation: Hendrycks & Gimpel 2016, arXiv:1606.08415).
+
+    Args:
+        gate_up: [T, 2F], the gate half [..., :F] beside the up half [..., F:] (x @ gate_up_proj.T).
+        activation: "silu" (SwiGLU, Llama) or "gelu_tanh" (GeGLU, Gemma).
+    Returns:
+        [T, F] in gate_up's dtype.
+    Raises:
+        ValueError: an unknown activation or an odd last dimension.
+    """
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up's last dimension {gate_up.shape[-1]} must be even (gate and up halves)")
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    raise ValueError(f"unknown MLP activation {activation!r}; expected 'silu' or 'gelu_tanh'")
+
+
+# GGML's block quantizations (the GGUF specification, github.com/ggml-org/ggml docs/gguf.md, and
+# ggml-quants.c): 32 consecutive weights of a row share one float16 scale d; weight = d * q.
+GGML_BLOCK_SIZE = 32
+GGML_QUANT_TYPES = ("q8_0", "q4_0")
+
+
+def ref_ggml_quantize(weight: torch.Tensor, qtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a weight matrix into GGML Q8_0 or Q4_0 blocks, stored split: scales beside packed quants.
+
+    Q8_0: d = max|w| / 127, q = round(w / d) in [-127, 127] (rounding half away from zero).
+    Q4_0: d = m / -8 with m the block's weight of largest magnitude (sign kept), q = min(15, trunc(w / d + 8.5))
+    in [0, 15], weight = d * (q - 8); a row's 16 bytes per block hold weight j in the low nibble of byte j and
+    weight j + 16 in its high nibble, as in a GGUF file. q is computed with the float32 1/d, d is stored as
+    float16 (as ggml does), so the blocks equal the `gguf` package's `quants.quantize` byte for byte.
+
+    Args:
+        weight: [N, K] float weights, K a multiple of 32.
+        qtype: "q8_0" or "q4_0".
+    Returns:
+        (scales, quants): scales [N, K / 32] float16; quants [N, K] int8 (Q8_0) or [N, K / 2] uint8 (Q4_0).
+    Raises:
+        ValueError: weight is not 2-D, K is not a multiple of 32, or qtype is unknown.
+    """
+    if weight.dim() != 2 or weight.shape[1] % GGML_BLOCK_SIZE:
+        raise ValueError(f"weight {tuple(weight.shape)} must be [N, K] with K a multiple of {GGML_BLOCK_SIZE}")
+    if qtype not in GGML_QUANT_TYPES:
+        raise ValueError(f"unknown quantization {qtype!r}; expected one of {GGML_QUANT_TYPES}")
+    rows, cols = weight.shape
+    blocks = weight.float().reshape(rows, cols // GGML_BLOCK_SIZE, GGML_BLOCK_SIZE)
+    if qtype == "q8_0":
+        d = blocks.abs().amax(-1, keepdim=True) / 127
+        scaled = blocks * torch.where(d == 0, 0.0, 1.0 / d)
+        q = (scaled.sign() * (scaled.abs() + 0.5).floor()).to(torch.int8)
+        return d.squeeze(-1).half(), q.reshape(rows, cols)
+    extreme = blocks.gather(-1, blocks.abs().argmax(-1, keepdim=True))
+    d = extreme / -8
+    q = (blocks * torch.where(d == 0, 0.0, 1.0 / d) + 8.5).trunc().clamp(0, 15).to(torch.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)  # [N, K / 32, 16]
+    return d.squeeze(-1).half(), packed.reshape(rows, cols // 2)
+
+
+def ref_ggml_dequantize(scales: torch.Tensor, quants: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The float32 [N, K] weights of split Q8_0/Q4_0 blocks (the inverse of `ref_ggml_quantize`, up to rounding).
+
+    Args:
+        scales: [N, K / 32] float16.
+        quants: [N, K] int8 (Q8_0) or [N, K / 2] uint8 (Q4_0).
+        qtype: "q8_0" or "q4_0".
+    Raises:
+        ValueError: unknown qtype or shapes that do not fit together.
+    """
+    rows, num_blocks = scales.shape
+    if qtype == "q8_0":
+        if quants.shape != (rows, num_blocks * GGML_BLOCK_SIZE):
+            raise ValueError(f"Q8_0 quants {tuple(quants.shape)} do not fit scales {tuple(scales.shape)}")
+        q = quants.float().reshape(rows, num_blocks, GGML_BLOCK_SIZE)
+    elif qtype == "q4_0":
+        if quants.shape != (rows, num_blocks * GGML_BLOCK_SIZE // 2):
+            raise ValueError(f"Q4_0 quants {tuple(quants.shape)} do not fit scales {tuple(scales.shape)}")
+        packed = quants.reshape(rows, num_blocks, GGML_BLOCK_SIZE // 2)
+        q = torch.cat((packed & 0x0F, packed >> 4), dim=-1).float() - 8
+    else:
+        raise ValueError(f"unknown quantization {qtype!r}; expected one of {GGML_QUANT_TYPES}")
+    return (q * scales.float()[..., None]).reshape(rows, num_blocks * GGML_BLOCK_SIZE)
+
+
+def ref_ggml_linear(
+    x: torch.Tensor, scales: torch.Tensor, quants: torch.Tensor, qtype: str, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W.T (+ bias) with W given as split Q8_0/Q4_0 blocks (weight-only quantization).
+
+    Args:
+        x: [..., K] activations.
+        scales, quants, qtype: W [N, K] as in `ref_ggml_dequantize`.
+        bias: [N] or None.
+    Returns:
+        [..., N] in x's dtype; W is dequantized to float32 and cast to x's dtype first.
+    """
+    return F.linear(x, ref_ggml_dequantize(scales, quants, qtype).to(x.dtype), bias)
