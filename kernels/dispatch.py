@@ -4,6 +4,14 @@
 PyTorch references (`ref.py`) except where a faster CPU variant with the same contract exists
 (`cpu.py`); a tuned variant can replace any of them. Swapping is one dict assignment, atomic under the
 GIL, so a tuner can install a winner between engine steps without a restart.
+
+Shape buckets (issue 9): a winner can also be installed for one `kernels.recorder.Bucket` only
+(`install`): it then serves the calls of that bucket and every other call keeps the op's default.
+Installs are staged and take effect when the engine calls `apply_pending()` at the start of a step,
+so one step never mixes two implementations of an op. With no recorder attached and no bucket
+winner installed, `dispatch` is the plain table lookup it always was (one extra global read).
+Bucket winners are resolved once per exact shape and memoized, so a hooked call costs a key build
+and two dict lookups (`benchmarks/bench_recorder.py` measures both paths).
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from kernels import cpu, ref
+from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder, _key, bucket_of
 
 _REFERENCES: dict[str, Callable] = {
     "rms_norm": ref.ref_rms_norm,
@@ -29,14 +38,101 @@ _DEFAULTS: dict[str, Callable] = {
 }
 _table: dict[str, Callable] = dict(_DEFAULTS)
 
+# Bucket winners: op -> {Bucket: (variant name, fn)}; replaced wholesale by `apply_pending` (atomic).
+_winners: dict[str, dict[Bucket, tuple[str, Callable]]] = {}
+_resolved: dict[tuple, Callable | None] = {}  # (op, exact key, model) -> the bucket winner or None
+_pending: list[tuple[Bucket, str | None, Callable | None]] = []
+_recorder: ShapeRecorder | None = None
+_hooked = False  # a recorder is attached or a bucket winner is installed
+
 
 def dispatch(op: str, *args, **kwargs):
-    """Run the implementation registered for `op`. Raises KeyError naming the known ops."""
+    """Run the implementation registered for `op` (the bucket winner for this call's shape, if any).
+
+    Raises KeyError naming the known ops.
+    """
     try:
         fn = _table[op]
     except KeyError:
         raise KeyError(f"no kernel registered for {op!r}; known: {sorted(_table)}") from None
+    if _hooked:
+        recorder = _recorder
+        if recorder is not None:
+            exact = recorder.record(op, args)
+            if op in _winners and exact is not None:
+                fn = _winner_for(op, exact, "") or fn
+        elif op in _winners:
+            exact = _key(op, args)
+            if exact is not None:
+                fn = _winner_for(op, exact, "") or fn
     return fn(*args, **kwargs)
+
+
+def _winner_for(op: str, exact: tuple, model: str) -> Callable | None:
+    memo = (op, exact, model)
+    try:
+        return _resolved[memo]
+    except KeyError:
+        found = _winners.get(op, {}).get(bucket_of(op, exact, model))
+        fn = _resolved[memo] = found[1] if found else None
+        return fn
+
+
+def step_variant(op: str, batch_size: int, dtype, model: str = "") -> Callable | None:
+    """Record one engine step of step op `op` (e.g. "decode_step") and return its bucket winner, or None
+    for the default (the eager model forward). Called by the model runner once per decode-only step."""
+    if not _hooked:
+        return None
+    exact = _recorder.record_step(op, batch_size, dtype, model) if _recorder is not None else (((batch_size,),), dtype)
+    return _winner_for(op, exact, model) if op in _winners else None
+
+
+def attach_recorder(recorder: ShapeRecorder | None) -> ShapeRecorder | None:
+    """Count every dispatched call in `recorder` (None detaches); returns the previous recorder."""
+    global _recorder, _hooked
+    previous, _recorder = _recorder, recorder
+    _hooked = _recorder is not None or bool(_winners)
+    return previous
+
+
+def recorder() -> ShapeRecorder | None:
+    """The attached `ShapeRecorder`, or None."""
+    return _recorder
+
+
+def install(bucket: Bucket, name: str, fn: Callable | None) -> None:
+    """Stage `fn` (variant `name`) as the winner for `bucket`; None stages its removal. It takes effect
+    at the next `apply_pending()` (the engine calls it between steps).
+
+    Raises:
+        KeyError: an op that is neither a dispatch op nor a step op.
+    """
+    if bucket.op not in _REFERENCES and bucket.op not in STEP_OPS:
+        raise KeyError(f"unknown op {bucket.op!r}; known: {sorted(_REFERENCES) + list(STEP_OPS)}")
+    _pending.append((bucket, name, fn))
+
+
+def apply_pending() -> int:
+    """Install every staged winner at once (one assignment each of the winner and memo tables); returns how many."""
+    global _winners, _resolved, _hooked
+    if not _pending:
+        return 0
+    staged = list(_pending)
+    del _pending[: len(staged)]
+    winners = {op: dict(found) for op, found in _winners.items()}
+    for bucket, name, fn in staged:
+        if fn is None:
+            winners.get(bucket.op, {}).pop(bucket, None)
+        else:
+            winners.setdefault(bucket.op, {})[bucket] = (name, fn)
+    _winners, _resolved = {op: found for op, found in winners.items() if found}, {}
+    _hooked = _recorder is not None or bool(_winners)
+    return len(staged)
+
+
+def installed() -> dict[Bucket, str]:
+    """{bucket: variant name} of the bucket winners in effect."""
+    return {bucket: name for found in _winners.values() for bucket, (name, _) in found.items()}
 
 
 def register(op: str, fn: Callable) -> Callable:
@@ -54,12 +150,16 @@ def registered(op: str) -> Callable:
 
 
 def reset() -> None:
-    """Restore every op to its default implementation."""
+    """Restore every op to its default implementation and drop every bucket winner (staged ones too)."""
+    global _winners, _resolved, _hooked
     _table.clear()
     _table.update(_DEFAULTS)
+    _pending.clear()
+    _winners, _resolved = {}, {}
+    _hooked = _recorder is not None
 
 
 def use_references() -> None:
-    """Install the PyTorch reference of every op (the ground truth for parity checks)."""
-    _table.clear()
+    """Install the PyTorch reference of every op (the ground truth for parity checks); drops bucket winners."""
+    reset()
     _table.update(_REFERENCES)

@@ -61,13 +61,18 @@ _variants: dict[str, dict[str, Variant]] = {}
 def register_variant(variant: Variant) -> Variant:
     """Add `variant` to its op's candidates (replacing one of the same name). Returns it.
 
+    Step ops (`kernels.recorder.STEP_OPS`, e.g. "decode_step": a whole decode step of a model, called as
+    fn(model, token_ids, batch, cache)) are accepted beside the dispatch ops.
+
     Raises:
-        ValueError: the op is not a dispatch op.
+        ValueError: the op is neither a dispatch op nor a step op.
     """
     from kernels.dispatch import _REFERENCES
+    from kernels.recorder import STEP_OPS
 
-    if variant.op not in _REFERENCES:
-        raise ValueError(f"variant {variant.name!r}: unknown op {variant.op!r}; known: {sorted(_REFERENCES)}")
+    if variant.op not in _REFERENCES and variant.op not in STEP_OPS:
+        known = sorted(_REFERENCES) + list(STEP_OPS)
+        raise ValueError(f"variant {variant.name!r}: unknown op {variant.op!r}; known: {known}")
     with _lock:
         _variants.setdefault(variant.op, {})[variant.name] = variant
     return variant

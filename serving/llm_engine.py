@@ -108,7 +108,8 @@ class LLMEngine:
                                       if num_sliding else None)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.block_manager,
                                    self.sliding_block_manager)
-        self.runner = ModelRunner(loaded.model, loaded.model.allocate_cache(num_blocks, config.block_size, num_sliding))
+        self.runner = ModelRunner(loaded.model, loaded.model.allocate_cache(num_blocks, config.block_size, num_sliding),
+                                  loaded.spec.name)
         # The longest sequence the engine can hold: the model's context, or less when the KV cache is smaller.
         self.max_model_len = min(loaded.context_length, num_blocks * config.block_size)
         self._requests: dict[str, _Request] = {}

@@ -1,9 +1,15 @@
-"""`ModelRunner`: turns a scheduled step into batch tensors, runs the model, returns logits."""
+"""`ModelRunner`: turns a scheduled step into batch tensors, runs the model, returns logits.
+
+Between steps it applies the winners the tuner staged (`kernels.apply_pending`), and a decode-only
+step runs through the decode-step winner of its batch-size bucket when one is installed
+(`kernels.step_variant`, e.g. the `torch.compile`d step of `kernels.compiled`), else the eager model.
+"""
 
 from __future__ import annotations
 
 import torch
 
+import kernels
 from serving.models.base import CausalLM
 from serving.paged_cache import BatchMetadata, PagedKVCache
 from serving.sequence import Sequence
@@ -15,10 +21,12 @@ class ModelRunner:
     Args:
         model: the loaded `CausalLM`.
         cache: the paged KV cache its attention layers read and write.
+        model_name: the registry name, the key of this model's decode-step buckets.
     """
 
-    def __init__(self, model: CausalLM, cache: PagedKVCache):
-        self.model, self.cache = model, cache
+    def __init__(self, model: CausalLM, cache: PagedKVCache, model_name: str = ""):
+        self.model, self.cache, self.model_name = model, cache, model_name
+        self.dtype = model.embed_tokens.weight.dtype
 
     def build_batch(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, BatchMetadata]:
         """Token ids [N] and the `BatchMetadata` for the new tokens of each (sequence, count).
@@ -57,9 +65,13 @@ class ModelRunner:
         """Run the step, after the copy-on-write block copies of each pool. Returns {seq_id: float32
         logits [V]} for each sequence whose scheduled tokens reach its end (a finished prefill, or a
         decode); chunks mid-prompt get none."""
+        kernels.apply_pending()
         self.cache.copy_blocks(list(block_copies), list(sliding_block_copies))
         token_ids, batch = self.build_batch(scheduled)
-        hidden = self.model(token_ids, batch, self.cache)
+        step = None
+        if all(n == 1 for _, n in scheduled):  # decode-only: the step a compiled decode step can replace
+            step = kernels.step_variant("decode_step", len(scheduled), self.dtype, self.model_name)
+        hidden = step(self.model, token_ids, batch, self.cache) if step is not None else self.model(token_ids, batch, self.cache)
         wanted = [i for i, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
         if not wanted:
             return {}

@@ -1,0 +1,212 @@
+"""`torch.compile` variants (Inductor's CPU code generation) and thread settings, for the tuner.
+
+Two kinds of candidate are registered by `register_compiled_variants()` (`kernels.variants`):
+
+- op variants: `torch.compile(dynamic=True)` of the references of rms_norm, rotary and gated_mlp
+  (one compilation serves every shape: Inductor fuses the float32 statistics, the casts and the
+  activation into one loop nest per op);
+- decode-step variants ("decode_step", a step op): the whole decode-only forward of a Llama-family
+  model as a chain of compiled per-layer regions, the paged KV cache write and the paged attention
+  left eager between them (their lengths change every step, and the cache write is an in-place update
+  of a large tensor that Dynamo would otherwise functionalize). Layer l's output projection, residual,
+  norm and MLP are fused with layer l+1's norm, QKV projection and rotary embedding into one graph, so
+  a 30-layer model runs 31 compiled calls and 30 attention calls per step. Each graph is compiled
+  with static shapes (`dynamic=False`) per batch-size bucket: a batch of B sequences is padded to the
+  bucket's power of two P (pad rows are token 0 at position 0 and never reach the cache or attention),
+  so 6 compilations cover batches 1-32.
+  Each is offered at every thread count in `thread_candidates()` ("compile-t1", "eager-t2", ...):
+  `torch.set_num_threads` is process-wide, so the winner's setting stays in effect after its step.
+  On a 2-core machine shared with another busy process, OpenMP's spinning barriers make 2 threads far
+  slower than 1 (measured: SmolLM2-135M decode at B=1, 64 ms with 1 thread, 1,300 ms with 2, load 9).
+
+Inductor bakes the thread count into the code it generates, so every thread count gets its own copy of
+the compiled functions (distinct code objects, hence distinct Dynamo caches).
+Correctness: each variant is checked by the tuner against the eager reference on recorded shapes
+before it is used; `tests/kernels/test_compiled.py` checks greedy SmolLM2 outputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import types
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from kernels import ref
+from kernels.dispatch import dispatch
+from kernels.recorder import bucket_size
+from kernels.variants import Variant, register_variant
+
+# The decode step's hidden states after 30 layers accumulate the rounding differences of fused
+# reductions (~1e-6 relative per op): float32 checked at 1e-3 absolute and relative, bf16 at 5e-2.
+STEP_TOLERANCE = {torch.float32: (1e-3, 1e-3), torch.bfloat16: (5e-2, 5e-2), torch.float16: (1e-2, 1e-2)}
+
+
+def thread_candidates() -> list[int]:
+    """Thread counts worth trying here: 1, half the cores, all cores (deduplicated, ascending)."""
+    cores = os.cpu_count() or 1
+    return sorted({1, max(1, cores // 2), cores})
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama RMSNorm as in `ref.ref_rms_norm` (offset 0)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _qkv(x, ln_w, qkv_w, cos, sin, eps: float, num_heads: int, num_kv: int, head_dim: int):
+    """Norm, fused QKV projection, rotary on q and k: x [P, E] -> q [P, H, D], k, v [P, K, D]."""
+    n = x.shape[0]
+    qkv = F.linear(_rms(x, ln_w, eps), qkv_w)
+    qk_size = (num_heads + num_kv) * head_dim
+    qk = qkv[:, :qk_size].reshape(n, num_heads + num_kv, head_dim)
+    half = head_dim // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    qk = qk * cos[:, None, :] + rotated * sin[:, None, :]
+    v = qkv[:, qk_size:].reshape(n, num_kv, head_dim)
+    return qk[:, :num_heads], qk[:, num_heads:], v
+
+
+def _mlp_block(x, attn, o_w, post_w, gate_up, down, eps: float):
+    """Residual after attention and after the SwiGLU MLP: x, attn [P, E], [P, H*D] -> [P, E]."""
+    x = x + F.linear(attn, o_w)
+    gate, up = F.linear(_rms(x, post_w, eps), gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down)
+
+
+def _first(x, ln_w, qkv_w, cos, sin, eps: float, num_heads: int, num_kv: int, head_dim: int):
+    return _qkv(x, ln_w, qkv_w, cos, sin, eps, num_heads, num_kv, head_dim)
+
+
+def _between(x, attn, o_w, post_w, gate_up, down, ln_w, qkv_w, cos, sin, eps: float, num_heads: int, num_kv: int, head_dim: int):
+    x = _mlp_block(x, attn, o_w, post_w, gate_up, down, eps)
+    return (x, *_qkv(x, ln_w, qkv_w, cos, sin, eps, num_heads, num_kv, head_dim))
+
+
+def _last(x, attn, o_w, post_w, gate_up, down, norm_w, eps: float):
+    return _rms(_mlp_block(x, attn, o_w, post_w, gate_up, down, eps), norm_w, eps)
+
+
+def _copy(fn, suffix: str):
+    """`fn` with a code object of its own (Dynamo keeps one compile cache per code object)."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{suffix}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+class CompiledDecodeStep:
+    """The decode-only forward of one Llama-family model through compiled per-layer regions.
+
+    Same contract as the model's forward on a decode-only batch: `step(model, token_ids, batch, cache)`
+    with token_ids [B] int64 and every query length 1 -> final hidden states [B, E] (the model's dtype).
+
+    Args:
+        model: a `serving.models.llama.LlamaForCausalLM` (any model without q/k norms, sliding windows
+            or RoPE scaling and with SiLU MLPs).
+        num_threads: `torch.set_num_threads` value set before each step and baked into the compiled code.
+        pad: pad the batch to its power-of-two bucket (one compilation per bucket) instead of
+            compiling per exact batch size.
+    Raises:
+        ValueError: an unsupported architecture.
+    """
+
+    def __init__(self, model, num_threads: int, pad: bool = True):
+        cfg = model.config
+        if not supports(model):
+            raise ValueError(f"compiled decode step supports Llama-family models, not {cfg.architecture!r}")
+        self.num_threads, self.pad = num_threads, pad
+        self.num_heads, self.num_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.eps = model.layers[0].input_layernorm.eps
+        suffix = f"t{num_threads}"
+        compile_ = lambda fn: torch.compile(_copy(fn, suffix), dynamic=False, fullgraph=True)  # noqa: E731
+        self._first, self._between, self._last = compile_(_first), compile_(_between), compile_(_last)
+
+    def __call__(self, model, token_ids: torch.Tensor, batch, cache) -> torch.Tensor:
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        cfg = model.config
+        num_seqs = token_ids.shape[0]
+        padded = bucket_size(num_seqs) if self.pad else num_seqs
+        positions = batch.positions
+        if padded > num_seqs:
+            token_ids = F.pad(token_ids, (0, padded - num_seqs))
+            positions = F.pad(positions, (0, padded - num_seqs))
+        x = model.embed_tokens(token_ids)
+        cos, sin = dispatch("rotary_cos_sin", positions, cfg.head_dim, cfg.rope_theta, x.dtype)
+        shape = (self.eps, self.num_heads, self.num_kv, self.head_dim)
+        layers = model.layers
+        first = layers[0]
+        q, k, v = self._first(x, first.input_layernorm.weight, first.self_attn.qkv_proj, cos, sin, *shape)
+        for i, layer in enumerate(layers):
+            attn_mod = layer.self_attn
+            cache.write(i, batch.slot_mapping, k[:num_seqs], v[:num_seqs])
+            out = dispatch("paged_attention", q[:num_seqs], cache.keys[i], cache.values[i], batch.block_tables,
+                           batch.seq_lens, batch.query_lens, scale=attn_mod.scale, sliding_window=None)
+            out = out.reshape(num_seqs, -1)
+            if padded > num_seqs:
+                out = F.pad(out, (0, 0, 0, padded - num_seqs))
+            mlp = layer.mlp
+            weights = (attn_mod.o_proj, layer.post_attention_layernorm.weight, mlp.gate_up_proj, mlp.down_proj)
+            if i + 1 < len(layers):
+                nxt = layers[i + 1]
+                x, q, k, v = self._between(x, out, *weights, nxt.input_layernorm.weight, nxt.self_attn.qkv_proj, cos, sin, *shape)
+            else:
+                x = self._last(x, out, *weights, model.norm.weight, self.eps)
+        return x[:num_seqs]
+
+
+def supports(model) -> bool:
+    """Whether `CompiledDecodeStep` computes this model's forward (Llama: no q/k norm, window, RoPE scaling)."""
+    cfg = getattr(model, "config", None)
+    return (cfg is not None and cfg.architecture == "llama" and cfg.sliding_window is None and cfg.rope_scaling_factor == 1.0
+            and all(layer.self_attn.q_norm is None and layer.mlp.activation == "silu" for layer in model.layers))
+
+
+class _PerModel:
+    """A decode-step variant: builds its per-model state on first use (weakly keyed by the model)."""
+
+    def __init__(self, num_threads: int, compiled: bool):
+        self.num_threads, self.compiled = num_threads, compiled
+        self._steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, model, token_ids, batch, cache) -> torch.Tensor:
+        if not self.compiled:
+            if torch.get_num_threads() != self.num_threads:
+                torch.set_num_threads(self.num_threads)
+            return model(token_ids, batch, cache)
+        step = self._steps.get(model)
+        if step is None:
+            with self._lock:
+                step = self._steps.get(model) or CompiledDecodeStep(model, self.num_threads)
+                self._steps[model] = step
+        return step(model, token_ids, batch, cache)
+
+
+def _compile_dynamic(fn):
+    compiled = []
+
+    def run(*args, **kwargs):
+        if not compiled:
+            compiled.append(torch.compile(fn, dynamic=True))
+        return compiled[0](*args, **kwargs)
+
+    run.__name__ = f"compiled_{fn.__name__}"
+    return run
+
+
+def register_compiled_variants() -> list[Variant]:
+    """Register the op and decode-step variants of this module (idempotent); returns them."""
+    out = [
+        Variant("rms_norm", "compile", _compile_dynamic(ref.ref_rms_norm), description="torch.compile (Inductor) of ref_rms_norm"),
+        Variant("rotary", "compile", _compile_dynamic(ref.ref_rotary), description="torch.compile (Inductor) of ref_rotary"),
+        Variant("gated_mlp", "compile", _compile_dynamic(ref.ref_gated_mlp), description="torch.compile (Inductor) of ref_gated_mlp"),
+    ]
+    for n in thread_candidates():
+        out.append(Variant("decode_step", f"eager-t{n}", _PerModel(n, compiled=False), tolerance=dict(STEP_TOLERANCE),
+                           description=f"the eager model forward with torch.set_num_threads({n})"))
+        out.append(Variant("decode_step", f"compile-t{n}", _PerModel(n, compiled=True), tolerance=dict(STEP_TOLERANCE),
+                           description=f"compiled per-layer regions, batch padded to its bucket, {n} thread(s)"))
+    return [register_variant(v) for v in out]

@@ -1,0 +1,243 @@
+"""`Tuner`: picks, per hot shape bucket, the fastest variant that computes the reference's numbers.
+
+For each bucket the `ShapeRecorder` saw most (and the winner table has no verdict on yet):
+1. enumerate the candidates: the registered `kernels.variants` of the op that run on this device and
+   dtype (Triton kernels, quantized matmuls, `kernels.compiled`);
+2. verify each on inputs of the bucket's shapes against the float32 reference (`ref_*`; for the
+   decode step, the eager model forward) with the variant's tolerance for the dtype: one that fails
+   or raises is logged, stored as "rejected" and never installed;
+3. time the default and every verified variant (warm-up, then the median of repeats);
+4. store every verdict in the `WinnerTable` and stage the winner, if it beats the default by
+   `min_speedup`, with `kernels.install` (the engine applies it between two steps).
+A bucket with a verdict is never tuned again in the same environment (device, versions, model): after
+a restart `install_known()` puts the stored winners back without timing anything, and a traffic shift
+tunes only the buckets that became hot. `BackgroundTuner` runs rounds on a thread with a time budget.
+
+    tuner = Tuner(WinnerTable(), "smollm2-135m-instruct", model=loaded.model)
+    tuner.install_known()
+    tuner.tune(recorder.snapshot(), budget_s=120)
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from kernels.dispatch import _REFERENCES, install, registered
+from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder
+from kernels.variants import DEFAULT_TOLERANCE, Variant, variants
+from kernels.winners import Environment, Result, WinnerTable
+
+logger = logging.getLogger(__name__)
+
+TUNABLE_OPS = ("linear", "gated_mlp", "rms_norm", "rotary", "paged_attention", "decode_step")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Tuner:
+    """Tunes the hot buckets of one model in one environment.
+
+    Args:
+        table: where verdicts persist.
+        model_name: the registry name (part of the table key; decode-step buckets carry it too).
+        model: the loaded `CausalLM`, needed to verify and time decode-step variants (None: skip them).
+        device: torch device type of the candidates.
+        min_speedup: a variant is installed only when default time / its time reaches this.
+        repeats, warmup: timed and untimed calls per candidate.
+        min_share: buckets below this share of all recorded calls of their op are not hot.
+    """
+
+    def __init__(self, table: WinnerTable, model_name: str, *, model=None, device: str = "cpu", min_speedup: float = 1.05,
+                 repeats: int = 7, warmup: int = 2, min_share: float = 0.02):
+        self.table, self.model, self.device = table, model, device
+        self.env = Environment.current(model_name, device)
+        self.min_speedup, self.repeats, self.warmup, self.min_share = min_speedup, repeats, warmup, min_share
+
+    def install_known(self) -> int:
+        """Stage every stored winner of this environment whose variant is registered; returns how many."""
+        count = 0
+        for bucket, result in self.table.winners(self.env).items():
+            if result.variant == "default":
+                continue
+            found = {v.name: v for v in variants(bucket.op)}.get(result.variant)
+            if found is None:
+                logger.warning("stored winner %s of %s %s is not registered here; not installed", result.variant, bucket.op, bucket.label)
+                continue
+            install(bucket, found.name, found.fn)
+            count += 1
+        return count
+
+    def hot_buckets(self, counts: dict[Bucket, int]) -> list[tuple[Bucket, int]]:
+        """The tunable buckets holding at least `min_share` of their op's calls, most called first."""
+        per_op: dict[str, int] = {}
+        for bucket, n in counts.items():
+            per_op[bucket.op] = per_op.get(bucket.op, 0) + n
+        hot = [(b, n) for b, n in counts.items() if b.op in TUNABLE_OPS and n >= self.min_share * per_op[b.op]
+               and (b.op not in STEP_OPS or b.model == self.env.model)]
+        return sorted(hot, key=lambda item: (-item[1], item[0].op, item[0].label))
+
+    def tune(self, counts: dict[Bucket, int], budget_s: float = 300.0,
+             progress: Callable[[Bucket, int, int], None] | None = None) -> list[Result]:
+        """Tune the hot buckets of `counts` that have no verdict yet, until `budget_s` seconds are spent.
+
+        Returns the rows written (every variant's verdict). Buckets left when the budget runs out are
+        tuned by the next call. `progress(bucket, done, total)` is called before each bucket.
+        """
+        start = time.monotonic()
+        tuned = self.table.tuned(self.env)
+        todo = [(b, n) for b, n in self.hot_buckets(counts) if b not in tuned and (b.op not in STEP_OPS or self.model is not None)]
+        written: list[Result] = []
+        for i, (bucket, calls) in enumerate(todo):
+            if time.monotonic() - start > budget_s:
+                logger.info("tuning budget of %.0f s spent; %d buckets left for the next round", budget_s, len(todo) - i)
+                break
+            if progress is not None:
+                progress(bucket, i, len(todo))
+            written.extend(self.tune_bucket(bucket, calls))
+        return written
+
+    def tune_bucket(self, bucket: Bucket, calls: int = 0) -> list[Result]:
+        """Verify and time every candidate of one bucket, store the verdicts, stage the winner."""
+        dtype = _DTYPES[bucket.dtype]
+        candidates = [v for v in variants(bucket.op) if v.runs_on(self.device, dtype)]
+        cases = list(self._cases(bucket, dtype))
+        threads = torch.get_num_threads()
+        baseline = self._time(self._default(bucket), cases[0])
+        results, timed = [], []
+        for variant in candidates:
+            try:
+                error = self._verify(variant, cases, dtype)
+                atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+                if error is not None:
+                    raise AssertionError(error)
+                median = self._time(variant.fn, cases[0])
+            except Exception as exc:  # a failing candidate is a verdict, not a crash
+                logger.warning("rejected variant %s for %s %s [%s]: %s", variant.name, bucket.op, bucket.label, bucket.dtype, exc)
+                results.append(Result(bucket, variant.name, "rejected", baseline_ms=baseline, calls=calls, message=str(exc)[:500]))
+                continue
+            finally:
+                torch.set_num_threads(threads)
+            timed.append((median, variant))
+            results.append(Result(bucket, variant.name, "passed", median, baseline, calls=calls, message=f"atol {atol:g} rtol {rtol:g}"))
+        best = min(timed, key=lambda t: t[0], default=None)
+        if best is not None and baseline / best[0] >= self.min_speedup:
+            results = [Result(r.bucket, r.variant, "winner", r.median_ms, r.baseline_ms, r.max_error, r.calls, r.message)
+                       if r.variant == best[1].name else r for r in results]
+            install(bucket, best[1].name, best[1].fn)
+            logger.info("winner for %s %s [%s]: %s, %.2fx", bucket.op, bucket.label, bucket.dtype, best[1].name, baseline / best[0])
+        else:
+            results.append(Result(bucket, "default", "winner", baseline, baseline, calls=calls))
+        for result in results:
+            self.table.put(self.env, result)
+        return results
+
+    def _default(self, bucket: Bucket) -> Callable:
+        if bucket.op == "decode_step":
+            return lambda model, token_ids, batch, cache: model(token_ids, batch, cache)
+        return registered(bucket.op)
+
+    def _reference(self, bucket_op: str) -> Callable:
+        if bucket_op == "decode_step":
+            return lambda model, token_ids, batch, cache: model(token_ids, batch, cache)
+        return _REFERENCES[bucket_op]
+
+    @torch.inference_mode()
+    def _verify(self, variant: Variant, cases: list[tuple[tuple, dict]], dtype: torch.dtype) -> str | None:
+        """None when every case is within tolerance, else what differed."""
+        atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+        reference = self._reference(variant.op)
+        for args, kwargs in cases:
+            expected = reference(*_fresh(_upcast(args) if variant.op != "decode_step" else args), **kwargs)
+            got = variant.fn(*_fresh(args), **kwargs)
+            expected, got = _first_tensor(expected).float(), _first_tensor(got).float()
+            if expected.shape != got.shape:
+                return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+            if not torch.allclose(got, expected, atol=atol, rtol=rtol):
+                error = (got - expected).abs().max().item()
+                return f"max abs error {error:.3g} outside atol {atol:g} / rtol {rtol:g}"
+        return None
+
+    @torch.inference_mode()
+    def _time(self, fn: Callable, case: tuple[tuple, dict]) -> float:
+        """Median wall time of fn(*case) in milliseconds, after `warmup` calls."""
+        args, kwargs = case
+        for _ in range(self.warmup):
+            fn(*args, **kwargs)
+        times = []
+        for _ in range(self.repeats):
+            start = time.perf_counter()
+            fn(*args, **kwargs)
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    def _cases(self, bucket: Bucket, dtype: torch.dtype):
+        """(args, kwargs) inputs of the bucket's shapes; the first is the timed one (see `kernels.tuner_inputs`)."""
+        from kernels.tuner_inputs import op_cases, step_cases
+
+        if bucket.op == "decode_step":
+            return step_cases(self.model, bucket.leading)
+        return op_cases(bucket, dtype)
+
+
+def _upcast(args: tuple) -> tuple:
+    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def _fresh(args: tuple) -> tuple:
+    """A copy of the cache argument of a decode step (it is written), the other arguments as they are."""
+    return tuple(_clone_cache(a) if hasattr(a, "keys") and hasattr(a, "write") else a for a in args) if args else args
+
+
+def _clone_cache(cache):
+    from copy import copy
+
+    out = copy(cache)
+    out.keys, out.values = [k.clone() for k in cache.keys], [v.clone() for v in cache.values]
+    return out
+
+
+def _first_tensor(value) -> torch.Tensor:
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+class BackgroundTuner:
+    """Tuning rounds on a daemon thread: every `interval_s`, the buckets that were hot since the last round.
+
+    Args:
+        tuner: the `Tuner` of the served model.
+        recorder: the attached `ShapeRecorder`.
+        budget_s: seconds of tuning per round at most (the CPU budget; tuning runs with one thread).
+        interval_s: seconds between rounds.
+    """
+
+    def __init__(self, tuner: Tuner, recorder: ShapeRecorder, budget_s: float = 60.0, interval_s: float = 300.0):
+        self.tuner, self.recorder, self.budget_s, self.interval_s = tuner, recorder, budget_s, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kernel-tuner", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run_round(self) -> list[Result]:
+        """One round now: tune what was hot since the previous round."""
+        self.rounds += 1
+        return self.tuner.tune(self.recorder.since_mark(), budget_s=self.budget_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_round()
+            except Exception:  # the engine keeps serving; the next round tries again
+                logger.exception("background tuning round failed")
+

@@ -1,0 +1,111 @@
+"""Inputs of a bucket's shapes for the tuner: the cases a variant is verified on, the first one timed.
+
+Random values from a fixed seed (the recorder keeps shapes, not data). Each case covers the contract,
+not only the common path: rms_norm with Llama's and Gemma's offsets, gated_mlp with SwiGLU and GeGLU,
+paged attention as a decode batch and as a prefill chunk over a shuffled block table. A decode step
+runs the real model on a batch of sequences with 150-odd tokens of random cached K/V, at the bucket's
+top batch size and at its smallest (the padded path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import ref
+from kernels.recorder import Bucket
+
+_SEED = 0
+
+
+def op_cases(bucket: Bucket, dtype: torch.dtype) -> list[tuple[tuple, dict]]:
+    """(args, kwargs) cases of one op bucket. Raises ValueError for an op the tuner does not tune."""
+    gen = torch.Generator().manual_seed(_SEED)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+    shapes, op = bucket.shapes, bucket.op
+    if op == "linear":
+        (n, *rest), (out, inp) = shapes[0], shapes[1]
+        return [((randn(n, *rest), randn(out, inp, scale=inp**-0.5)), {})]
+    if op == "gated_mlp":
+        (n, e), (f2, _) = shapes[0], shapes[1]
+        x, gate_up, down = randn(n, e), randn(f2, e, scale=e**-0.5), randn(e, f2 // 2, scale=(f2 // 2) ** -0.5)
+        return [((x, gate_up, down, "silu"), {}), ((x, gate_up, down, "gelu_tanh"), {})]
+    if op == "rms_norm":
+        x, e = randn(*shapes[0]), shapes[0][-1]
+        weight = randn(e, scale=0.1) + 1
+        return [((x, weight, 1e-6), {}), ((x, weight - 1, 1e-6), {"offset": 1.0})]
+    if op == "rotary":
+        n, heads, d = shapes[0]
+        cos, sin = ref.ref_rotary_cos_sin(torch.randint(0, 4096, (n,), generator=gen), d, 10000.0, dtype)
+        return [((randn(n, heads, d), cos, sin), {})]
+    if op == "paged_attention":
+        (n, heads, d), (block_size, kv_heads, _) = shapes[0], shapes[1]
+        decode = [int(x) for x in torch.randint(1, 200, (n,), generator=gen)]
+        return [_paged(gen, randn, decode, [1] * n, heads, kv_heads, d, block_size),
+                _paged(gen, randn, [n + 37], [n], heads, kv_heads, d, block_size)]
+    raise ValueError(f"the tuner has no inputs for op {op!r}")
+
+
+def _paged(gen, randn, seq_lens, query_lens, heads, kv_heads, d, block_size):
+    per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(per_seq) + 2
+    physical = torch.randperm(num_blocks, generator=gen)
+    tables = torch.zeros(len(seq_lens), max(per_seq), dtype=torch.int64)
+    used = 0
+    for b, count in enumerate(per_seq):
+        tables[b, :count] = physical[used : used + count]
+        used += count
+    k_cache, v_cache = randn(num_blocks, block_size, kv_heads, d), randn(num_blocks, block_size, kv_heads, d)
+    q = randn(sum(query_lens), heads, d)
+    return (q, k_cache, v_cache, tables, seq_lens, query_lens), {"scale": d**-0.5, "sliding_window": None}
+
+
+def step_cases(model, batch_size: int, context: int = 150, block_size: int = 16) -> list[tuple[tuple, dict]]:
+    """Decode batches for `model` (a `CausalLM`): `batch_size` sequences, then the bucket's smallest size.
+
+    Sequence b has context + 3b tokens; the K/V of all but its newest token are random (std 0.5) in
+    blocks of a shuffled table; the newest token's K/V is written by the step itself.
+    """
+    gen = torch.Generator().manual_seed(_SEED)
+    sizes = [batch_size] + ([batch_size // 2 + 1] if batch_size > 2 else [])
+    cases = []
+    for size in sizes:
+        seq_lens = [context + 3 * b for b in range(size)]
+        per_seq = [-(-s // block_size) for s in seq_lens]
+        cache = model.allocate_cache(sum(per_seq) + 1, block_size)
+        for keys in (*cache.keys, *cache.values):
+            keys.copy_(torch.randn(keys.shape, generator=gen) * 0.5)
+        physical = torch.randperm(sum(per_seq) + 1, generator=gen)
+        tables = torch.zeros(size, max(per_seq), dtype=torch.int64)
+        used = 0
+        for b, count in enumerate(per_seq):
+            tables[b, :count] = physical[used : used + count]
+            used += count
+        positions = torch.tensor([s - 1 for s in seq_lens])
+        slots = torch.tensor([int(tables[b, p // block_size]) * block_size + p % block_size for b, p in enumerate(positions.tolist())])
+        batch = _batch(positions, slots, tables, seq_lens)
+        token_ids = torch.randint(0, model.config.vocab_size, (size,), generator=gen)
+        cases.append(((model, token_ids, batch, cache), {}))
+    return cases
+
+
+@dataclass
+class DecodeBatch:
+    """The fields of `serving.paged_cache.BatchMetadata` a decode step reads (`kernels` does not import
+    `serving`): positions, slot_mapping [B] int64, block_tables [B, max_blocks], seq_lens, query_lens."""
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: list[int]
+    query_lens: list[int]
+    sliding_slot_mapping: None = None
+    sliding_block_tables: None = None
+
+
+def _batch(positions, slots, tables, seq_lens) -> DecodeBatch:
+    return DecodeBatch(positions, slots, tables, seq_lens, [1] * len(seq_lens))
