@@ -24,6 +24,7 @@ import logging
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -50,13 +51,27 @@ class Tuner:
         min_speedup: a variant is installed only when default time / its time reaches this.
         repeats, warmup: timed and untimed calls per candidate.
         min_share: buckets below this share of all recorded calls of their op are not hot.
+        allow_lossy: also try op variants whose stated tolerance is looser than the registry's default
+            for the dtype (weight-only quantized matmuls); off by default, so fp32 results stay equal to
+            the reference within float rounding.
     """
 
     def __init__(self, table: WinnerTable, model_name: str, *, model=None, device: str = "cpu", min_speedup: float = 1.05,
-                 repeats: int = 7, warmup: int = 2, min_share: float = 0.02):
+                 repeats: int = 7, warmup: int = 2, min_share: float = 0.02, allow_lossy: bool = False):
         self.table, self.model, self.device = table, model, device
         self.env = Environment.current(model_name, device)
         self.min_speedup, self.repeats, self.warmup, self.min_share = min_speedup, repeats, warmup, min_share
+        self.allow_lossy = allow_lossy
+
+    def candidates(self, op: str, dtype: torch.dtype) -> list[Variant]:
+        """The registered variants of `op` that run here on `dtype` (lossy ones only with `allow_lossy`)."""
+        exact = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+
+        def lossy(v: Variant) -> bool:
+            atol, rtol = v.tolerance.get(dtype, exact)
+            return op not in STEP_OPS and (atol > exact[0] or rtol > exact[1])
+
+        return [v for v in variants(op) if v.runs_on(self.device, dtype) and (self.allow_lossy or not lossy(v))]
 
     def install_known(self) -> int:
         """Stage every stored winner of this environment whose variant is registered; returns how many."""
@@ -104,7 +119,7 @@ class Tuner:
     def tune_bucket(self, bucket: Bucket, calls: int = 0) -> list[Result]:
         """Verify and time every candidate of one bucket, store the verdicts, stage the winner."""
         dtype = _DTYPES[bucket.dtype]
-        candidates = [v for v in variants(bucket.op) if v.runs_on(self.device, dtype)]
+        candidates = self.candidates(bucket.op, dtype)
         cases = list(self._cases(bucket, dtype))
         threads = torch.get_num_threads()
         baseline = self._time(self._default(bucket), cases[0])
@@ -205,6 +220,25 @@ def _first_tensor(value) -> torch.Tensor:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
+def install_stored(model_name: str, path=None, providers=None) -> int:
+    """Stage the stored winners of `model_name` in this environment (engine start); returns how many.
+
+    Does nothing (returns 0, creates no file) when the table file does not exist. `providers`: see
+    `kernels.candidates.register_candidates` (default: its defaults plus "quantized", so a stored lossy
+    winner, tuned on request, is found again).
+    """
+    from kernels.candidates import PROVIDERS, register_candidates
+    from kernels.winners import default_path
+
+    if not (Path(path) if path else default_path()).is_file():
+        return 0
+    register_candidates(tuple(PROVIDERS) if providers is None else providers)
+    count = Tuner(WinnerTable(path), model_name).install_known()
+    if count:
+        logger.info("installed %d stored kernel winners for %s", count, model_name)
+    return count
+
+
 class BackgroundTuner:
     """Tuning rounds on a daemon thread: every `interval_s`, the buckets that were hot since the last round.
 
@@ -230,9 +264,11 @@ class BackgroundTuner:
         self._stop.set()
 
     def run_round(self) -> list[Result]:
-        """One round now: tune what was hot since the previous round."""
+        """One round now: save the counts recorded since the previous round and tune what was hot in them."""
         self.rounds += 1
-        return self.tuner.tune(self.recorder.since_mark(), budget_s=self.budget_s)
+        counts = self.recorder.since_mark()
+        self.tuner.table.add_counts(self.tuner.env.model, counts)
+        return self.tuner.tune(counts, budget_s=self.budget_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -8,7 +8,9 @@ status` read while a `link serve` tunes.
 Every row is keyed by (op, bucket, dtype, device, torch version, triton version or "none", model,
 variant) and holds the verdict: "winner" (the variant installed for the bucket; variant "default"
 when nothing beat the default implementation), "passed" (correct, slower) or "rejected" (outside the
-tolerance or raised; `message` says why). A bucket with any row for this environment counts as tuned.
+tolerance or raised; `message` says why). A bucket with any row for this environment counts as tuned. Table `recorded` keeps the shape
+counts an engine recorded per model (added up over saves), the input of `link compile tune --workload
+recorded`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ CREATE TABLE IF NOT EXISTS results (
     status TEXT NOT NULL, median_ms REAL, baseline_ms REAL, max_error REAL, calls INTEGER NOT NULL DEFAULT 0,
     message TEXT NOT NULL DEFAULT '', tuned_at REAL NOT NULL,
     PRIMARY KEY (op, bucket, dtype, device, torch_version, triton_version, model, variant)
-)
+);
+CREATE TABLE IF NOT EXISTS recorded (
+    model TEXT NOT NULL, op TEXT NOT NULL, bucket TEXT NOT NULL, dtype TEXT NOT NULL, calls INTEGER NOT NULL,
+    PRIMARY KEY (model, op, bucket, dtype)
+);
 """
 
 
@@ -88,6 +94,7 @@ class Result:
     calls: int = 0
     message: str = ""
     tuned_at: float = 0.0
+    env: Environment | None = None  # filled when read from the table
 
     @property
     def speedup(self) -> float | None:
@@ -109,7 +116,7 @@ class WinnerTable:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.execute(_SCHEMA)
+            db.executescript(_SCHEMA)
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)
@@ -132,7 +139,7 @@ class WinnerTable:
         with self._connect() as db:
             rows = db.execute(query + " ORDER BY op, bucket, dtype, status DESC, median_ms", args).fetchall()
         return [Result(Bucket.parse(r[0], r[1], r[2], r[6] if r[0] == "decode_step" else ""), r[7], r[8], r[9], r[10], r[11],
-                       r[12], r[13], r[14]) for r in rows]
+                       r[12], r[13], r[14], Environment(r[3], r[4], r[5], r[6])) for r in rows]
 
     def winners(self, env: Environment) -> dict[Bucket, Result]:
         """{bucket: the winning row} for `env` (variant "default" where nothing beat the default)."""
@@ -148,3 +155,18 @@ class WinnerTable:
             cur = db.execute("DELETE FROM results WHERE device=? AND torch_version=? AND triton_version=? AND model=?",
                              (env.device, env.torch_version, env.triton_version, env.model))
             return cur.rowcount
+
+    def add_counts(self, model: str, counts: dict[Bucket, int]) -> None:
+        """Add recorded calls per bucket to `model`'s totals (kernel-op buckets and its step buckets)."""
+        with self._connect() as db:
+            for b, n in counts.items():
+                if b.model and b.model != model:
+                    continue
+                db.execute("INSERT INTO recorded VALUES (?,?,?,?,?) ON CONFLICT(model, op, bucket, dtype) "
+                           "DO UPDATE SET calls = calls + excluded.calls", (model, b.op, b.label, b.dtype, n))
+
+    def counts(self, model: str) -> dict[Bucket, int]:
+        """The recorded calls per bucket of `model` (empty when none were saved)."""
+        with self._connect() as db:
+            rows = db.execute("SELECT op, bucket, dtype, calls FROM recorded WHERE model=?", (model,)).fetchall()
+        return {Bucket.parse(op, label, dtype, model if op == "decode_step" else ""): calls for op, label, dtype, calls in rows}

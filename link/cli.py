@@ -12,6 +12,7 @@
     link router train|calibrate|eval              learned routers on outcome tables (cli_router.py)
     link eval run|replay|report                   benchmarks, replay, reports (evals/cli.py)
     link posttrain sft|eval|export                fine-tune to a tool-call harness, score, export (cli_posttrain.py)
+    link compile tune|status                      tune kernels for the recorded shapes, show the winners (cli_compile.py)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from link.cli_keys import keys_app  # noqa: E402  (`link keys create|list|revoke
 
 app.add_typer(keys_app, name="keys")
 app.add_typer(__import__("link.cli_posttrain", fromlist=["posttrain_app"]).posttrain_app, name="posttrain")  # link/cli_posttrain.py
+app.add_typer(__import__("link.cli_compile", fromlist=["compile_app"]).compile_app, name="compile")  # link/cli_compile.py
 
 
 @app.command()

@@ -41,6 +41,11 @@ class EngineOptions(BaseModel):
         enable_prefix_caching: reuse KV blocks of a shared prompt prefix across requests.
         sliding_window_pool: Gemma 3: keep only the window's blocks for sliding-window layers (less memory, no
             prefix caching); false gives one pool for all layers, with prefix caching (raise `kv_cache_mb`).
+        compile_tune: tune kernels in the background for the shapes this engine records (off by default;
+            `kernels.tuner.BackgroundTuner`): every `compile_interval_s` seconds, the buckets that were hot
+            since the last round and have no verdict are verified, timed and swapped in between two steps.
+        compile_budget_s: CPU seconds of tuning per round at most (the round stops starting buckets after it).
+        compile_interval_s: seconds between tuning rounds.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -50,12 +55,15 @@ class EngineOptions(BaseModel):
     max_num_batched_tokens: int | None = Field(None, ge=16)
     enable_prefix_caching: bool | None = None
     sliding_window_pool: bool | None = None
+    compile_tune: bool = False
+    compile_budget_s: float = Field(60.0, gt=0, le=3600)
+    compile_interval_s: float = Field(300.0, ge=1, le=86400)
 
     def engine_config(self):
         """The `serving.llm_engine.EngineConfig` these options give."""
         from serving.llm_engine import EngineConfig
 
-        values = self.model_dump(exclude_none=True)
+        values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s"})
         if "kv_cache_mb" in values:
             values["kv_cache_bytes"] = values.pop("kv_cache_mb") * 2**20
         return EngineConfig(**values)

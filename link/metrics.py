@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from kernels.metrics import KernelCollector
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -27,6 +29,7 @@ class GatewayMetrics:
         self.cost = Counter("link_cost_usd", "Cost in USD at the models' prices", labels, registry=r)
         self.latency = Histogram("link_request_latency_seconds", "Whole request latency, seconds", labels,
                                  buckets=LATENCY_BUCKETS_S, registry=r)
+        r.register(KernelCollector())  # link_kernel_calls / link_kernel_winner_speedup (kernels/metrics.py)
         self.ttft = Histogram("link_time_to_first_token_seconds", "Time to first token of streamed requests, seconds",
                               labels, buckets=LATENCY_BUCKETS_S, registry=r)
 

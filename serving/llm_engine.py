@@ -52,6 +52,9 @@ class EngineConfig:
             pool for all layers, with prefix caching. No effect on models without such layers.
         num_sliding_blocks: explicit sliding-pool block count (default: `plan_pool_sizes`, or with an
             explicit `num_blocks` the smaller of it and `max_batch_blocks`).
+        tuned_kernels: at start, install the winners `link compile tune` stored for this model, device
+            and library versions ($LINK_HOME/compile/winners.sqlite, `kernels.tuner.install_stored`);
+            nothing happens when the file does not exist.
     """
 
     block_size: int = 16
@@ -62,6 +65,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     sliding_window_pool: bool = True
     num_sliding_blocks: int | None = None
+    tuned_kernels: bool = True
 
 
 @dataclass
@@ -116,6 +120,10 @@ class LLMEngine:
         self._seq_to_request: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
         self._token_table = None  # serving.guided_decoding.TokenTable, built by the first guided_json request
+        if config.tuned_kernels:
+            from kernels.tuner import install_stored
+
+            install_stored(loaded.spec.name)  # applied before the first step
 
     @property
     def has_unfinished_requests(self) -> bool:

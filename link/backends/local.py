@@ -48,6 +48,7 @@ class EnginePool:
         self._states: dict[str, object] = {}  # key -> serving.api.server.EngineState
         self._locks: dict[str, asyncio.Lock] = {}
         self.load_errors: dict[str, str] = {}
+        self._tuners: list = []  # kernels.tuner.BackgroundTuner per model with compile_tune
 
     def spec_for(self, deployment: ModelDeployment) -> ModelSpec:
         """The `ModelSpec` of a local deployment, its `context_length` applied as a cap.
@@ -78,7 +79,24 @@ class EnginePool:
             config = deployment.engine.engine_config()
         else:
             config = self.engine_config or EngineConfig()
+        _record_shapes()
+        if deployment is not None and deployment.engine is not None and deployment.engine.compile_tune:
+            self._start_tuner(loaded, deployment.engine)
         return EngineState(key, loaded, AsyncLLMEngine(LLMEngine(loaded, config), step_in_thread=True))
+
+    def _start_tuner(self, loaded, options) -> None:
+        """Background kernel tuning of one model (link.yaml `engine: {compile_tune: true}`); stopped in `aclose`."""
+        from kernels.candidates import register_candidates
+        from kernels.tuner import BackgroundTuner, Tuner
+        from kernels.winners import WinnerTable
+
+        register_candidates()
+        import kernels
+
+        tuner = Tuner(WinnerTable(), loaded.spec.name, model=loaded.model)
+        background = BackgroundTuner(tuner, kernels.recorder(), options.compile_budget_s, options.compile_interval_s)
+        background.start()
+        self._tuners.append(background)
 
     async def get(self, deployment: ModelDeployment):
         """The running engine state of a local deployment, loading the model on first use.
@@ -117,9 +135,19 @@ class EnginePool:
         return state.engine.errored is None
 
     async def aclose(self) -> None:
-        """Stop every engine loop."""
+        """Stop every engine loop and background tuner."""
+        for tuner in self._tuners:
+            tuner.stop()
         for state in self._states.values():
             await state.engine.shutdown()
+
+
+def _record_shapes() -> None:
+    """Attach a `ShapeRecorder` to the dispatch (once per process): /metrics shows its counts, tuners read them."""
+    import kernels
+
+    if kernels.recorder() is None:
+        kernels.attach_recorder(kernels.ShapeRecorder())
 
 
 def _problem(exc: Exception, name: str) -> BackendError:

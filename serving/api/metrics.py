@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kernels.metrics import KernelCollector
+
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -24,6 +26,7 @@ class EngineMetrics:
         self.requests = Counter("link_engine_requests", "Finished requests by finish reason.", ["finish_reason"], registry=r)
         self.ttft = Histogram("link_engine_time_to_first_token_seconds", "Time to first token.", buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("link_engine_inter_token_latency_seconds", "Mean inter-token latency per request.", buckets=LATENCY_BUCKETS, registry=r)
+        r.register(KernelCollector())  # link_kernel_calls / link_kernel_winner_speedup (kernels/metrics.py)
         self.e2e = Histogram("link_engine_request_latency_seconds", "Request latency, arrival to last token.", buckets=LATENCY_BUCKETS, registry=r)
 
     def refresh(self, engine) -> None:

@@ -1,0 +1,129 @@
+"""The `Tuner` and its `WinnerTable` with fake variants (no compilation): a wrong variant is rejected and
+logged, the winner is swapped in and equals the reference, the table survives a restart, and a traffic
+shift tunes only the buckets that became hot. The default is made slow (a sleep), so the correct fake
+variant wins deterministically."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+
+import kernels
+import kernels.tuner as tuner_module
+from kernels import ref
+from kernels.recorder import Bucket
+from kernels.tuner import BackgroundTuner, Tuner
+from kernels.variants import Variant
+from kernels.winners import WinnerTable
+
+MODEL = "test-model"
+HOT = Bucket("rms_norm", ((2, 24),), "float32")
+SHIFTED = Bucket("rms_norm", ((16, 24),), "float32")
+
+
+def _slow_default(x, weight, eps, *, offset=0.0):
+    time.sleep(0.003)
+    return ref.ref_rms_norm(x, weight, eps, offset=offset)
+
+
+CALLS: list[int] = []
+
+
+def _good(x, weight, eps, *, offset=0.0):
+    CALLS.append(x.shape[0])
+    return ref.ref_rms_norm(x, weight, eps, offset=offset)
+
+
+def _wrong(x, weight, eps, *, offset=0.0):
+    return ref.ref_rms_norm(x, weight, eps, offset=offset) * 1.01  # 1% off: outside fp32 tolerance
+
+
+FAKES = [Variant("rms_norm", "good", _good, exact=True), Variant("rms_norm", "wrong", _wrong)]
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch):
+    kernels.reset()
+    kernels.register("rms_norm", _slow_default)
+    monkeypatch.setattr(tuner_module, "variants", lambda op: [v for v in FAKES if v.op == op])
+    CALLS.clear()
+    yield
+    kernels.reset()
+
+
+@pytest.fixture
+def table(tmp_path):
+    return WinnerTable(tmp_path / "compile" / "winners.sqlite")
+
+
+def test_wrong_variant_rejected_and_logged_winner_installed(table, caplog):
+    tuner = Tuner(table, MODEL, repeats=3, warmup=1)
+    with caplog.at_level(logging.WARNING, logger="kernels.tuner"):
+        results = tuner.tune({HOT: 100})
+    verdicts = {r.variant: r.status for r in results}
+    assert verdicts == {"good": "winner", "wrong": "rejected"}
+    assert any("rejected variant wrong" in rec.message and "rms_norm 2x24" in rec.message for rec in caplog.records)
+    rejected = next(r for r in table.results(tuner.env) if r.variant == "wrong")
+    assert rejected.status == "rejected" and "outside atol" in rejected.message
+    winner = table.winners(tuner.env)[HOT]
+    assert winner.variant == "good" and winner.speedup > 1.05
+    # staged until the engine's next step, then serving only its bucket
+    assert kernels.installed() == {}
+    kernels.apply_pending()
+    assert kernels.installed() == {HOT: "good"}
+    CALLS.clear()
+    x, w = torch.randn(2, 24), torch.randn(24)
+    torch.testing.assert_close(kernels.dispatch("rms_norm", x, w, 1e-6), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+    kernels.dispatch("rms_norm", torch.randn(9, 24), w, 1e-6)  # bucket 16: not tuned, the default
+    assert CALLS == [2]
+
+
+def test_winner_table_survives_a_restart_without_retuning(table, monkeypatch):
+    Tuner(table, MODEL, repeats=3, warmup=1).tune({HOT: 100})
+    kernels.reset()
+    restarted = Tuner(WinnerTable(table.path), MODEL)
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a stored winner must not be timed again")
+
+    monkeypatch.setattr(Tuner, "_time", no_timing)
+    assert restarted.install_known() == 1
+    kernels.apply_pending()
+    assert kernels.installed() == {HOT: "good"}
+    assert restarted.tune({HOT: 500}) == []  # already has a verdict
+    assert Tuner(WinnerTable(table.path), "another-model").install_known() == 0  # keyed by model
+
+
+def test_traffic_shift_tunes_only_the_new_buckets(table):
+    tuner = Tuner(table, MODEL, repeats=3, warmup=1)
+    first = tuner.tune({HOT: 100})
+    assert {r.bucket for r in first} == {HOT}
+    shifted = tuner.tune({HOT: 10, SHIFTED: 300})
+    assert {r.bucket for r in shifted} == {SHIFTED}
+    kernels.apply_pending()
+    assert kernels.installed() == {HOT: "good", SHIFTED: "good"}
+
+
+def test_cold_buckets_are_not_tuned(table):
+    cold = Bucket("rms_norm", ((64, 24),), "float32")
+    results = Tuner(table, MODEL, repeats=3, warmup=1, min_share=0.05).tune({HOT: 1000, cold: 3})
+    assert {r.bucket for r in results} == {HOT}
+
+
+def test_background_round_saves_counts_and_tunes_the_recorded_shift(table):
+    recorder = kernels.ShapeRecorder()
+    kernels.attach_recorder(recorder)
+    try:
+        background = BackgroundTuner(Tuner(table, MODEL, repeats=3, warmup=1), recorder, budget_s=60)
+        for _ in range(5):
+            kernels.dispatch("rms_norm", torch.randn(2, 24), torch.ones(24), 1e-6)
+        assert {r.bucket for r in background.run_round()} == {HOT}
+        for _ in range(5):
+            kernels.dispatch("rms_norm", torch.randn(13, 24), torch.ones(24), 1e-6)
+        assert {r.bucket for r in background.run_round()} == {SHIFTED}
+        assert table.counts(MODEL) == {HOT: 5, SHIFTED: 5}
+    finally:
+        kernels.attach_recorder(None)
