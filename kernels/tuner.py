@@ -220,12 +220,14 @@ def _first_tensor(value) -> torch.Tensor:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
-def install_stored(model_name: str, path=None, providers=None) -> int:
+def install_stored(model_name: str, model=None, path=None, providers=None) -> int:
     """Stage the stored winners of `model_name` in this environment (engine start); returns how many.
 
-    Does nothing (returns 0, creates no file) when the table file does not exist. `providers`: see
-    `kernels.candidates.register_candidates` (default: its defaults plus "quantized", so a stored lossy
-    winner, tuned on request, is found again).
+    Does nothing (returns 0, creates no file) when the table file does not exist. With `model` (the
+    loaded `CausalLM`), each decode-step winner runs once on a batch of its bucket's size first, so
+    its compilation happens here and not in the first step that serves a request. `providers`: see
+    `kernels.candidates.register_candidates` (default: all, so a stored lossy winner, tuned on
+    request, is found again).
     """
     from kernels.candidates import PROVIDERS, register_candidates
     from kernels.winners import default_path
@@ -233,7 +235,16 @@ def install_stored(model_name: str, path=None, providers=None) -> int:
     if not (Path(path) if path else default_path()).is_file():
         return 0
     register_candidates(tuple(PROVIDERS) if providers is None else providers)
-    count = Tuner(WinnerTable(path), model_name).install_known()
+    tuner = Tuner(WinnerTable(path), model_name, model=model)
+    count = tuner.install_known()
+    if count and model is not None:
+        for bucket, result in tuner.table.winners(tuner.env).items():
+            if bucket.op == "decode_step" and result.variant != "default":
+                fn = {v.name: v.fn for v in variants("decode_step")}.get(result.variant)
+                if fn is not None:
+                    with torch.inference_mode():
+                        for args, kwargs in tuner._cases(bucket, _DTYPES[bucket.dtype]):
+                            fn(*args, **kwargs)
     if count:
         logger.info("installed %d stored kernel winners for %s", count, model_name)
     return count

@@ -42,7 +42,9 @@ CREATE TABLE IF NOT EXISTS recorded (
 
 
 def default_path() -> Path:
-    """$LINK_HOME/compile/winners.sqlite (LINK_HOME defaults to ~/.link)."""
+    """$LINK_COMPILE_DB when set, else $LINK_HOME/compile/winners.sqlite (LINK_HOME defaults to ~/.link)."""
+    if os.environ.get("LINK_COMPILE_DB"):
+        return Path(os.environ["LINK_COMPILE_DB"])
     return Path(os.environ.get("LINK_HOME") or Path.home() / ".link") / "compile" / "winners.sqlite"
 
 

@@ -123,7 +123,7 @@ class LLMEngine:
         if config.tuned_kernels:
             from kernels.tuner import install_stored
 
-            install_stored(loaded.spec.name)  # applied before the first step
+            install_stored(loaded.spec.name, loaded.model)  # applied before the first step; compiled now
 
     @property
     def has_unfinished_requests(self) -> bool:
