@@ -1,0 +1,251 @@
+"""Weight-only int8 and int4 matmuls through PyTorch's CPU kernels, as variants of "linear" and "gated_mlp".
+
+The quantization schemes and their references are in `ref_quant.py` (int8 per output channel,
+symmetric; int4 per group of G input features, asymmetric). The kernels:
+
+- int8: `torch.ops.aten._weight_int8pack_mm(x [M, K], q [N, K] int8, scale [N]) -> [M, N]`, computing
+  (x @ q.T) * scale; x float32, bfloat16 or float16, 2-D and contiguous; scale in x's dtype. With 16-bit
+  x and K % 8 != 0 it crashes the process in torch 2.13 (from 3 rows of x on), so `int8_linear` refuses it.
+- int4: `torch.ops.aten._convert_weight_to_int4pack_for_cpu(q [N, K] int32 in [0, 15], inner_k_tiles)`
+  -> [N, K / 2] uint8, then `_weight_int4pack_mm_for_cpu(x [M, K], packed, G, scale_and_zero [K / G, N, 2])`
+  computing x @ ((q - 8) * scale + zero).T; G in (32, 64, 128, 256), K % G == 0, N % 16 == 0; the
+  scales and zeros in x's dtype.
+
+Why a cache and not a prepare step: the dispatch contract passes the float weight on every call
+(`dispatch("linear", x, self.qkv_proj)`), so the tuner can install these variants over any model with no
+change to the model. Each variant keeps a `PackCache` from weight tensor to its packed form: packed once
+per weight (under a lock, so two threads never pack the same weight twice), held through a weak
+reference to the weight so a freed weight frees its pack, and repacked if the weight is changed in place
+(its autograd version counter moves; writes through `.data` are not seen). The float weights stay
+resident, so this saves memory bandwidth per matmul, not memory. Each call must pass the same tensor
+object (a parameter), not a fresh view of it, or every call packs again.
+
+Parity against the references: `tests/kernels/test_quant_cpu.py`.
+Timing and accuracy: `benchmarks/bench_quant_linear.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kernels.ref_quant import quantize_int4, quantize_int8
+from kernels.variants import Variant
+
+INT4_GROUP_SIZE = 64  # divides every in-features of SmolLM2-135M (576, 1536) and Gemma 3 270M (640, 2048)
+_INNER_K_TILES = 2  # the CPU packing gives the same results for 1, 2, 4 and 8 (checked in torch 2.13)
+_ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class Int8Pack:
+    """A weight quantized for `_weight_int8pack_mm`: q [N, K] int8, scale [N] float32."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    _cast: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def scale_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The scales [N] in the activation dtype (cast once per dtype)."""
+        if dtype not in self._cast:
+            self._cast[dtype] = self.scale.to(dtype)
+        return self._cast[dtype]
+
+
+@dataclass
+class Int4Pack:
+    """A weight quantized for `_weight_int4pack_mm_for_cpu`: packed [N, K / 2] uint8, scale and zero
+    [K / G, N, 2] float32 (index 0 the scale, 1 the zero), and G."""
+
+    packed: torch.Tensor
+    scale_and_zero: torch.Tensor
+    group_size: int
+    _cast: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def scale_and_zero_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The scales and zeros [K / G, N, 2] in the activation dtype (cast once per dtype)."""
+        if dtype not in self._cast:
+            self._cast[dtype] = self.scale_and_zero.to(dtype).contiguous()
+        return self._cast[dtype]
+
+
+def pack_int8(weight: torch.Tensor) -> Int8Pack:
+    """Quantize a [N, K] weight (`ref_quant.quantize_int8`) into the int8 kernel's layout."""
+    q, scale = quantize_int8(weight)
+    return Int8Pack(q.contiguous(), scale)
+
+
+def pack_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Pack:
+    """Quantize a [N, K] weight (`ref_quant.quantize_int4`) into the int4 CPU kernel's layout.
+
+    Raises:
+        ValueError: G not in (32, 64, 128, 256), K not a multiple of G, or N not a multiple of 16.
+    """
+    q, scale, zero = quantize_int4(weight, group_size)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), _INNER_K_TILES)
+    scale_and_zero = torch.stack((scale.t(), zero.t()), dim=-1).contiguous()  # [K / G, N, 2]
+    return Int4Pack(packed, scale_and_zero, group_size)
+
+
+def _version(weight: torch.Tensor) -> int:
+    try:
+        return weight._version
+    except RuntimeError:  # inference tensors keep no version counter; they cannot be changed in place either
+        return 0
+
+
+class PackCache:
+    """Weight tensor -> its packed form, computed once per weight and freed with it. Thread-safe.
+
+    Args:
+        pack: weight [N, K] -> packed form.
+    """
+
+    def __init__(self, pack: Callable[[torch.Tensor], object]):
+        self._pack = pack
+        self._lock = threading.RLock()  # reentrant: a weakref callback may run in the thread holding it
+        self._entries: dict[int, tuple[weakref.ref, int, object]] = {}  # id(weight) -> (ref, version, pack)
+        self.num_packs = 0  # how many times `pack` ran
+
+    def get(self, weight: torch.Tensor):
+        """The packed form of `weight`, packing it on first use (or after an in-place change)."""
+        key = id(weight)
+        entry = self._entries.get(key)  # lock-free fast path: a dict read is atomic
+        if entry is not None and entry[0]() is weight and entry[1] == _version(weight):
+            return entry[2]
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0]() is weight and entry[1] == _version(weight):
+                return entry[2]
+            packed = self._pack(weight)
+            self._entries[key] = (weakref.ref(weight, self._releaser(key)), _version(weight), packed)
+            self.num_packs += 1
+            return packed
+
+    def _releaser(self, key: int) -> Callable[[weakref.ref], None]:
+        def release(ref: weakref.ref) -> None:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None and entry[0] is ref:  # not a newer weight that reused the id
+                    del self._entries[key]
+
+        return release
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every pack."""
+        with self._lock:
+            self._entries.clear()
+
+
+def _as_matrix(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype not in _ACTIVATION_DTYPES:
+        raise ValueError(f"weight-only quantized linear: activations must be one of {_ACTIVATION_DTYPES}, got {x.dtype}")
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def int8_linear(x: torch.Tensor, pack: Int8Pack, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] float32/bfloat16/float16 -> [..., N] in x's dtype, x @ (q * scale).T (+ bias).
+
+    Raises ValueError for 16-bit activations when K is not a multiple of 8: torch 2.13's CPU kernel
+    crashes the process (segmentation fault) there once x has 3 or more rows.
+    """
+    matrix = _as_matrix(x)
+    if x.dtype != torch.float32 and x.shape[-1] % 8:
+        raise ValueError(f"int8 weight-only linear: {x.dtype} activations need in features % 8 == 0, got {x.shape[-1]}")
+    out = torch.ops.aten._weight_int8pack_mm(matrix, pack.q, pack.scale_as(x.dtype))
+    return _finish(out, x, bias)
+
+
+def int4_linear(x: torch.Tensor, pack: Int4Pack, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] float32/bfloat16/float16 -> [..., N] in x's dtype, x @ ((q - 8) * scale + zero).T (+ bias)."""
+    out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        _as_matrix(x), pack.packed, pack.group_size, pack.scale_and_zero_as(x.dtype)
+    )
+    return _finish(out, x, bias)
+
+
+INT8_PACKS = PackCache(pack_int8)
+INT4_PACKS = PackCache(pack_int4)
+
+
+def int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The "linear" contract with the weight quantized to int8 per output channel (packed once, cached).
+
+    x: [..., K] float32/bfloat16/float16; weight: [N, K]; bias: [N] or None. Returns [..., N] in x's dtype.
+    Raises ValueError for another activation dtype, a weight that is not 2-D, or 16-bit activations with
+    K % 8 != 0 (see `int8_linear`).
+    """
+    return int8_linear(x, INT8_PACKS.get(weight), bias)
+
+
+def int4_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The "linear" contract with the weight quantized to int4 in groups of `INT4_GROUP_SIZE` (packed once, cached).
+
+    x: [..., K] float32/bfloat16/float16; weight: [N, K]; bias: [N] or None. Returns [..., N] in x's dtype.
+    Raises ValueError for another activation dtype, or when K % 64 or N % 16 is not 0.
+    """
+    return int4_linear(x, INT4_PACKS.get(weight), bias)
+
+
+def gated_mlp_with(linear: Callable) -> Callable:
+    """The "gated_mlp" contract (`ref.ref_gated_mlp`) with both projections computed by `linear`."""
+
+    def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
+        gate, up = linear(x, gate_up).chunk(2, dim=-1)
+        if activation == "silu":
+            act = F.silu(gate)
+        elif activation == "gelu_tanh":
+            act = F.gelu(gate, approximate="tanh")
+        else:
+            raise ValueError(f"unknown MLP activation {activation!r}; expected 'silu' or 'gelu_tanh'")
+        return linear(act * up, down)
+
+    return gated_mlp
+
+
+int8_weight_gated_mlp = gated_mlp_with(int8_weight_linear)
+int4_weight_gated_mlp = gated_mlp_with(int4_weight_linear)
+
+# (atol, rtol) against the float32 reference F.linear(x, w) for activations x ~ N(0, 1), the quantization
+# error being absolute (it scales with |x| and the weight's step, not with |y|). Measured with
+# `benchmarks/bench_quant_linear.py --sections accuracy` on SmolLM2-135M-Instruct's weights (layers 0, 15,
+# 29 and lm_head, x [16, K]): at rtol 0.02 the largest atol needed, over fp32 and bf16 and all five kinds,
+# was 0.94 for int8 (qkv) and 6.0 for int4 (qkv); relative RMS error 0.8-1.3% (int8), 8-12% (int4).
+# Deliberately wrong variants need far more: int8 with the next row's scales 17-137; int4 with the zero
+# off by one step 10.8-20.6 on qkv/o/gate_up/down (lm_head 6.2-11.7, so there only bf16 is caught).
+# Real activations are not N(0, 1): on three prompts SmolLM2's down projection outputs reach |y| ~ 2.5e4
+# and the int8 error there reaches 17, so check these variants on N(0, 1) activations.
+INT8_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {torch.float32: (1.5, 0.02), torch.bfloat16: (1.5, 0.02)}
+INT4_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {torch.float32: (8.0, 0.02), torch.bfloat16: (8.0, 0.02)}
+
+
+def cpu_quant_variants() -> list[Variant]:
+    """The weight-only int8 and int4 variants of "linear" and "gated_mlp" (not registered; pass each to
+    `kernels.variants.register_variant`)."""
+    dtypes = (torch.float32, torch.bfloat16)
+    int8 = dict(name="int8_weight", devices=("cpu",), dtypes=dtypes, tolerance=dict(INT8_TOLERANCE))
+    int4 = dict(name="int4_weight", devices=("cpu",), dtypes=dtypes, tolerance=dict(INT4_TOLERANCE))
+    return [
+        Variant(op="linear", fn=int8_weight_linear, **int8,
+                description="weight-only int8 per output channel (aten._weight_int8pack_mm)"),
+        Variant(op="linear", fn=int4_weight_linear, **int4,
+                description=f"weight-only int4, groups of {INT4_GROUP_SIZE} (aten._weight_int4pack_mm_for_cpu)"),
+        Variant(op="gated_mlp", fn=int8_weight_gated_mlp, **int8,
+                description="gate/up and down projections as weight-only int8 linears"),
+        Variant(op="gated_mlp", fn=int4_weight_gated_mlp, **int4,
+                description=f"gate/up and down projections as weight-only int4 linears, groups of {INT4_GROUP_SIZE}"),
+    ]
