@@ -208,9 +208,9 @@ def test_cpu_quant_variants_are_not_registered_at_import():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_stated_tolerances_accept_the_variants_and_reject_a_wrong_scale(dtype):
-    # weights at a trained model's scale (std 0.05), activations N(0, 1), as the tolerances assume
+    # the tuner's check inputs, which the tolerances assume: x ~ N(0, 1), w ~ N(0, 1 / K)
     gen = torch.Generator().manual_seed(5)
-    w, x = torch.randn(960, 576, generator=gen) * 0.05, torch.randn(16, 576, generator=gen)
+    w, x = torch.randn(960, 576, generator=gen) * 576**-0.5, torch.randn(16, 576, generator=gen)
     expected = F.linear(x, w)
     for fn, tolerance in ((quant_cpu.int8_weight_linear, quant_cpu.INT8_TOLERANCE),
                           (quant_cpu.int4_weight_linear, quant_cpu.INT4_TOLERANCE)):
