@@ -88,13 +88,14 @@ class Tuner:
         return count
 
     def hot_buckets(self, counts: dict[Bucket, int]) -> list[tuple[Bucket, int]]:
-        """The tunable buckets holding at least `min_share` of their op's calls, most called first."""
+        """The tunable buckets holding at least `min_share` of their op's calls: step buckets first (a
+        decode step is worth dozens of op calls), then the most called."""
         per_op: dict[str, int] = {}
         for bucket, n in counts.items():
             per_op[bucket.op] = per_op.get(bucket.op, 0) + n
         hot = [(b, n) for b, n in counts.items() if b.op in TUNABLE_OPS and n >= self.min_share * per_op[b.op]
                and (b.op not in STEP_OPS or b.model == self.env.model)]
-        return sorted(hot, key=lambda item: (-item[1], item[0].op, item[0].label))
+        return sorted(hot, key=lambda item: (item[0].op not in STEP_OPS, -item[1], item[0].op, item[0].label))
 
     def tune(self, counts: dict[Bucket, int], budget_s: float = 300.0,
              progress: Callable[[Bucket, int, int], None] | None = None) -> list[Result]:
@@ -223,9 +224,9 @@ def _first_tensor(value) -> torch.Tensor:
 def install_stored(model_name: str, model=None, path=None, providers=None) -> int:
     """Stage the stored winners of `model_name` in this environment (engine start); returns how many.
 
-    Does nothing (returns 0, creates no file) when the table file does not exist. With `model` (the
-    loaded `CausalLM`), each decode-step winner runs once on a batch of its bucket's size first, so
-    its compilation happens here and not in the first step that serves a request. `providers`: see
+    Does nothing (returns 0, creates no file) when the table file does not exist. Each winner runs
+    once on inputs of its bucket first (decode-step winners only with `model`, the loaded `CausalLM`),
+    so its compilation happens here and not in the first step that serves a request. `providers`: see
     `kernels.candidates.register_candidates` (default: all, so a stored lossy winner, tuned on
     request, is found again).
     """
@@ -237,14 +238,14 @@ def install_stored(model_name: str, model=None, path=None, providers=None) -> in
     register_candidates(tuple(PROVIDERS) if providers is None else providers)
     tuner = Tuner(WinnerTable(path), model_name, model=model)
     count = tuner.install_known()
-    if count and model is not None:
+    if count:  # compile now: a first call may take tens of seconds
         for bucket, result in tuner.table.winners(tuner.env).items():
-            if bucket.op == "decode_step" and result.variant != "default":
-                fn = {v.name: v.fn for v in variants("decode_step")}.get(result.variant)
-                if fn is not None:
-                    with torch.inference_mode():
-                        for args, kwargs in tuner._cases(bucket, _DTYPES[bucket.dtype]):
-                            fn(*args, **kwargs)
+            fn = {v.name: v.fn for v in variants(bucket.op)}.get(result.variant)
+            if fn is None or (bucket.op in STEP_OPS and model is None):
+                continue
+            with torch.inference_mode():
+                for args, kwargs in tuner._cases(bucket, _DTYPES[bucket.dtype]):
+                    fn(*args, **kwargs)
     if count:
         logger.info("installed %d stored kernel winners for %s", count, model_name)
     return count
