@@ -200,9 +200,12 @@ def export(
             folder, row = export_run(run, name, out, register=register, database_url=database_url)
     except (*_errors(), ValueError) as exc:
         _fail(exc)
-    console.print(f"exported [bold]{name}[/bold] to {folder}" + (" and registered it: `link serve` serves it" if row else ""),
-                  highlight=False)
     trained_format = json.loads((folder / "provenance.json").read_text()).get("tool_format")
-    if trained_format not in (None, "json", "default"):
-        err_console.print(f"[yellow]note:[/yellow] it was trained on the {trained_format!r} tool format; serve it with "
-                          f"`tool_format: {trained_format}` on its link.yaml model entry (local: {folder})", highlight=False)
+    custom = trained_format not in (None, "json", "default")
+    label = trained_format if isinstance(trained_format, str) else (trained_format or {}).get("name", "custom")
+    console.print(f"exported [bold]{name}[/bold] to {folder}" + (" and registered it: `link serve` serves it" if row else "")
+                  + (f" with the {label!r} tool format it was trained on" if row and custom else ""), highlight=False)
+    if custom and not row:
+        err_console.print(f"[yellow]note:[/yellow] it was trained on the {label!r} tool format; serve it with that "
+                          f"`tool_format` (provenance.json has it) on its link.yaml model entry (local: {folder})",
+                          highlight=False)

@@ -29,7 +29,8 @@ class ModelNameTaken(ValueError):
 
 def register_local_model(database_url: str, name: str, folder: str | Path, *, chat_format: str = "template",
                          context_length: int | None = None, input_cost_per_million: float = 0.0,
-                         output_cost_per_million: float = 0.0, config: LinkConfig | None = None) -> ModelPublic:
+                         output_cost_per_million: float = 0.0, tool_format: str | dict | None = None,
+                         config: LinkConfig | None = None) -> ModelPublic:
     """Register a safetensors checkpoint folder as local model `name` in the database at `database_url`.
 
     Args:
@@ -40,6 +41,8 @@ def register_local_model(database_url: str, name: str, folder: str | Path, *, ch
         chat_format: "template" (the folder's chat template) or "in-context".
         context_length: tokens of prompt plus output (None = the model's own).
         input_cost_per_million, output_cost_per_million: USD per 1e6 tokens, for routing and accounting.
+        tool_format: the tool-call harness format it was trained on, as link.yaml's `tool_format` (a registered
+            name or a dict of `serving.tool_formats.ToolCallFormat` fields; None = the default JSON format).
         config: the gateway config whose model names are taken too (default: the embedded default).
     Returns:
         the new row.
@@ -58,7 +61,7 @@ def register_local_model(database_url: str, name: str, folder: str | Path, *, ch
         deployment = ModelDeployment(name=name, kind="local", local=str(folder), architecture=checkpoint.config.architecture,
                                      chat_format=chat_format, context_length=context_length,
                                      input_cost_per_million=input_cost_per_million,
-                                     output_cost_per_million=output_cost_per_million)
+                                     output_cost_per_million=output_cost_per_million, tool_format=tool_format)
     except ValidationError as exc:
         raise ValueError(f"cannot register {name!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     taken = set(default_registry().names()) | set((config or _embedded()).model_names)

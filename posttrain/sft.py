@@ -69,15 +69,23 @@ class PreparedSft:
     def split_record(self) -> dict:
         """The content of split.json."""
         return {"seed": self.job.train.seed, "val_fraction": self.job.val_fraction, "data": list(self.job.data),
-                "base": self.job.base, "tool_format": _format_arg(self.job.tool_format),
+                "base": self.job.base, "tool_format": format_config(resolve_tool_format(self.job.tool_format)),
                 "max_seq_length": self.job.train.max_seq_length,
                 "train": [t.id for t in self.train_traces], "val": [t.id for t in self.val_traces],
                 "dropped_too_long": list(self.train_set.dropped), "invalid": [list(x) for x in self.train_set.invalid]}
 
 
-def _format_arg(tool_format: Any) -> Any:
-    """The format as given (None, a name, a file path or a dict of fields; a ToolCallFormat by its name), for split.json."""
-    return getattr(tool_format, "name", tool_format)
+def format_config(fmt) -> str | dict:
+    """A `ToolCallFormat` as link.yaml's `tool_format` value: its registered name when it is a registered format,
+    else the dict of all its fields (so split.json, run.json and the registered model keep a custom format whole,
+    not only its name)."""
+    import dataclasses
+
+    from serving.tool_formats import FORMATS
+
+    if FORMATS.get(fmt.name) == fmt:
+        return fmt.name
+    return dataclasses.asdict(fmt)
 
 
 def resolve_tool_format(tool_format: Any):
@@ -264,8 +272,15 @@ def export_run(run_dir: str | Path, name: str, out_dir: str | Path | None = None
     folder = export_adapter(run["base_dir"], run_dir / "adapter", folder, name=name, provenance=provenance)
     row = None
     if register:
-        row = register_local_model(database_url, name, folder)
+        row = register_local_model(database_url, name, folder, tool_format=_registered_format(run["tool_format"]))
     return folder, row
+
+
+def _registered_format(tool_format: Any) -> str | dict | None:
+    """The model's `tool_format` registration value from run.json's: None for the default JSON format (the
+    serving default), else the format as link.yaml writes it."""
+    value = format_config(resolve_tool_format(tool_format))
+    return None if value in ("json", "default") else value
 
 
 def _registered_names(database_url: str) -> set[str]:

@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from link.model_registration import ModelNameTaken, register_local_model, registered_deployments, with_registered_models
-from posttrain.errors import ExportError
+from posttrain.errors import ExportError, ModelNotLocalError
 from posttrain.export import export_adapter
+from posttrain.local_models import local_model_spec, registered_folder
 from posttrain.train import LoraTrainConfig, train_lora
 from tests.posttrain import lora_fixtures
 
@@ -105,6 +106,40 @@ def test_registration_in_the_database(tiny_export, tmp_path):
         engine.dispose()
     assert deployment.is_local_path and deployment.local == str(tiny_export.resolve())
     assert config.model_names == ["acme/tiny-sft"] and config.models[0].deployment_id == "acme/tiny-sft#0"
+    # `link posttrain eval --model acme/tiny-sft` finds the registered folder by name
+    spec = local_model_spec("acme/tiny-sft", database_url=url)
+    assert spec.name == "acme/tiny-sft" and spec.source == str(tiny_export.resolve()) and spec.architecture == "llama"
+    with pytest.raises(ModelNotLocalError, match="not local"):
+        local_model_spec("acme/other", database_url=url)
+    assert registered_folder("acme/tiny-sft", f"sqlite:///{tmp_path / 'absent.db'}") is None
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_registration_keeps_the_trained_tool_format(tiny_export, tmp_path):
+    import dataclasses
+
+    from link.config import LinkConfig
+    from link.db import make_db_engine
+    from posttrain.sft import _registered_format, format_config
+    from serving.tool_formats import FORMATS, tool_format_from_config
+
+    custom = {"base": "xml", "name": "acme-xml", "call_open": "<invoke>", "call_close": "</invoke>"}
+    fmt = tool_format_from_config(custom)
+    # run.json keeps a custom format whole: every field, so it rebuilds the same format without the original file
+    stored = format_config(fmt)
+    assert stored == dataclasses.asdict(fmt) and tool_format_from_config(stored) == fmt
+    assert format_config(FORMATS["xml"]) == "xml" and _registered_format(None) is None and _registered_format("json") is None
+    url = f"sqlite:///{tmp_path / 'link.db'}"
+    row = register_local_model(url, "acme/xml-sft", tiny_export, tool_format=_registered_format(stored))
+    assert row.config["tool_format"] == stored
+    with pytest.raises(ValueError, match="tool_format"):
+        register_local_model(url, "acme/bad-format", tiny_export, tool_format={"style": "yaml"})
+    engine = make_db_engine(url)
+    try:
+        config = with_registered_models(LinkConfig(), engine)
+    finally:
+        engine.dispose()
+    assert config.model_names == ["acme/xml-sft"] and config.models[0].harness_format == fmt
 
 
 # --- the real SmolLM2 ----------------------------------------------------------------------------------------
