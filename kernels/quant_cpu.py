@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
+from kernels import ref
 from kernels.ref_quant import quantize_int4, quantize_int8
 from kernels.variants import Variant
 
@@ -205,14 +205,7 @@ def gated_mlp_with(linear: Callable) -> Callable:
     """The "gated_mlp" contract (`ref.ref_gated_mlp`) with both projections computed by `linear`."""
 
     def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
-        gate, up = linear(x, gate_up).chunk(2, dim=-1)
-        if activation == "silu":
-            act = F.silu(gate)
-        elif activation == "gelu_tanh":
-            act = F.gelu(gate, approximate="tanh")
-        else:
-            raise ValueError(f"unknown MLP activation {activation!r}; expected 'silu' or 'gelu_tanh'")
-        return linear(act * up, down)
+        return linear(ref.ref_gated_activation(linear(x, gate_up), activation), down)
 
     return gated_mlp
 

@@ -113,14 +113,7 @@ def ref_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, ac
     Returns:
         [T, E].
     """
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    if activation == "silu":
-        act = F.silu(gate)
-    elif activation == "gelu_tanh":
-        act = F.gelu(gate, approximate="tanh")
-    else:
-        raise ValueError(f"unknown MLP activation {activation!r}; expected 'silu' or 'gelu_tanh'")
-    return F.linear(act * up, down)
+    return F.linear(ref_gated_activation(F.linear(x, gate_up), activation), down)
 
 
 def ref_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
