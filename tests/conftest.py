@@ -75,3 +75,15 @@ def mock():
     with start_mock_thread() as server:
         yield server
 
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """Keep torch's intra-op thread count as each test found it: a tuned thread-count winner
+    (`kernels.compiled`) sets it process-wide, and a later test would otherwise run, and sum, on fewer threads."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)

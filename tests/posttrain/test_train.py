@@ -93,8 +93,8 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient(tiny_base, tiny_
     (loss_a, tokens_a, grad_a), (loss_b, tokens_b, grad_b) = grads
     assert tokens_a == tokens_b == sum(len(e.input_ids) for e in tiny_examples[:8])
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
-    for k in grad_a:
-        torch.testing.assert_close(grad_a[k], grad_b[k], rtol=1e-5, atol=1e-7)
+    for k in grad_a:  # equal up to float32 summation order: errors scale with the gradient's largest element
+        torch.testing.assert_close(grad_a[k], grad_b[k], rtol=1e-5, atol=1e-5 * grad_a[k].abs().max().item())
 
 
 def test_train_lora_writes_log_adapter_and_result(tiny_base, tiny_examples, tmp_path):
