@@ -133,6 +133,10 @@ def engine_serve(
     max_num_seqs: int = typer.Option(32, help="Sequences in one batch at most."),
     max_num_batched_tokens: int = typer.Option(512, help="Tokens per engine step (prefill chunk budget)."),
     prefix_caching: bool = typer.Option(True, help="Reuse KV blocks across requests sharing a prefix."),
+    speculative: str = typer.Option(None, help="Speculative decoding: ngram (prompt lookup) or draft (needs --draft-model); off when unset."),
+    draft_model: str = typer.Option(None, help="Draft model (a registry name) for --speculative draft."),
+    num_speculative_tokens: int = typer.Option(5, help="Most tokens drafted per step (k_max)."),
+    speculative_adaptive: bool = typer.Option(True, help="Adapt k to each request's acceptance rate and back off at large batches."),
 ) -> None:
     """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
     import uvicorn
@@ -143,8 +147,18 @@ def engine_serve(
     from serving.model_loader import load_model
     from serving.registry import default_registry
 
+    from serving.spec_decode import SpeculativeConfig
+
+    try:
+        spec = None if speculative is None else SpeculativeConfig(
+            method=speculative, draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
+            adaptive=speculative_adaptive)
+    except ValueError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching)
+                          max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
+                          speculative=spec)
     try:  # load before binding the port, so an unknown model or a bad file is a one-line error
         loaded = load_model(default_registry().get(model), dtype)
     except ServingError as exc:

@@ -46,6 +46,8 @@ class EngineOptions(BaseModel):
             since the last round and have no verdict are verified, timed and swapped in between two steps.
         compile_budget_s: CPU seconds of tuning per round at most (the round stops starting buckets after it).
         compile_interval_s: seconds between tuning rounds.
+        speculative: speculative decoding, the fields of `serving.spec_decode.SpeculativeConfig`
+            (e.g. `{method: ngram, num_speculative_tokens: 5}`); unset = off.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -58,6 +60,14 @@ class EngineOptions(BaseModel):
     compile_tune: bool = False
     compile_budget_s: float = Field(60.0, gt=0, le=3600)
     compile_interval_s: float = Field(300.0, ge=1, le=86400)
+    speculative: dict | None = None
+
+    @field_validator("speculative")
+    @classmethod
+    def _check_speculative(cls, value: dict | None) -> dict | None:
+        if value is not None:
+            _speculative_config(value)
+        return value
 
     def engine_config(self):
         """The `serving.llm_engine.EngineConfig` these options give."""
@@ -66,7 +76,22 @@ class EngineOptions(BaseModel):
         values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s"})
         if "kv_cache_mb" in values:
             values["kv_cache_bytes"] = values.pop("kv_cache_mb") * 2**20
+        if "speculative" in values:
+            values["speculative"] = _speculative_config(values["speculative"])
         return EngineConfig(**values)
+
+
+def _speculative_config(values: dict):
+    """`SpeculativeConfig(**values)`; ValueError naming an unknown field or a bad value."""
+    import dataclasses
+
+    from serving.spec_decode.config import SpeculativeConfig
+
+    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown speculative field(s) {unknown}; known: {sorted(known)}")
+    return SpeculativeConfig(**values)
 
 
 class ModelDeployment(BaseModel):

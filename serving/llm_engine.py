@@ -33,6 +33,7 @@ from serving.sampling_params import SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
 from serving.sliding_block_manager import SlidingBlockManager, max_batch_blocks, plan_pool_sizes
+from serving.spec_decode.config import SpeculativeConfig
 from serving.stop import StopResult, check_stop
 
 
@@ -55,6 +56,8 @@ class EngineConfig:
         tuned_kernels: at start, install the winners `link compile tune` stored for this model, device
             and library versions ($LINK_HOME/compile/winners.sqlite, `kernels.tuner.install_stored`);
             nothing happens when the file does not exist.
+        speculative: speculative decoding (`serving.spec_decode`); None (the default) decodes one token
+            per step.
     """
 
     block_size: int = 16
@@ -66,6 +69,7 @@ class EngineConfig:
     sliding_window_pool: bool = True
     num_sliding_blocks: int | None = None
     tuned_kernels: bool = True
+    speculative: SpeculativeConfig | None = None
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""`SpeculativeConfig`: the settings of speculative decoding (`EngineConfig.speculative`; None = off)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("ngram", "draft")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How the engine drafts and how many tokens it drafts.
+
+    Attributes:
+        method: "ngram" (prompt lookup: continue an earlier occurrence of the last n tokens, no second
+            model) or "draft" (a smaller model of the same tokenizer drafts greedily).
+        draft_model: registry name of the draft model when method == "draft".
+        num_speculative_tokens: k_max, the most tokens drafted for a sequence per step.
+        min_speculative_tokens: k_min, the fewest drafted when a draft is made (adaptive lookahead).
+        adaptive: per-request k from its acceptance rate and engine-wide backoff with the decode batch
+            size (`serving.spec_decode.policy`); False drafts k_max whenever a draft exists, at any batch size
+            up to `max_batch_size`.
+        ngram_max, ngram_min: the n-gram lengths tried, longest first.
+        max_batch_size: no speculation in a step where more sequences decode than this.
+        ema_alpha: weight of the newest step in the per-request acceptance-rate moving average, in (0, 1].
+
+    Raises:
+        ValueError: naming the field to fix.
+    """
+
+    method: str = "ngram"
+    draft_model: str | None = None
+    num_speculative_tokens: int = 5
+    min_speculative_tokens: int = 1
+    adaptive: bool = True
+    ngram_max: int = 4
+    ngram_min: int = 1
+    max_batch_size: int = 8
+    ema_alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("speculative method 'draft' needs draft_model: a registry name (see `link models`)")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.min_speculative_tokens <= self.num_speculative_tokens:
+            raise ValueError(f"min_speculative_tokens must be in [1, num_speculative_tokens={self.num_speculative_tokens}], "
+                             f"got {self.min_speculative_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got ngram_min={self.ngram_min}, ngram_max={self.ngram_max}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ValueError(f"ema_alpha must be in (0, 1], got {self.ema_alpha}")

@@ -1,0 +1,38 @@
+"""`SpeculativeConfig` validation and how link.yaml's `engine: speculative:` and the CLI build it."""
+
+import pytest
+
+from link.config import EngineOptions
+from serving.llm_engine import EngineConfig
+from serving.spec_decode import SpeculativeConfig
+
+
+def test_defaults_are_off_and_valid():
+    assert EngineConfig().speculative is None
+    cfg = SpeculativeConfig()
+    assert (cfg.method, cfg.num_speculative_tokens, cfg.min_speculative_tokens, cfg.max_batch_size) == ("ngram", 5, 1, 8)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"method": "medusa"}, "method"),
+    ({"method": "draft"}, "draft_model"),
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": 2, "min_speculative_tokens": 3}, "min_speculative_tokens"),
+    ({"ngram_min": 3, "ngram_max": 2}, "ngram_min"),
+    ({"max_batch_size": 0}, "max_batch_size"),
+    ({"ema_alpha": 0.0}, "ema_alpha"),
+])
+def test_bad_values_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SpeculativeConfig(**kwargs)
+
+
+def test_engine_options_build_the_speculative_config():
+    config = EngineOptions(speculative={"method": "ngram", "num_speculative_tokens": 3}).engine_config()
+    assert config.speculative == SpeculativeConfig(num_speculative_tokens=3)
+    assert EngineOptions().engine_config().speculative is None
+
+
+def test_engine_options_reject_unknown_speculative_fields():
+    with pytest.raises(ValueError, match="methd"):
+        EngineOptions(speculative={"methd": "ngram"})
