@@ -15,6 +15,7 @@ command; `RunSpec` checks the options (messages name the flags).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class RunSpec:
     limit: int | None = None
     seed: int = 0
     shard: str | None = None
+    items_file: str | None = None
     base_url: str | None = None
     api_key: str | None = None
     config: Path | None = None
@@ -127,7 +129,10 @@ async def execute(spec: RunSpec):
     suite = build("chat" if spec.style == "auto" else spec.style)
     if suite.needs_judge and not spec.judge:
         raise ValueError(f"suite {spec.suite!r} is graded by a judge model: pass --judge MODEL")
-    items = shard_items(suite.sample(suite.load(spec.split), spec.limit), spec.shard)
+    loaded = suite.load(spec.split)
+    if spec.items_file is not None:
+        loaded = select_items(loaded, spec.items_file)
+    items = shard_items(suite.sample(loaded, spec.limit), spec.shard)
     if not items:
         raise ValueError(f"suite {spec.suite!r} has no items in split {spec.split!r}")
     if spec.base_url is None:
@@ -146,7 +151,7 @@ async def execute(spec: RunSpec):
             suite_for = {name: build(style) for name, style in styles.items() if style != suite.style}
         store = EvalStore(settings.database_url)
         try:
-            params = {"seed": spec.seed, "limit": spec.limit, "shard": spec.shard, "shots": suite.shots, "style": spec.style,
+            params = {"seed": spec.seed, "limit": spec.limit, "shard": spec.shard, "items": spec.items_file, "shots": suite.shots, "style": spec.style,
                       "data_dir": str(data_dir), "base_url": spec.base_url,
                       "styles": {t.name: (suite_for.get(t.name) or suite).style for t in targets}}
             return await run_eval(suite, items, targets, judge=judge, concurrency=spec.concurrency, retries=spec.retries,
@@ -155,6 +160,50 @@ async def execute(spec: RunSpec):
                                   order=spec.order)
         finally:
             store.close()
+
+
+def read_item_ids(spec: str) -> list[str]:
+    """Item ids from `FILE` or `FILE:PART`.
+
+    FILE is a JSON list of ids, a JSON object whose key PART holds the list (a `link posttrain sft` run's
+    split.json with PART train or val), or text with one id per line.
+    Raises:
+        FileNotFoundError: FILE does not exist.
+        ValueError: PART is missing from the object, or the file holds no list of ids.
+    """
+    path_text, _, part = spec.rpartition(":") if ":" in spec and not Path(spec).exists() else (spec, "", "")
+    path = Path(path_text)
+    if not path.is_file():
+        raise FileNotFoundError(f"--items file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(data, dict):
+        if not part or part not in data or not isinstance(data[part], list):
+            keys = [k for k, v in data.items() if isinstance(v, list)]
+            raise ValueError(f"--items {spec}: name the list to use as FILE:PART, one of {', '.join(keys) or '(none)'}")
+        data = data[part]
+    if not isinstance(data, list) or not all(isinstance(i, str) for i in data):
+        raise ValueError(f"--items {spec}: expected a list of item ids (strings)")
+    return data
+
+
+def select_items(items: list, spec: str) -> list:
+    """The items whose ids `read_item_ids(spec)` lists, in the suite's order.
+
+    Raises:
+        ValueError: an id is not an item of the suite (the message names up to three).
+    """
+    wanted = read_item_ids(spec)
+    known = {item.id for item in items}
+    missing = [i for i in wanted if i not in known]
+    if missing:
+        raise ValueError(f"--items {spec}: {len(missing)} ids are not items of this suite and split "
+                         f"(e.g. {', '.join(missing[:3])}); check --suite, --split and --category")
+    chosen = set(wanted)
+    return [item for item in items if item.id in chosen]
 
 
 def parse_shard(text: str) -> tuple[int, int] | None:
@@ -213,6 +262,8 @@ def run(
     seed: int = typer.Option(0, help="Seeds the sample, few-shot picks and retry jitter."),
     shard: str = typer.Option(None, help="K/N: run every N-th item of the (sampled) items starting at the K-th "
                               "(0-based), so N runs of K = 0..N-1 split one sample into disjoint parts."),
+    items: str = typer.Option(None, "--items", help="Run only these item ids: FILE (a JSON list or one id per line) or "
+                              "FILE:PART (a key of a JSON object, e.g. a `link posttrain sft` split.json:val)."),
     base_url: str = typer.Option(None, "--base-url", help="A running gateway or OpenAI-compatible server (.../v1); "
                                  "default: the gateway in this process."),
     api_key: str = typer.Option(None, "--api-key", help="Key of the --base-url server (default: LINK_API_KEY). "
@@ -245,7 +296,7 @@ def run(
     options = {k: v for k, v in {"path": path, "baseline": baseline, "categories": category or None,
                                      "scoring": scoring}.items() if v is not None}
     try:
-        spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, shard=shard, base_url=base_url,
+        spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, shard=shard, items_file=items, base_url=base_url,
                        api_key=api_key, config=config, data_dir=data_dir, shots=shots, style=style, concurrency=concurrency,
                        order=order, retries=retries, max_cost_usd=max_cost, judge=judge, out_dir=out, progress=progress,
                        options=options)

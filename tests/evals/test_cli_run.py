@@ -81,6 +81,42 @@ def test_shards_split_one_sample_into_disjoint_parts(link_home, config_file, dat
     assert parts[0] == [whole[0], whole[3]]  # items[K::N] of the sample, in its order
 
 
+def test_items_file_runs_exactly_the_listed_ids(link_home, config_file, data_dir, mock, tmp_path):
+    args = ["--suite", "gsm8k", "--seed", 7, "--target", "mock", "--config", config_file, "--data-dir", data_dir,
+            "--no-progress"]
+    def ids(*extra):
+        result = _invoke(*args, *extra)
+        assert result.exit_code == 0, result.output
+        return [r.prompt_id for r in OutcomeTable.read(link_home / "evals" / _run_id(result.output) / "outcomes.jsonl")]
+    sample = ids("--limit", 4)
+    # A `link posttrain sft` split file: an object of id lists, one of them chosen as FILE:PART.
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"seed": 0, "train": sample[:3], "val": sample[3:]}))
+    assert sorted(ids("--items", f"{split}:train")) == sorted(sample[:3])
+    assert ids("--items", f"{split}:val") == sample[3:]
+    # A plain list of ids, one per line, with --limit sampling within it.
+    listing = tmp_path / "ids.txt"
+    listing.write_text("\n".join(sample) + "\n")
+    within = ids("--items", listing, "--limit", 2)
+    assert len(within) == 2 and set(within) <= set(sample)
+
+
+@pytest.mark.parametrize("content, suffix, message", [
+    ({"train": ["gsm8k/test/nope"]}, ":train", "1 ids are not items of this suite and split (e.g. gsm8k/test/nope)"),
+    ({"train": [], "val": []}, "", "name the list to use as FILE:PART, one of train, val"),
+    ({"train": [1, 2]}, ":train", "expected a list of item ids"),
+])
+def test_items_file_errors(link_home, config_file, data_dir, tmp_path, content, suffix, message):
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps(content))
+    result = _invoke("--suite", "gsm8k", "--target", "mock", "--items", f"{path}{suffix}", "--config", config_file,
+                     "--data-dir", data_dir, "--no-progress")
+    assert result.exit_code == 2 and message in result.output, result.output
+    missing = _invoke("--suite", "gsm8k", "--target", "mock", "--items", tmp_path / "absent.json", "--config", config_file,
+                      "--data-dir", data_dir, "--no-progress")
+    assert missing.exit_code == 2 and "--items file not found" in missing.output, missing.output
+
+
 def test_base_url_and_out_dir(link_home, data_dir, mock, tmp_path):
     result = _invoke("--suite", "gsm8k", "--limit", 2, "--target", "mock-model", "--base-url", mock.api_base,
                      "--api-key", "sk-anything", "--data-dir", data_dir, "--out", tmp_path / "out", "--no-progress")
