@@ -188,6 +188,10 @@ def export(
     out: Path = typer.Option(None, "--out", help="Model folder (default: $LINK_HOME/models/NAME)."),
     register: bool = typer.Option(True, "--register/--no-register", help="Register it in the gateway database (LINK_DATABASE_URL)."),
     database_url: str = typer.Option(None, "--database-url", help="The gateway database (default: LINK_DATABASE_URL or $LINK_HOME/link.db)."),
+    input_cost_per_million: float = typer.Option(None, "--input-cost-per-million", min=0,
+                                                 help="USD per 1e6 prompt tokens (default: the base model's configured price)."),
+    output_cost_per_million: float = typer.Option(None, "--output-cost-per-million", min=0,
+                                                  help="USD per 1e6 completion tokens (default: the base model's configured price)."),
 ) -> None:
     """Merge the adapter into the base weights, write a safetensors model with provenance, register it.
 
@@ -197,7 +201,15 @@ def export(
 
     try:
         with err_console.status("merging and writing ...", spinner="dots"):
-            folder, row = export_run(run, name, out, register=register, database_url=database_url)
+            prices = None
+            if input_cost_per_million is not None or output_cost_per_million is not None:
+                from posttrain.sft import base_prices
+
+                default_in, default_out = base_prices(json.loads((run / "run.json").read_text())["base"]) \
+                    if (run / "run.json").is_file() else (0.0, 0.0)
+                prices = (default_in if input_cost_per_million is None else input_cost_per_million,
+                          default_out if output_cost_per_million is None else output_cost_per_million)
+            folder, row = export_run(run, name, out, register=register, database_url=database_url, prices=prices)
     except (*_errors(), ValueError) as exc:
         _fail(exc)
     trained_format = json.loads((folder / "provenance.json").read_text()).get("tool_format")

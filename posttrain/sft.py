@@ -221,7 +221,7 @@ def read_run(run_dir: str | Path) -> dict:
 
 
 def export_run(run_dir: str | Path, name: str, out_dir: str | Path | None = None, *, register: bool = True,
-               database_url: str | None = None) -> tuple[Path, Any]:
+               database_url: str | None = None, prices: tuple[float, float] | None = None) -> tuple[Path, Any]:
     """Merge a run's adapter into its base (`posttrain.export.export_adapter`) and register the folder as local
     model `name` in the gateway database (`link.model_registration.register_local_model`).
 
@@ -231,6 +231,9 @@ def export_run(run_dir: str | Path, name: str, out_dir: str | Path | None = None
     Args:
         out_dir: the model folder (default: $LINK_HOME/models/<name>, "/" in the name becoming "--").
         register: also register it; database_url: the gateway's (default: LINK_DATABASE_URL / settings).
+        prices: (input, output) USD per 1e6 tokens for routing and accounting (default: the base model's prices in
+            the gateway config, else 0): a fine-tuned model costs what its base costs to run, so a router weighs
+            its quality at the base's price rather than as free.
     Returns:
         (the folder, the registered row (link.db.models.ModelPublic) or None).
     Raises:
@@ -272,8 +275,22 @@ def export_run(run_dir: str | Path, name: str, out_dir: str | Path | None = None
     folder = export_adapter(run["base_dir"], run_dir / "adapter", folder, name=name, provenance=provenance)
     row = None
     if register:
-        row = register_local_model(database_url, name, folder, tool_format=_registered_format(run["tool_format"]))
+        input_price, output_price = prices if prices is not None else base_prices(run["base"])
+        row = register_local_model(database_url, name, folder, tool_format=_registered_format(run["tool_format"]),
+                                   input_cost_per_million=input_price, output_cost_per_million=output_price)
     return folder, row
+
+
+def base_prices(base: str) -> tuple[float, float]:
+    """(input, output) USD per 1e6 tokens of the gateway-config model named `base` (LINK_CONFIG, else the embedded
+    default), or (0, 0) when no configured model has that name (a .gguf path or a folder)."""
+    from link.config import load_config
+    from link.settings import get_settings
+
+    for model in load_config(get_settings().config).models:
+        if model.name == base:
+            return model.input_cost_per_million, model.output_cost_per_million
+    return 0.0, 0.0
 
 
 def _registered_format(tool_format: Any) -> str | dict | None:

@@ -228,6 +228,17 @@ def test_export_merges_and_registers(sft_run, tmp_path):
     finally:
         engine.dispose()
     assert deployment.name == "acme/tiny-sft" and deployment.local == str(folder.resolve())
+    # The base is a folder, not a configured model: no price to inherit.
+    assert (deployment.input_cost_per_million, deployment.output_cost_per_million) == (0.0, 0.0)
+    priced = runner.invoke(app, ["posttrain", "export", "--run", str(out), "--name", "acme/tiny-priced", "--out",
+                                 str(tmp_path / "priced"), "--database-url", url, "--input-cost-per-million", "0.5"])
+    assert priced.exit_code == 0, priced.output
+    engine = make_db_engine(url)
+    try:
+        by_name = {d.name: d for d in registered_deployments(engine)}
+    finally:
+        engine.dispose()
+    assert (by_name["acme/tiny-priced"].input_cost_per_million, by_name["acme/tiny-priced"].output_cost_per_million) == (0.5, 0.0)
     again = runner.invoke(app, ["posttrain", "export", "--run", str(out), "--name", "acme/tiny-sft",
                                 "--out", str(tmp_path / "other"), "--database-url", url])
     _one_line_error(again, "already registered")
@@ -236,3 +247,13 @@ def test_export_merges_and_registers(sft_run, tmp_path):
                                 "--out", str(tmp_path / "third"), "--database-url", url])
     _one_line_error(taken, "already a local model")
     assert not (tmp_path / "third").exists()
+
+
+def test_a_fine_tuned_model_inherits_its_configured_base_price(monkeypatch):
+    from posttrain.sft import base_prices
+
+    monkeypatch.delenv("LINK_CONFIG", raising=False)
+    # The embedded default prices SmolLM2 at $0.02 and Gemma at $0.04 per 1e6 tokens each way.
+    assert base_prices("smollm2-135m-instruct") == (0.02, 0.02)
+    assert base_prices("gemma-3-270m") == (0.04, 0.04)
+    assert base_prices("/some/folder") == (0.0, 0.0)
