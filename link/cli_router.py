@@ -1,8 +1,9 @@
-"""`link router train|calibrate|eval`: learned routers trained and measured on outcome tables.
+"""`link router train|calibrate|add-model|eval`: learned routers trained and measured on outcome tables.
 
     link router train --type knn --data runs/abc/outcomes.jsonl --out auto.safetensors
     link router calibrate auto.safetensors --data held_out.jsonl --target cost=0.001
     link router calibrate auto.safetensors --data held_out.jsonl --target share:gemma-3-270m=0.3
+    link router add-model auto.safetensors --model acme-sft --data runs/sft/outcomes.jsonl   # kNN: no retraining
     link router calibrate auto.safetensors --data held_out.jsonl --rule cascade --target cost=0.0005 \
         --cascade-models smollm2-135m-instruct,gemma-3-270m      # a cascade policy's escalation threshold
     link router eval --type all --train routerbench:train --test routerbench:test --splits 5 \\
@@ -106,6 +107,29 @@ def train(
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     console.print(f"trained {type_} on {table.complete_rows().num_prompts} prompts x {table.num_models} models -> {path}")
+
+
+@router_app.command("add-model")
+def add_model(
+    file: Path = typer.Argument(..., help="A router file from `link router train`."),
+    model: str = typer.Option(..., "--model", help="The new candidate: a model column of the --data outcomes."),
+    data: list[str] = typer.Option(..., "--data", help="Its labelled prompts (a few hundred suffice). " + DATA_HELP),
+    out: Path = typer.Option(None, "--out", help="Write here instead of updating FILE."),
+    prices: bool = typer.Option(False, "--prices/--no-prices", help="Its expected cost from list prices (routerarena "
+                                "cost.json) where known, instead of the recorded costs alone."),
+    data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
+) -> None:
+    """Add a model to a trained router from its labelled prompts, without retraining the others (kNN)."""
+    from routers.pipeline import add_model_to_file
+
+    try:
+        table = load_data(data, data_dir)
+        result = add_model_to_file(file, table, model, out=out,
+                                   prices=_prices([model], data_dir) if prices else None)
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    console.print(f"added {result['model']} from {result['num_prompts']} labelled prompts: the router now chooses "
+                  f"among {', '.join(result['models'])} -> {result['path']}", highlight=False)
 
 
 @router_app.command("calibrate")

@@ -112,6 +112,24 @@ class CostModel:
                          self.expected_output_tokens[cols], self.mean_cost[cols], self.per_prompt_token[cols],
                          self.base_cost[cols], {s: v[cols] for s, v in self.suite_base_cost.items()})
 
+    def with_models(self, other: CostModel) -> CostModel:
+        """This cost model with `other`'s models appended (e.g. one fitted on a newly added model's rows).
+
+        Suite intercepts missing on either side fall back to that model's global intercept.
+        Raises:
+            ValueError: a model of `other` is already here.
+        """
+        clash = [m for m in other.models if m in self.models]
+        if clash:
+            raise ValueError(f"the cost model already has {clash}")
+        suites = dict.fromkeys([*self.suite_base_cost, *other.suite_base_cost])
+        table = {s: np.concatenate([self.suite_base_cost.get(s, self.base_cost), other.suite_base_cost.get(s, other.base_cost)])
+                 for s in suites}
+        return CostModel([*self.models, *other.models],
+                         *(np.concatenate([getattr(self, name), getattr(other, name)])
+                           for name in ("input_per_million", "output_per_million", "expected_output_tokens", "mean_cost",
+                                        "per_prompt_token", "base_cost")), table)
+
     @classmethod
     def from_data(cls, data, prices: dict[str, tuple[float, float]] | None = None) -> CostModel:
         """Fit from recorded costs (`routers.data.RoutingData`), with optional prices.

@@ -1,8 +1,9 @@
-"""The library side of `link router train|calibrate|eval`: one function per subcommand.
+"""The library side of `link router train|calibrate|add-model|eval`: one function per subcommand.
 
     router, costs = train_router("knn", data)                       # fitted on the complete prompts of data
     path = train_and_save("knn", data, "auto.safetensors")
     result = calibrate_file("auto.safetensors", held_out, Target.parse("cost=0.001"))
+    add_model_to_file("auto.safetensors", labelled, "acme-sft")     # a new model from its labelled prompts
     report = run_evaluation(train, test, EvalSettings(types=("knn",)), num_splits=5)
 
 `data` is a `RoutingData` (the CLI builds it from outcome tables with `RoutingData.from_outcomes`).
@@ -54,6 +55,47 @@ def train_and_save(type_: str, data: RoutingData, out: str | Path, *, options: d
     meta = {"num_prompts": complete.num_prompts, "suites": sorted(set(complete.suites)), "options": options or {},
             **(info or {})}
     return save_router(router, out, costs=costs, decision={"rule": "lambda", "cost_penalty": 0.0}, info=meta)
+
+
+def add_model_to_file(path: str | Path, data: RoutingData, model: str, *, out: str | Path | None = None,
+                      featurizer: Featurizer | None = None,
+                      prices: dict[str, tuple[float, float]] | None = None) -> dict[str, Any]:
+    """Add `model` to a saved router from its labelled prompts in `data`, without retraining the others.
+
+    The router's `add_model` appends the model (kNN: a bank of its labelled prompts; the other models'
+    predictions are unchanged); its cost model gains a column fitted on the same rows (`CostModel.from_data`);
+    the calibrated decision is kept (recalibrate with `calibrate_file` on held-out data with every model).
+
+    Args:
+        data: outcomes with a column `model` (NaN where it has no label; other columns are ignored).
+        out: write here instead of updating `path`.
+        prices: model -> (input, output) USD per million tokens for its cost column.
+    Returns:
+        {"model", "num_prompts", "models", "path"}.
+    Raises:
+        ValueError: `model` is already the router's, has no labelled prompt, or the router type cannot add one.
+        KeyError: `data` has no column `model`.
+    """
+    loaded = load_router(path)
+    if model in loaded.models:
+        raise ValueError(f"{model!r} is already one of the router's models {loaded.models}")
+    if model not in data.models:
+        raise KeyError(f"the data has no outcomes of {model!r}; models there: {list(data.models)}")
+    column = data.select_models([model])
+    labelled = column.subset(np.flatnonzero(np.isfinite(column.scores[:, 0])))
+    if labelled.num_prompts == 0:
+        raise ValueError(f"no prompt has a score of {model!r}")
+    featurizer = featurizer or Featurizer()
+    try:
+        loaded.router.add_model(model, labelled, featurizer.transform(labelled.prompts))
+    except NotImplementedError:
+        raise ValueError(f"a {loaded.router.type} router cannot add a model; retrain it on every model's outcomes "
+                         "(`link router train`) or use --type knn") from None
+    costs = loaded.costs.with_models(CostModel.from_data(labelled, prices)) if loaded.costs is not None else None
+    added = [*loaded.info.get("added_models", []), {"model": model, "num_prompts": labelled.num_prompts}]
+    target = save_router(loaded.router, out or path, costs=costs, decision=loaded.decision,
+                         info={**loaded.info, "added_models": added})
+    return {"model": model, "num_prompts": labelled.num_prompts, "models": list(loaded.models), "path": str(target)}
 
 
 def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule: str = "lambda",

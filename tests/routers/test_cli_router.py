@@ -197,3 +197,43 @@ def test_eval_with_a_hybrid_column(tmp_path):
     assert max(s[moa] for s in split["routers"]["linear"]["curve"]["share"]) == 0.0
     assert split["routers"]["hybrid:oracle"]["max_quality"] == 1.0
     assert "hybrid:<router> also among link/moa" in result.output
+
+
+def test_add_model_keeps_the_others_and_routes_to_the_new_one(tmp_path, files):
+    train, _ = files
+    out = tmp_path / "knn.safetensors"
+    assert runner.invoke(app, ["router", "train", "--type", "knn", "--data", str(train), "--out", str(out),
+                               "--option", "k=10"]).exit_code == 0
+    hard, easy = ({"messages": [{"role": "user", "content": f"{kind} one"}]} for kind in ("hard", "easy"))
+    before = {kind: load_router(out).decide(body) for kind, body in (("hard", hard), ("easy", easy))}
+    # The new model: right on every hard prompt, wrong on the easy ones, at the weak model's price (1e-5 USD).
+    rows = []
+    for i in range(40):
+        kind = "hard" if i % 2 else "easy"
+        rows.append(Outcome(f"c/{i}", "toy", f"{kind} question c{i}", "sft", float(kind == "hard"), 1e-5))
+    labelled = OutcomeTable(rows).write(tmp_path / "sft.jsonl")
+    result = runner.invoke(app, ["router", "add-model", str(out), "--model", "sft", "--data", str(labelled)])
+    assert result.exit_code == 0, result.output
+    assert "added sft from 40 labelled prompts" in result.output
+    loaded = load_router(out)
+    assert loaded.models == ["strong", "weak", "sft"] and loaded.info["added_models"] == [{"model": "sft", "num_prompts": 40}]
+    after = {kind: loaded.decide(body) for kind, body in (("hard", hard), ("easy", easy))}
+    for kind in ("hard", "easy"):  # the old models' predictions and costs are unchanged
+        for model in ("strong", "weak"):
+            assert after[kind].quality[model] == pytest.approx(before[kind].quality[model])
+            assert after[kind].expected_cost[model] == pytest.approx(before[kind].expected_cost[model])
+    # k = 10 identical neighbours, shrunk toward the model's mean (0.5) with prior 10:
+    # hard (10 * 1 + 10 * 0.5) / 20, easy (10 * 0 + 10 * 0.5) / 20.
+    assert after["hard"].quality["sft"] == pytest.approx(0.75) and after["easy"].quality["sft"] == pytest.approx(0.25)
+    assert after["hard"].expected_cost["sft"] == pytest.approx(1e-5)
+    with_penalty = loaded.decide(hard, cost_penalty=1000.0)  # 0.75 - 0.01 beats strong's ~0.9 - 1.0
+    assert with_penalty.chosen == "sft" and after["easy"].chosen == before["easy"].chosen != "sft"
+
+    again = runner.invoke(app, ["router", "add-model", str(out), "--model", "sft", "--data", str(labelled)])
+    assert again.exit_code == 2 and "already one of the router's models" in again.output
+    absent = runner.invoke(app, ["router", "add-model", str(out), "--model", "nope", "--data", str(labelled)])
+    assert absent.exit_code == 2 and "no outcomes of 'nope'" in absent.output
+    linear = tmp_path / "linear.safetensors"
+    assert runner.invoke(app, ["router", "train", "--type", "linear", "--data", str(train), "--out", str(linear)]).exit_code == 0
+    refused = runner.invoke(app, ["router", "add-model", str(linear), "--model", "sft", "--data", str(labelled)])
+    assert refused.exit_code == 2 and "cannot add a model" in refused.output
