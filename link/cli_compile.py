@@ -1,8 +1,10 @@
-"""`link compile tune|status`: continuous compilation of a local model's kernels on demand (link/compile.py).
+"""`link compile tune|tune-config|status`: continuous compilation of a local model's kernels on demand
+(link/compile.py) and tuning of its engine configuration for a traffic mix (link/compile_config.py).
 
     link compile tune --model smollm2-135m-instruct --workload serving --budget-s 300
     link compile tune --workload recorded          # the shapes `link serve` recorded (engine option compile_tune)
-    link compile status                            # the winner table with speedups; --json for scripts
+    link compile tune-config --mix mix.jsonl --speedup 4 --budget 10   # default vs tuned EngineConfig
+    link compile status                            # kernel and configuration winners; --json for scripts
 """
 
 from __future__ import annotations
@@ -54,18 +56,57 @@ def tune(
     status(model=model, as_json=False)
 
 
+@compile_app.command("tune-config")
+def tune_config(
+    mix: str = typer.Option(..., "--mix", help="A traffic mix JSONL (`link serve` writes $LINK_HOME/compile/traffic/<model>.jsonl; "
+                                                "`link bench serving --save-mix` a workload's)."),
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="A model name from `link models`."),
+    speedup: float = typer.Option(1.0, help="Replay the arrivals this many times faster than recorded."),
+    budget: int = typer.Option(10, help="Replays during the search, the default's included."),
+    confirm: int = typer.Option(1, help="Extra alternating replays of the default and the winner at the end."),
+    ttft_slack: float = typer.Option(0.0, help="Allowed relative p99 TTFT excess over the default (0: equal or better)."),
+    no_speculation: bool = typer.Option(False, "--no-speculation", help="Leave speculative decoding out of the search."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+) -> None:
+    """Replay a recorded traffic mix under candidate engine configurations; store and show the best one."""
+    from serving import ServingError
+    from serving.config_search import default_space, describe, from_json
+    from serving.traffic import load_mix
+
+    from link.compile_config import tune_config as run_tuning
+
+    try:
+        shapes = load_mix(mix)
+        outcome = run_tuning(model, shapes, dtype=dtype, speedup=speedup, budget=budget, confirm=confirm, ttft_slack=ttft_slack,
+                             space=default_space(not no_speculation), progress=lambda m: err_console.log(m, markup=False))
+    except (ServingError, ValueError, FileNotFoundError) as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    row = outcome.stored
+    table = Table(title=f"{model}: engine configuration for {len(shapes)} requests (mix {row.signature}), measured in one run")
+    for column in ("configuration", "", "output tok/s", "p99 TTFT s"):
+        table.add_column(column, justify="right" if "/" in column or "TTFT" in column else "left")
+    table.add_row("default", "", f"{row.default_tokens_per_s:.1f}", f"{row.default_ttft_p99_s:.3f}")
+    table.add_row("tuned", describe(from_json(row.config)), f"{row.tokens_per_s:.1f}", f"{row.ttft_p99_s:.3f}", style="green")
+    console.print(table)
+    console.print(f"{row.speedup:.2f}x throughput; {row.num_trials} replays in {outcome.tune_s:.0f} s; fingerprint {row.fingerprint}")
+
+
 @compile_app.command("status")
 def status(
     model: str = typer.Option(None, "--model", "-m", help="Only this model's rows."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    configs: bool = typer.Option(False, "--configs", help="With --json: the configuration winners instead of the kernel rows."),
 ) -> None:
-    """The winner table: per op and bucket, the installed variant and its speedup over the default."""
+    """The winner tables: per op and bucket, the installed variant and its speedup over the default; per
+    traffic mix, the tuned engine configuration against the default."""
     from link.compile import status_rows
+    from link.compile_config import config_rows
 
-    rows = status_rows(model=model)
     if as_json:
-        console.print_json(json.dumps(rows))
+        console.print_json(json.dumps(config_rows(model=model) if configs else status_rows(model=model)))
         return
+    rows = status_rows(model=model)
     table = Table(title="Kernel winners ($LINK_HOME/compile/winners.sqlite)")
     for column in ("model", "op", "bucket", "dtype", "variant", "status", "ms", "default ms", "speedup", "calls"):
         table.add_column(column, justify="right" if column in ("ms", "default ms", "speedup", "calls") else "left")
@@ -80,3 +121,17 @@ def status(
     console.print(table)
     if not rows:
         console.print("no tuned buckets yet: run `link compile tune`")
+    _print_configs(config_rows(model=model))
+
+
+def _print_configs(rows: list[dict]) -> None:
+    if not rows:
+        return
+    table = Table(title="Engine configuration winners, per traffic mix")
+    for column in ("model", "mix", "requests", "configuration", "default tok/s", "tok/s", "default p99 TTFT", "p99 TTFT", "speedup"):
+        table.add_column(column, justify="left" if column in ("model", "mix", "configuration") else "right")
+    for r in rows:
+        table.add_row(r["model"], r["mix"], str(r["num_requests"]), r["label"], f"{r['default_tokens_per_s']:.1f}",
+                      f"{r['tokens_per_s']:.1f}", f"{r['default_ttft_p99_s']:.3f}", f"{r['ttft_p99_s']:.3f}",
+                      f"{r['speedup']:.2f}x", style="green" if r["config"] else None)
+    console.print(table)

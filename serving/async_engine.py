@@ -13,16 +13,23 @@ blocks are free within one engine step.
     engine = AsyncLLMEngine(LLMEngine(load_model(spec)))
     async for output in engine.generate("r1", prompt_ids, SamplingParams(max_tokens=32)):
         print(output.outputs[0].text)
+
+With `traffic` set to a `serving.traffic.TrafficRecorder`, every finished request's shape is recorded
+(the configuration tuner's input); `reconfigure(config)` swaps the engine's `EngineConfig` between two
+steps without losing running requests (`serving/reconfigure.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import AsyncIterator
 
 from serving.llm_engine import LLMEngine
 from serving.outputs import RequestOutput
 from serving.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class AsyncLLMEngine:
@@ -34,6 +41,7 @@ class AsyncLLMEngine:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.errored: BaseException | None = None
+        self.traffic = None  # serving.traffic.TrafficRecorder: shapes of finished requests
 
     @property
     def num_running(self) -> int:
@@ -81,6 +89,8 @@ class AsyncLLMEngine:
                 if isinstance(item, BaseException):
                     raise RuntimeError(f"engine loop failed: {item}") from item
                 finished = item.finished
+                if finished and self.traffic is not None:
+                    self.traffic.observe(item, params)
                 yield item
         finally:
             self._queues.pop(request_id, None)
@@ -93,10 +103,25 @@ class AsyncLLMEngine:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    def reconfigure(self, config) -> None:
+        """Apply an `EngineConfig` before the next step (`serving.reconfigure.reconfigure`): running
+        requests are preempted by recomputation and continue under the new settings. A configuration
+        the live requests do not fit in is logged and not applied."""
+        self._pending.append(("reconfigure", config))
+        if self._wakeup is not None:
+            self._wakeup.set()
+
     def _apply_pending(self) -> None:
         pending, self._pending = self._pending, []
         for kind, arg in pending:
-            if kind == "add":
+            if kind == "reconfigure":
+                from serving.reconfigure import reconfigure
+
+                try:
+                    reconfigure(self.engine, arg)
+                except ValueError as exc:
+                    logger.warning("engine configuration not applied: %s", exc)
+            elif kind == "add":
                 request_id = arg[0]
                 if request_id not in self._queues:  # its consumer already left
                     continue

@@ -87,3 +87,13 @@ def _restore_torch_threads():
     yield
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32():
+    """SmolLM2-135M loaded in float32 (a `LoadedModel`, no engine): the greedy tokens of runs that
+    differ only in scheduling (recomputation, chunking, block size) compare equal."""
+    from serving.model_loader import load_model
+    from serving.registry import default_registry
+
+    return load_model(default_registry().get("smollm2-135m-instruct"), "float32")
