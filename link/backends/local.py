@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import uuid
 from typing import AsyncIterator
 
@@ -26,6 +27,9 @@ from serving.api.protocol import ChatCompletionRequest, CompletionRequest, Valid
 from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.errors import ContextLengthError, ServingError
 from serving.registry import ModelRegistry, ModelSpec, default_registry
+from serving.traffic import TrafficRecorder, save_mix, traffic_path
+
+logger = logging.getLogger(__name__)
 
 # A local file's context when the config gives none: large, so the file's own value caps it.
 _UNCAPPED_CONTEXT = 1 << 20
@@ -82,7 +86,9 @@ class EnginePool:
         _record_shapes()
         if deployment is not None and deployment.engine is not None and deployment.engine.compile_tune:
             self._start_tuner(loaded, deployment.engine)
-        return EngineState(key, loaded, AsyncLLMEngine(LLMEngine(loaded, config), step_in_thread=True))
+        engine = AsyncLLMEngine(LLMEngine(loaded, config), step_in_thread=True)
+        engine.traffic = TrafficRecorder()  # request shapes, saved in `aclose` for `link compile tune-config`
+        return EngineState(key, loaded, engine)
 
     def _start_tuner(self, loaded, options) -> None:
         """Background kernel tuning of one model (link.yaml `engine: {compile_tune: true}`); stopped in `aclose`."""
@@ -135,11 +141,24 @@ class EnginePool:
         return state.engine.errored is None
 
     async def aclose(self) -> None:
-        """Stop every engine loop and background tuner."""
+        """Stop every engine loop and background tuner; save each model's recorded traffic mix to
+        $LINK_HOME/compile/traffic/<model>.jsonl (`serving.traffic.traffic_path`)."""
         for tuner in self._tuners:
             tuner.stop()
         for state in self._states.values():
             await state.engine.shutdown()
+            save_traffic(state)
+
+
+def save_traffic(state) -> None:
+    """Write an engine's recorded request shapes (if any) where `link compile tune-config` finds them."""
+    recorder = getattr(state.engine, "traffic", None)
+    shapes = recorder.shapes() if recorder is not None else []
+    if shapes:
+        try:
+            save_mix(shapes, traffic_path(state.loaded.spec.name))
+        except OSError as exc:  # a read-only home must not fail the shutdown
+            logger.warning("could not save the traffic mix of %s: %s", state.loaded.spec.name, exc)
 
 
 def _record_shapes() -> None:
