@@ -180,6 +180,8 @@ def bench_serving(
     kv_cache_mb: int = typer.Option(256, help="KV cache memory of the link server in MiB."),
     max_num_seqs: int = typer.Option(32, help="Sequences in one batch at most (link server)."),
     json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
+    workload: str = typer.Option("default", help="default, repetitive (answers quote the prompt) or mixed (bursts of 1-16; link only)."),
+    save_mix: str = typer.Option(None, "--save-mix", help="Write link's request shapes as a mix JSONL for `link compile tune-config`."),
 ) -> None:
     """Serving throughput and latency of our engine against transformers and llama.cpp on real prompts."""
     from serving import ServingError
@@ -188,7 +190,8 @@ def bench_serving(
 
     try:
         result = run_serving_benchmark(model, concurrency, num_prompts, max_tokens, system, seed, data_dir, dtype,
-                                       kv_cache_mb, max_num_seqs, progress=lambda message: err_console.log(message, markup=False))
+                                       kv_cache_mb, max_num_seqs, progress=lambda message: err_console.log(message, markup=False),
+                                       workload=workload, save_mix=save_mix)
     except (ServingError, ValueError, FileNotFoundError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

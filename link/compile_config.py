@@ -13,6 +13,7 @@ into a running engine between two steps (`serving.reconfigure`), its requests ke
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -20,6 +21,8 @@ from typing import Callable
 from kernels.config_winners import ConfigWinner, ConfigWinnerTable
 from kernels.winners import Environment
 from serving.traffic import RequestShape, mix_fingerprint, mix_signature
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,13 +35,19 @@ class ConfigTuneOutcome:
     tune_s: float
 
 
-def measure_replay(loaded, base, mix: list[RequestShape], speedup: float, seed: int = 0):
-    """A `measure` function for `serving.config_search.search`: one replay of `mix` per call."""
+def measure_replay(loaded, base, mix: list[RequestShape], speedup: float, seed: int = 0, prompt_pool=None):
+    """A `measure` function for `serving.config_search.search`: one replay of `mix` per call. A candidate
+    whose replay raises (e.g. a KV cache too small for the mix) measures 0 tok/s at infinite TTFT, so it
+    never wins; the error is logged and kept in the summary."""
     from serving.config_search import Measurement, apply
     from serving.replay import replay
 
     def measure(candidate: dict) -> Measurement:
-        result = replay(loaded, apply(base, candidate), mix, speedup=speedup, seed=seed)
+        try:
+            result = replay(loaded, apply(base, candidate), mix, speedup=speedup, seed=seed, prompt_pool=prompt_pool)
+        except Exception as exc:  # a failing candidate is a verdict, not a crash of the search
+            logger.warning("replay under %s failed: %s", candidate, exc)
+            return Measurement(0.0, float("inf"), {"error": f"{type(exc).__name__}: {exc}"})
         return Measurement(result.output_tokens_per_s, result.ttft_p99_s, result.summary())
 
     return measure
@@ -46,7 +55,7 @@ def measure_replay(loaded, base, mix: list[RequestShape], speedup: float, seed: 
 
 def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str = "float32", speedup: float = 1.0,
                 budget: int = 10, confirm: int = 1, ttft_slack: float = 0.0, space: dict | None = None,
-                base=None, table: ConfigWinnerTable | None = None,
+                base=None, table: ConfigWinnerTable | None = None, prompt_pool: list[list[int]] | None = None,
                 progress: Callable[[str], None] = lambda message: None) -> ConfigTuneOutcome:
     """Search the engine configuration that serves `mix` best (see `serving.config_search`) and store it.
 
@@ -56,6 +65,7 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
         budget, confirm, ttft_slack, space: see `serving.config_search.search`; `space` defaults to
             `default_space()` (speculation included).
         base: the `EngineConfig` the candidates override (default: `EngineConfig()`).
+        prompt_pool: real prompt token ids to fill the replayed prompts with (default: random ids).
 
     Raises:
         ValueError: an empty mix, bad search arguments, or a request longer than the engine holds.
@@ -81,7 +91,7 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
     def report(candidate: dict, m) -> None:
         progress(f"{describe(candidate)}: {m.output_tokens_per_s:.1f} tok/s, p99 TTFT {m.ttft_p99_s:.3f} s")
 
-    outcome = search(measure_replay(loaded, base, mix, speedup), base=base, space=space, budget=budget, confirm=confirm,
+    outcome = search(measure_replay(loaded, base, mix, speedup, prompt_pool=prompt_pool), base=base, space=space, budget=budget, confirm=confirm,
                      ttft_slack=ttft_slack, progress=report)
     d, w = outcome.default_measurement, outcome.winner_measurement
     stored = ConfigWinner(fingerprint, signature, len(mix), to_json(outcome.winner), d.output_tokens_per_s, d.ttft_p99_s,

@@ -4,7 +4,8 @@
     result.output_tokens_per_s, result.ttft_p99_s
 
 Each `RequestShape` becomes a request of synthetic prompt token ids of its recorded length (seeded,
-drawn from the vocabulary less its first and last 256 ids, where special tokens sit), generating
+drawn from the vocabulary less its first and last 256 ids, where special tokens sit; or, given a
+`prompt_pool` of real prompts, the pool's prompts in turn, repeated or cut to the length), generating
 exactly its recorded output length (`ignore_eos`, `max_tokens`); "greedy" shapes decode at
 temperature 0, "sampled" ones at temperature 0.8 with a per-request seed. Arrivals are open loop on
 the recorded schedule divided by `speedup` (4.0 plays a 60 s recording in 15 s): a request is added
@@ -80,6 +81,13 @@ def synthetic_prompt(length: int, vocab_size: int, rng: random.Random) -> list[i
     return [rng.randrange(low, high) for _ in range(length)]
 
 
+def pooled_prompt(length: int, pool: list[list[int]], index: int) -> list[int]:
+    """Pool prompt `index % len(pool)`, repeated until `length` tokens and cut there (real text keeps the
+    repetitions that prompt-lookup speculation finds; random ids have none)."""
+    source = pool[index % len(pool)]
+    return (source * (length // len(source) + 1))[:length]
+
+
 def _params(shape: RequestShape, seed: int) -> SamplingParams:
     if shape.kind == "sampled":
         return SamplingParams(temperature=0.8, seed=seed, max_tokens=shape.output_tokens, ignore_eos=True)
@@ -87,7 +95,7 @@ def _params(shape: RequestShape, seed: int) -> SamplingParams:
 
 
 def replay(loaded: LoadedModel, config: EngineConfig, mix: list[RequestShape], *, speedup: float = 1.0,
-           seed: int = 0) -> ReplayResult:
+           seed: int = 0, prompt_pool: list[list[int]] | None = None) -> ReplayResult:
     """Run `mix` against a new `LLMEngine(loaded, config)` on the (scaled) recorded schedule; see the module docstring.
 
     Stored kernel winners are not installed by this engine (`tuned_kernels` off): they are process-wide,
@@ -110,7 +118,8 @@ def replay(loaded: LoadedModel, config: EngineConfig, mix: list[RequestShape], *
     while engine.has_unfinished_requests:
         engine.step()
     order = sorted(range(len(mix)), key=lambda i: mix[i].arrival_s)
-    prompts = {i: synthetic_prompt(mix[i].prompt_tokens, vocab, rng) for i in order}
+    prompts = {i: pooled_prompt(mix[i].prompt_tokens, prompt_pool, i) if prompt_pool else
+               synthetic_prompt(mix[i].prompt_tokens, vocab, rng) for i in order}
     arrival = {i: (mix[i].arrival_s - mix[order[0]].arrival_s) / speedup for i in order}
     first: dict[int, float] = {}
     last: dict[int, float] = {}

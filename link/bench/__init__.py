@@ -1,6 +1,7 @@
 """Benchmarks of the platform (`link bench ...`), one idea per module:
 
     workload.py      the serving benchmark's prompts (AlpacaEval + MT-Bench) rendered with a chat template
+    workloads.py     the repetitive and mixed workloads; measured requests as a replayable traffic mix
     timing.py        per-request records, percentiles, timed calls
     processes.py     servers in subprocesses pinned with taskset, their CPU time and RSS; spawned workers
     serving.py       `link bench serving`: our engine server against transformers and llama.cpp

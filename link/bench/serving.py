@@ -23,6 +23,12 @@ Systems, one after another (never overlapping), each in a process of its own:
 - `llama-cpp`: llama-cpp-python (`pip install 'togetherlink[bench]'`), one request at a time on the same
   GGUF, reported at concurrency 1 only; skipped with a message when `llama_cpp` does not import.
 
+Workloads (`workload`, link/bench/workloads.py): "default" (above), "repetitive" (HumanEval code edits
+and MT-Bench quote-summaries, whose answers repeat their prompt; closed loops like the default) and
+"mixed" (bursts of 1 to 16 concurrent requests of the default prompts, `num_prompts` requests in all,
+one row at concurrency 16; link only). `save_mix` writes the link rows' request shapes (lengths and
+send times) as a JSONL mix for `link compile tune-config --mix`.
+
 Per request: TTFT (s); ITL (s) = (last token time - first token time) / (tokens - 1); latency (s).
 Per level (link/bench/report.py): output tokens/s and requests/s over the level's wall time (first
 request sent -> last token), decode tokens/s per request = sum(tokens - 1) / sum(last - first), TTFT
@@ -45,7 +51,8 @@ from link.bench.baselines import llama_cpp_worker, transformers_worker
 from link.bench.processes import ServerProcess, free_port, in_worker, peak_rss_mb_of
 from link.bench.report import compute_ratios, summarize
 from link.bench.timing import RequestRecord, record_from_times
-from link.bench.workload import WARMUP_MESSAGE, default_data_dir, load_workload, render_prompts
+from link.bench.workload import WARMUP_MESSAGE, default_data_dir, render_prompts
+from link.bench.workloads import MAX_BURST, burst_plan, records_to_mix, workload_texts
 
 SYSTEMS = ("link", "transformers", "llama-cpp")
 
@@ -95,10 +102,26 @@ async def _closed_loop(base_url: str, model: str, prompts: list[list[int]], conc
         return records, time.perf_counter() - start
 
 
+async def _bursts(base_url: str, model: str, prompts: list[list[int]], sizes: list[int], max_tokens: int) -> tuple[list[RequestRecord], float]:
+    """Each burst's requests sent at once; the next burst when all of them finished; (records, wall s)."""
+    import httpx
+
+    records, pending = [], list(prompts)
+    async with httpx.AsyncClient(base_url=base_url, timeout=None, limits=httpx.Limits(max_connections=max(sizes))) as client:
+        start = time.perf_counter()
+        for size in sizes:
+            burst, pending = pending[:size], pending[size:]
+            records += await asyncio.gather(*(_stream_one(client, model, p, max_tokens) for p in burst))
+        return records, time.perf_counter() - start
+
+
 def _bench_link(server: ServerProcess, model: str, warmup: list[int], slices: list[list[list[int]]],
-                concurrencies: Sequence[int], max_tokens: int) -> list[tuple]:
+                concurrencies: Sequence[int], max_tokens: int, bursts: list[int] | None = None) -> list[tuple]:
     server.wait_healthy()
     asyncio.run(_closed_loop(server.url, model, [warmup], 1, min(4, max_tokens)))
+    if bursts:
+        records, wall = asyncio.run(_bursts(server.url, model, slices[0], bursts, max_tokens))
+        return [(records, wall, peak_rss_mb_of(server.pid))]
     levels = []
     for prompts, concurrency in zip(slices, concurrencies):
         records, wall = asyncio.run(_closed_loop(server.url, model, prompts, concurrency, max_tokens))
@@ -118,14 +141,17 @@ def run_serving_benchmark(
     kv_cache_mb: int = 256,
     max_num_seqs: int = 32,
     progress: Callable[[str], None] = lambda message: None,
+    workload: str = "default",
+    save_mix: str | Path | None = None,
 ) -> dict:
-    """Benchmark `systems` at each concurrency on `num_prompts` requests of `max_tokens` tokens per level.
+    """Benchmark `systems` at each concurrency on `num_prompts` requests of `max_tokens` tokens per level
+    (the mixed workload: `num_prompts` requests in bursts, link only; see the module docstring).
 
     Returns a JSON-ready dict: the settings, `machine` (CPU count, load average before and after),
     `rows` (one `summarize` dict per system and level, with every request), `ratios` (`compute_ratios`),
     `skipped` and `errors` ({system: reason}; a system that fails does not stop the others).
     Raises:
-        ValueError: an unknown system, non-positive sizes, or more prompts than the workload holds.
+        ValueError: an unknown system or workload, non-positive sizes, or more prompts than the workload holds.
         UnknownModelError, ServingError, FileNotFoundError: see `render_prompts` and `load_workload`.
     """
     concurrencies = sorted(set(concurrencies))
@@ -135,7 +161,10 @@ def run_serving_benchmark(
     if min(concurrencies, default=0) < 1 or num_prompts < 1 or max_tokens < 1:
         raise ValueError("concurrencies, num_prompts and max_tokens must be positive")
     data_dir = Path(data_dir) if data_dir else default_data_dir()
-    texts = load_workload(data_dir, seed)
+    texts = workload_texts(workload, data_dir, seed)
+    bursts = burst_plan(num_prompts, seed) if workload == "mixed" else None
+    if bursts:
+        concurrencies = [MAX_BURST]
     if num_prompts * len(concurrencies) > len(texts):
         raise ValueError(f"{num_prompts} prompts x {len(concurrencies)} levels exceeds the {len(texts)} prompts of the workload")
     from serving.registry import default_registry
@@ -150,11 +179,14 @@ def run_serving_benchmark(
         result = {
             "model": model, "dtype": dtype, "max_tokens": max_tokens, "num_prompts": num_prompts, "concurrencies": concurrencies,
             "systems": list(systems), "seed": seed, "data_dir": str(data_dir), "gguf": str(path),
-            "engine": {"kv_cache_mb": kv_cache_mb, "max_num_seqs": max_num_seqs},
+            "engine": {"kv_cache_mb": kv_cache_mb, "max_num_seqs": max_num_seqs}, "workload": workload, "bursts": bursts,
             "machine": {"cpu_count": os.cpu_count(), "load_average_before": list(os.getloadavg())},
             "rows": [], "skipped": {}, "errors": {},
         }
         for system in systems:
+            if bursts and system != "link":
+                result["skipped"][system] = "the mixed workload runs on link only"
+                continue
             if system == "llama-cpp" and importlib.util.find_spec("llama_cpp") is None:
                 result["skipped"][system] = "llama_cpp is not installed (pip install 'togetherlink[bench]')"
                 progress(f"skipping {system}: {result['skipped'][system]}")
@@ -163,7 +195,7 @@ def run_serving_benchmark(
             progress(f"{system}: concurrency {', '.join(map(str, levels))}")
             try:
                 if system == "link":
-                    measured = _bench_link(server, model, warmup, slices, levels, max_tokens)
+                    measured = _bench_link(server, model, warmup, slices, levels, max_tokens, bursts)
                 elif system == "transformers":
                     measured = in_worker(transformers_worker, str(path), dtype, warmup, slices, levels, max_tokens)
                 else:
@@ -177,6 +209,10 @@ def run_serving_benchmark(
                     server.stop()  # idle from here on: free its memory before the next system loads
             for concurrency, (records, wall_s, rss_mb) in zip(levels, measured):
                 result["rows"].append(summarize(system, concurrency, records, wall_s, rss_mb))
+            if system == "link" and save_mix:
+                from serving.traffic import save_mix as write_mix
+
+                result["mix"] = str(write_mix(records_to_mix([m[0] for m in measured]), save_mix))
     finally:
         if server is not None:
             server.stop()

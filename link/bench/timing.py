@@ -14,13 +14,15 @@ from typing import Callable, Sequence
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One generation request's timings (seconds); `itl_s` is None for a single output token."""
+    """One generation request's timings (seconds); `itl_s` is None for a single output token; `start_s`:
+    when it was sent (perf_counter instant; None where a system does not report it)."""
 
     num_prompt_tokens: int
     num_output_tokens: int
     ttft_s: float
     itl_s: float | None
     latency_s: float
+    start_s: float | None = None
 
 
 def record_from_times(num_prompt_tokens: int, num_output_tokens: int, start: float, first: float, last: float) -> RequestRecord:
@@ -29,7 +31,7 @@ def record_from_times(num_prompt_tokens: int, num_output_tokens: int, start: flo
     ITL = (last - first) / (num_output_tokens - 1); TTFT = first - start; latency = last - start.
     """
     itl = (last - first) / (num_output_tokens - 1) if num_output_tokens > 1 else None
-    return RequestRecord(num_prompt_tokens, num_output_tokens, first - start, itl, last - start)
+    return RequestRecord(num_prompt_tokens, num_output_tokens, first - start, itl, last - start, start)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from serving.llm_engine import EngineConfig
-from serving.replay import replay, synthetic_prompt
+from serving.replay import pooled_prompt, replay, synthetic_prompt
 from serving.traffic import RequestShape
 
 
@@ -16,6 +16,12 @@ def test_synthetic_prompts_are_seeded_and_avoid_the_special_ids():
     a = synthetic_prompt(50, 49152, random.Random(3))
     assert a == synthetic_prompt(50, 49152, random.Random(3)) and len(a) == 50
     assert all(256 <= t < 49152 - 256 for t in a)
+
+
+def test_pooled_prompts_take_the_pool_in_turn_repeated_or_cut():
+    pool = [[1, 2, 3], [4, 5]]
+    assert pooled_prompt(7, pool, 0) == [1, 2, 3, 1, 2, 3, 1]
+    assert pooled_prompt(1, pool, 3) == [4] and pooled_prompt(4, pool, 1) == [4, 5, 4, 5]
 
 
 def test_replay_generates_the_recorded_lengths_on_the_scaled_schedule(smollm2_fp32):
