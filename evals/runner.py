@@ -11,7 +11,8 @@ no call for finished items and gives the same totals) around `GuardedTarget` (--
 backoff). A pair whose target still fails after the retries is recorded with score 0 and its error; a pair
 cut by the cost cap is not recorded. At most `concurrency` pairs (so at most `concurrency` model calls) are in
 flight across all targets. Files: `<out_dir>/outcomes.jsonl` (OutcomeTable), `grades.jsonl` (one line per pair:
-prompt_id, model, score, details, judge_cost_usd, error) and `run.json` (totals); the run is recorded in the store.
+prompt_id, model, served_models (the model that answered each call: a policy target names its choice), score,
+details, judge_cost_usd, error) and `run.json` (totals); the run is recorded in the store.
 """
 
 from __future__ import annotations
@@ -221,7 +222,9 @@ async def _finish(suite, items, targets, results, guard, store, run_id, out_dir)
     outcomes_path = outcomes.write(out_dir / "outcomes.jsonl")
     with (out_dir / "grades.jsonl").open("w", encoding="utf-8") as f:
         for p in pairs:
-            line = {"prompt_id": p.item.id, "model": p.target, "score": p.grade.score, "details": p.grade.details,
+            served = [c.model for c in p.answer.completions if c.model]  # per call; a policy names the model that answered
+            line = {"prompt_id": p.item.id, "model": p.target, "served_models": served, "score": p.grade.score,
+                    "details": p.grade.details,
                     "judge_cost_usd": p.grade.judge_cost_usd, "error": p.error}
             f.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
     summary = {"run_id": run_id, "suite": suite.name, "stopped_reason": stopped, "spent_usd": guard.spent_usd, "totals": totals}

@@ -42,6 +42,7 @@ def test_scores_outcomes_and_files(tmp_path, sqlite_url):
     assert [r.score for r in table.select(models=["half"])] == [1.0, 0.0] * 5
     grades = [json.loads(line) for line in (tmp_path / "run" / "grades.jsonl").read_text().splitlines()]
     assert len(grades) == 20 and all(g["error"] is None for g in grades)
+    assert all(g["served_models"] == [g["model"]] for g in grades)  # the fake answers under its own name
     record = store.get_run("r1")
     assert record["status"] == "finished" and record["targets"] == ["good", "half"]
     assert record["totals"]["half"]["score"] == 0.5
