@@ -246,6 +246,39 @@ class BlockManager:
             self._register(seq.block_table[last], hash_block(prev_hash, tokens))
         return copy
 
+    # -- speculative drafts ---------------------------------------------------------------------
+
+    def num_draft_blocks(self, seq: Sequence, num_draft: int) -> int:
+        """Blocks beyond the last token's for `num_draft` draft positions [num_tokens, num_tokens + num_draft)."""
+        return -(-(seq.num_tokens + num_draft) // self.block_size) - seq.num_blocks(self.block_size)
+
+    def can_append_drafts(self, seq: Sequence, num_draft: int) -> bool:
+        """Whether `append_slot(seq)` and then `append_draft_slots(seq, num_draft)` find enough free blocks."""
+        return self._num_append_blocks(seq) + self.num_draft_blocks(seq, num_draft) <= self.num_free_blocks
+
+    def append_draft_slots(self, seq: Sequence, num_draft: int) -> None:
+        """After `append_slot(seq)`: fresh blocks for the KV of `num_draft` draft tokens.
+
+        Draft blocks get no hash (a draft is not content yet); `truncate` returns the ones a
+        rejection leaves unused. Raises RuntimeError when too few blocks are free.
+        """
+        num_new = self.num_draft_blocks(seq, num_draft)
+        if len(seq.block_table) != seq.num_blocks(self.block_size) or num_new > self.num_free_blocks:
+            raise RuntimeError(f"cannot add {num_draft} draft slots to sequence {seq.seq_id}: call append_slot first, "
+                               f"and check can_append_drafts ({self.num_free_blocks} free blocks)")
+        seq.block_table.extend(self._take_free() for _ in range(num_new))
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep the blocks of the first `num_tokens` positions, drop the sequence's references to the
+        rest (rejected drafts' blocks). A kept block's KV past `num_tokens` is rewritten before it is read."""
+        keep = -(-num_tokens // self.block_size)
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._release(block)
+        del seq.block_table[keep:]
+
     # -- sharing and release ------------------------------------------------------------------
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

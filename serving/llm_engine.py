@@ -9,7 +9,9 @@
 
 Each step: the `Scheduler` picks the batch (continuous batching, chunked prefill, preemption), the
 `ModelRunner` runs it over the paged KV cache, and every sequence whose logits came back samples one
-token, detokenizes and checks its stop conditions. A request with n > 1 prefills its prompt once and
+token, detokenizes and checks its stop conditions. With `EngineConfig.speculative`, decoding sequences
+first get draft tokens that the same forward pass verifies (`serving.spec_decode`); a sequence then
+emits its accepted drafts and one more token per step. A request with n > 1 prefills its prompt once and
 forks n sequences that share the prompt's KV blocks (copy-on-write on the partial last block).
 """
 
@@ -26,7 +28,7 @@ from serving.detokenizer import IncrementalDetokenizer
 from serving.errors import ContextLengthError, ServingError
 from serving.model_loader import LoadedModel
 from serving.model_runner import ModelRunner
-from serving.outputs import CompletionOutput, Logprob, RequestOutput
+from serving.outputs import CompletionOutput, Logprob, RequestOutput, SpeculativeStats
 from serving.paged_cache import PagedKVCache
 from serving.sampler import Sampler, batched_argmax, compute_logprobs
 from serving.sampling_params import SamplingParams
@@ -34,6 +36,7 @@ from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
 from serving.sliding_block_manager import SlidingBlockManager, max_batch_blocks, plan_pool_sizes
 from serving.spec_decode.config import SpeculativeConfig
+from serving.spec_decode.policy import AcceptanceState
 from serving.stop import StopResult, check_stop
 
 
@@ -86,6 +89,7 @@ class _SeqState:
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     guide: object | None = None  # serving.guided_decoding.JsonGuide for guided_json / structural_tag
+    spec: AcceptanceState | None = None  # speculative decoding record; None = this sequence never drafts
 
 
 @dataclass
@@ -124,6 +128,11 @@ class LLMEngine:
         self._seq_to_request: dict[int, _Request] = {}
         self._seq_ids = itertools.count()
         self._token_table = None  # serving.guided_decoding.TokenTable, built by the first guided_json request
+        self.speculator = None
+        if config.speculative is not None:
+            from serving.spec_decode.speculator import Speculator
+
+            self.speculator = Speculator(config.speculative, loaded)
         if config.tuned_kernels:
             from kernels.tuner import install_stored
 
@@ -179,11 +188,12 @@ class LLMEngine:
         if request is None:
             return
         for seq in request.seqs:
-            self.scheduler.finish(seq)
-            self._seq_to_request.pop(seq.seq_id, None)
+            self._finish_seq(seq)
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; return snapshots of the requests that produced tokens."""
+        if self.speculator is not None:
+            self._propose_drafts()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             if self.scheduler.waiting and not self.scheduler.running:
@@ -196,13 +206,9 @@ class LLMEngine:
             request = self._seq_to_request[seq.seq_id]
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
-            block_size = self.block_manager.block_size
-            crossed = (seq.num_computed_tokens + num_new) // block_size > seq.num_computed_tokens // block_size
-            seq.num_computed_tokens += num_new
-            if crossed:  # a block's KV is now complete: make it findable by the prefix cache
-                self.block_manager.mark_computed(seq)
-            if self.sliding_block_manager is not None:
-                self.sliding_block_manager.release_out_of_window(seq)
+            if seq.draft_token_ids:
+                continue  # advanced once its drafts are verified (`_verify`)
+            self._advance(seq, num_new)
             if seq.seq_id in logits and len(request.seqs) == request.params.n:  # not a first token that forks
                 state = request.states[seq.seq_id]
                 if state.guide is None and state.logprobs is None and state.sampler.is_plain_greedy(seq.num_output_tokens):
@@ -214,6 +220,10 @@ class LLMEngine:
                 continue
             request = self._seq_to_request[seq.seq_id]
             row = logits[seq.seq_id]
+            touched[request.request_id] = request
+            if seq.draft_token_ids:
+                self._verify(request, seq, row)
+                continue
             if len(request.seqs) < request.params.n:  # first token: fork the other samples
                 for index in range(len(request.seqs), request.params.n):
                     child = seq.fork(next(self._seq_ids))
@@ -224,7 +234,6 @@ class LLMEngine:
                     self.scheduler.add_running(child)
                     self._sample(request, child, row)
             self._sample(request, seq, row, decided.get(seq.seq_id))
-            touched[request.request_id] = request
         outputs = []
         for request in touched.values():
             outputs.append(self._snapshot(request))
@@ -232,14 +241,63 @@ class LLMEngine:
                 del self._requests[request.request_id]
         return outputs
 
+    def _advance(self, seq: Sequence, num_new: int) -> None:
+        """Count `num_new` more tokens as computed: register full blocks with the prefix cache, and
+        release the sliding-window blocks no future query reads (after dropping a rejected draft's)."""
+        block_size = self.block_manager.block_size
+        crossed = (seq.num_computed_tokens + num_new) // block_size > seq.num_computed_tokens // block_size
+        seq.num_computed_tokens += num_new
+        if crossed:  # a block's KV is now complete: make it findable by the prefix cache
+            self.block_manager.mark_computed(seq)
+        if self.sliding_block_manager is not None:
+            self.sliding_block_manager.truncate(seq)
+            self.sliding_block_manager.release_out_of_window(seq)
+
+    def _propose_drafts(self) -> None:
+        """Give the decoding sequences draft tokens (`Speculator.propose`). Guided requests never draft;
+        nor does a sequence drafting past its `max_tokens` or the context."""
+        decoding = [s for s in self.scheduler.running if s.num_computed_tokens == s.num_tokens - 1]
+        candidates = []
+        for seq in decoding:
+            request = self._seq_to_request[seq.seq_id]
+            state = request.states[seq.seq_id]
+            if state.spec is None or len(request.seqs) < request.params.n:
+                continue
+            limit = self.max_model_len - seq.num_tokens - 1  # the bonus token then reaches the context at most
+            if request.params.max_tokens is not None:
+                limit = min(limit, request.params.max_tokens - seq.num_output_tokens - 1)
+            candidates.append((seq, limit, state.spec))
+        self.speculator.propose(candidates, len(decoding))
+
+    def _verify(self, request: _Request, seq: Sequence, rows: torch.Tensor) -> None:
+        """Emit a drafted sequence's accepted tokens and the target's next one, then roll its KV back to the
+        last accepted token (blocks past it return to the pool; their KV is never hashed)."""
+        state = request.states[seq.seq_id]
+        tokens = self.speculator.verify(state.sampler, seq, rows, state.spec)
+        num_computed = seq.num_computed_tokens + len(tokens)  # the last verified token and the accepted drafts
+        for row, token in zip(rows, tokens):
+            self._sample(request, seq, row, token)
+            if state.finish_reason:
+                return  # finished: its blocks are already freed
+        self.block_manager.truncate(seq, num_computed)
+        self._advance(seq, len(tokens))
+
+    def _finish_seq(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self._seq_to_request.pop(seq.seq_id, None)
+        if self.speculator is not None:
+            self.speculator.drafter.release(seq.seq_id)
+
     def _attach(self, request: _Request, seq: Sequence, index: int) -> None:
         params = request.params
         seed = None if params.seed is None else params.seed + index
         sampler = Sampler(params if seed == params.seed else _with_seed(params, seed), eos_token_ids=self.loaded.tokenizer.eos_token_ids)
         detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, params.skip_special_tokens)
         request.seqs.append(seq)
+        guide = self._guide(params, sampler)
+        spec = AcceptanceState() if self.speculator is not None and guide is None else None
         request.states[seq.seq_id] = _SeqState(index, sampler, detokenizer, logprobs=[] if params.logprobs is not None else None,
-                                               guide=self._guide(params, sampler))
+                                               guide=guide, spec=spec)
         self._seq_to_request[seq.seq_id] = request
 
     def _plain_greedy_tokens(self, seqs: list[Sequence], logits: dict[int, torch.Tensor]) -> dict[int, int]:
@@ -278,8 +336,7 @@ class LLMEngine:
             return
         state.finish_reason, state.stop_reason = result.finish_reason, result.stop_reason
         state.text = _visible(result.text if result.text is not None else self._final_text(detok, seq.output_token_ids, result), params)
-        self.scheduler.finish(seq)
-        self._seq_to_request.pop(seq.seq_id, None)
+        self._finish_seq(seq)
 
     def _final_text(self, detok: IncrementalDetokenizer, token_ids: list[int], result: StopResult) -> str:
         """The full decode of the kept tokens, partial characters (U+FFFD) included."""
@@ -320,7 +377,12 @@ class LLMEngine:
             num_steps = max(len(c.token_ids) for c in completions) - 1
             if num_steps > 0:
                 metrics["itl_seconds"] = (request.last_token_time - first) / num_steps
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions, request.finished, metrics)
+        spec = None
+        if self.speculator is not None:
+            records = [st.spec for st in request.states.values() if st.spec is not None]
+            spec = SpeculativeStats(sum(r.num_draft_tokens for r in records), sum(r.num_accepted_tokens for r in records),
+                                    sum(r.num_draft_steps for r in records))
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions, request.finished, metrics, spec)
 
 
 def _pool_sizes(loaded: LoadedModel, config: EngineConfig) -> tuple[int, int]:

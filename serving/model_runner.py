@@ -43,7 +43,7 @@ class ModelRunner:
         seq_lens, query_lens = [], []
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
-            token_ids.extend(seq.token_ids[start : start + num_new])
+            token_ids.extend((seq.token_ids + seq.draft_token_ids)[start : start + num_new])
             for pos in range(start, start + num_new):
                 slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
                 if has_sliding:
@@ -64,7 +64,8 @@ class ModelRunner:
                 sliding_block_copies: list[tuple[int, int]] = ()) -> dict[int, torch.Tensor]:
         """Run the step, after the copy-on-write block copies of each pool. Returns {seq_id: float32
         logits [V]} for each sequence whose scheduled tokens reach its end (a finished prefill, or a
-        decode); chunks mid-prompt get none."""
+        decode); chunks mid-prompt get none. A decode with k draft tokens (`seq.draft_token_ids`) gets
+        logits [k + 1, V] instead: row i predicts the token after draft i (row 0: after the last token)."""
         kernels.apply_pending()
         self.cache.copy_blocks(list(block_copies), list(sliding_block_copies))
         token_ids, batch = self.build_batch(scheduled)
@@ -72,12 +73,18 @@ class ModelRunner:
         if all(n == 1 for _, n in scheduled):  # decode-only: the step a compiled decode step can replace
             step = kernels.step_variant("decode_step", len(scheduled), self.dtype, self.model_name)
         hidden = step(self.model, token_ids, batch, self.cache) if step is not None else self.model(token_ids, batch, self.cache)
-        wanted = [i for i, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
-        if not wanted:
+        ends = batch.last_token_indices.tolist()
+        rows: list[int] = []
+        spans: dict[int, tuple[int, int]] = {}  # seq_id -> (first row, row count) in `logits`
+        for i, (seq, n) in enumerate(scheduled):
+            num_draft = len(seq.draft_token_ids)
+            if seq.num_computed_tokens + n == seq.num_tokens + num_draft:
+                spans[seq.seq_id] = (len(rows), num_draft + 1)
+                rows.extend(range(ends[i] - num_draft, ends[i] + 1))
+        if not rows:
             return {}
-        rows = batch.last_token_indices[wanted]
-        logits = self.model.compute_logits(hidden[rows])
-        return {scheduled[i][0].seq_id: logits[j] for j, i in enumerate(wanted)}
+        logits = self.model.compute_logits(hidden[torch.tensor(rows)])
+        return {sid: logits[a] if k == 1 else logits[a : a + k] for sid, (a, k) in spans.items()}
 
 
 def _pad(tables: list[list[int]]) -> torch.Tensor:

@@ -38,8 +38,38 @@ class CompletionOutput:
 
 
 @dataclass
+class SpeculativeStats:
+    """Speculative decoding of one request (all its samples), when the engine speculates.
+
+    Attributes:
+        num_draft_tokens: tokens drafted and verified.
+        num_accepted_tokens: of those, kept (OpenAI `completion_tokens_details.accepted_prediction_tokens`).
+        num_draft_steps: verification steps that carried drafts.
+    """
+
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_draft_steps: int = 0
+
+    @property
+    def num_rejected_tokens(self) -> int:
+        return self.num_draft_tokens - self.num_accepted_tokens
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted, None before any draft."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_draft_length(self) -> float | None:
+        """drafted tokens per verification step, None before any."""
+        return self.num_draft_tokens / self.num_draft_steps if self.num_draft_steps else None
+
+
+@dataclass
 class RequestOutput:
-    """The result of one prompt: its tokens and its `n` completions, plus timing in seconds."""
+    """The result of one prompt: its tokens and its `n` completions, plus timing in seconds, and its
+    speculative decoding counts when the engine speculates (else None)."""
 
     request_id: str
     prompt: str | None
@@ -47,3 +77,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     metrics: dict[str, float] = field(default_factory=dict)
+    speculative: SpeculativeStats | None = None

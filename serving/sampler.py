@@ -128,6 +128,18 @@ class Sampler:
             ValueError: `logits` is not a non-empty 1-D floating tensor, contains NaN or is -inf
                 everywhere, or a token id lies outside [0, V).
         """
+        choice = self.distribution(logits, prompt_ids, output_ids)
+        if isinstance(choice, int):
+            return choice
+        return int(torch.multinomial(choice.to(self._generator.device), 1, generator=self._generator))
+
+    def distribution(
+        self, logits: torch.Tensor, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()
+    ) -> int | torch.Tensor:
+        """The distribution `sample` draws from: the token itself when the choice is deterministic
+        (greedy, or a temperature so small it overflows), else float32 probabilities [V] after every
+        processing step. Same arguments and errors as `sample`; draws no random numbers.
+        Speculative decoding verifies drafts against it (`serving.spec_decode.rejection`)."""
         check_logits(logits)
         if bool(torch.isnan(logits).any()):
             raise ValueError("logits contain NaN")
@@ -147,8 +159,12 @@ class Sampler:
             # A tiny temperature overflowed the logits (to +inf, or all to -inf): softmax would be
             # NaN. Such a temperature leaves all the mass on the top token, so take the argmax.
             return int(torch.argmax(x))
-        probs = torch.softmax(scaled, dim=-1).to(self._generator.device)
-        return int(torch.multinomial(probs, 1, generator=self._generator))
+        return torch.softmax(scaled, dim=-1)
+
+    @property
+    def generator(self) -> torch.Generator:
+        """This sampler's random generator (speculative acceptance draws from it too)."""
+        return self._generator
 
 
 def batched_argmax(rows: list[torch.Tensor]) -> list[int] | None:

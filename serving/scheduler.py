@@ -8,6 +8,9 @@ Each step (Yu et al. 2022, "Orca", OSDI; Kwon et al. 2023, arXiv:2309.06180):
 2. Sequences still prefilling continue with the next chunk of their prompt.
 3. Waiting sequences are admitted in (priority, arrival) order while blocks, `max_num_seqs` and the
    token budget allow.
+A decode may carry speculative draft tokens (`Sequence.draft_token_ids`, `serving.spec_decode`): they
+run as extra query positions of that sequence, in the same step, when the budget and free blocks allow
+(otherwise they are dropped, never a reason to preempt).
 Prefills are chunked: at most `max_num_batched_tokens` tokens run per step, so a long prompt does not
 stall the decodes of everyone else (Agrawal et al. 2024, "Sarathi-Serve", arXiv:2403.02310).
 
@@ -128,14 +131,19 @@ class Scheduler:
                 self._preempt(seq, out)
                 continue
             if remaining == 1:
+                num_new += self._fit_drafts(seq, budget)
                 copy = bm.append_slot(seq)
                 if copy is not None:
                     out.block_copies.append(copy)
+                if num_new > 1:
+                    bm.append_draft_slots(seq, num_new - 1)
             self._append_sliding_slots(seq, num_new, out)
             out.scheduled.append((seq, num_new))
             kept.append(seq)
             budget -= num_new
-        kept.extend(queue)  # over budget this step: they wait in place
+        for seq in queue:  # over budget this step: they wait in place, their drafts dropped
+            seq.draft_token_ids = []
+        kept.extend(queue)
         self.running = kept
         # 2. admit waiting sequences while the batch, the blocks and the budget allow.
         if not out.preempted:
@@ -161,6 +169,16 @@ class Scheduler:
             return False
         return self.sliding is None or self.sliding.can_append_slots(seq, num_new)
 
+    def _fit_drafts(self, seq: Sequence, budget: int) -> int:
+        """How many of a decode's draft tokens run with it: as many as the budget and free blocks of both
+        pools allow (drafts never preempt anyone); `seq.draft_token_ids` is cut to that many."""
+        num_draft = min(len(seq.draft_token_ids), budget - 1)
+        while num_draft > 0 and not (self.block_manager.can_append_drafts(seq, num_draft) and (
+                self.sliding is None or self.sliding.can_append_slots(seq, 1 + num_draft))):
+            num_draft -= 1
+        del seq.draft_token_ids[num_draft:]
+        return num_draft
+
     def _append_sliding_slots(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
         if self.sliding is not None:
             copy = self.sliding.append_slots(seq, num_new)
@@ -174,6 +192,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self._free(seq)
+        seq.draft_token_ids = []
         seq.status = SequenceStatus.PREEMPTED
         if seq in self.running:
             self.running.remove(seq)

@@ -42,6 +42,8 @@ class Sequence:
         num_computed_tokens: leading tokens whose KV is in the cache.
         priority: scheduling priority (lower is served first, as in vLLM).
         arrival_time: seconds on the `time.monotonic()` clock.
+        draft_token_ids: speculative tokens proposed after `token_ids` for the next step to verify
+            (`serving.spec_decode`); not part of the sequence, emptied once verified.
 
     Raises:
         ValueError: on an empty prompt or token counts out of range.
@@ -57,6 +59,7 @@ class Sequence:
     num_computed_tokens: int = 0
     priority: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
+    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

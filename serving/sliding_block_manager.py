@@ -161,6 +161,16 @@ class SlidingBlockManager:
             num_released += 1
         return num_released
 
+    def truncate(self, seq: Sequence) -> None:
+        """Drop the blocks past `seq.num_computed_tokens` (a rejected draft's), so the table covers
+        exactly the computed tokens again."""
+        table = seq.sliding_block_table
+        keep = math.ceil(seq.num_computed_tokens / self.block_size)
+        for block_id in reversed(table[keep:]):
+            if block_id != NULL_BLOCK:
+                self._drop(block_id)
+        del table[keep:]
+
     # -- sharing and release ------------------------------------------------------------------
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

@@ -1,0 +1,49 @@
+"""`Drafter`: who proposes the draft tokens. A small base, the n-gram drafter, and `make_drafter`.
+
+    drafter = make_drafter(config, loaded)            # config: SpeculativeConfig; loaded: the target model
+    drafts = drafter.propose([(seq, k), ...])         # one list of <= k token ids per sequence
+    drafter.release(seq.seq_id)                       # the sequence finished: drop any state kept for it
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from serving.sequence import Sequence
+from serving.spec_decode.config import SpeculativeConfig
+from serving.spec_decode.ngram import propose_ngram
+
+
+class Drafter(ABC):
+    """Proposes up to k next tokens for each of a batch of sequences."""
+
+    @abstractmethod
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
+        """For each (sequence, k >= 1), at most k draft tokens continuing `sequence.token_ids` ([] = none)."""
+
+    def release(self, seq_id: int) -> None:
+        """Forget a finished sequence (a drafter that keeps per-sequence state overrides this)."""
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup (`serving.spec_decode.ngram`): no model, no state."""
+
+    def __init__(self, ngram_max: int, ngram_min: int) -> None:
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
+
+    def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
+        return [propose_ngram(seq.token_ids, k, self.ngram_max, self.ngram_min) for seq, k in requests]
+
+
+def make_drafter(config: SpeculativeConfig, loaded) -> Drafter:
+    """The drafter of `config.method`; "draft" loads `config.draft_model` (same dtype as `loaded`, the
+    target `LoadedModel`).
+
+    Raises:
+        ServingError: an unknown draft model, or one whose tokenizer differs from the target's.
+    """
+    if config.method == "ngram":
+        return NgramDrafter(config.ngram_max, config.ngram_min)
+    from serving.spec_decode.draft_model import DraftModelDrafter
+
+    return DraftModelDrafter.load(config.draft_model, loaded)
