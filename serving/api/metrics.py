@@ -7,6 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from kernels.metrics import KernelCollector
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+DRAFT_LENGTH_BUCKETS = (1, 1.5, 2, 3, 4, 5, 6, 8, 12, 16)
 
 
 class EngineMetrics:
@@ -28,6 +30,13 @@ class EngineMetrics:
         self.itl = Histogram("link_engine_inter_token_latency_seconds", "Mean inter-token latency per request.", buckets=LATENCY_BUCKETS, registry=r)
         r.register(KernelCollector())  # link_kernel_calls / link_kernel_winner_speedup (kernels/metrics.py)
         self.e2e = Histogram("link_engine_request_latency_seconds", "Request latency, arrival to last token.", buckets=LATENCY_BUCKETS, registry=r)
+        # Speculative decoding (serving/spec_decode), observed per finished request when it is on.
+        self.spec_draft_tokens = Counter("link_engine_spec_draft_tokens", "Speculative draft tokens verified.", registry=r)
+        self.spec_accepted_tokens = Counter("link_engine_spec_accepted_tokens", "Speculative draft tokens accepted.", registry=r)
+        self.spec_acceptance_rate = Histogram("link_engine_spec_acceptance_rate", "Per request: accepted / drafted tokens.",
+                                              buckets=RATE_BUCKETS, registry=r)
+        self.spec_draft_length = Histogram("link_engine_spec_draft_length", "Per request: mean draft tokens per verification step.",
+                                           buckets=DRAFT_LENGTH_BUCKETS, registry=r)
 
     def refresh(self, engine) -> None:
         """Read the engine's current state into the gauges (`engine` is an `AsyncLLMEngine`)."""
@@ -51,5 +60,11 @@ class EngineMetrics:
         if "itl_seconds" in m:
             self.itl.observe(m["itl_seconds"])
         self.e2e.observe(elapsed)
+        spec = getattr(output, "speculative", None)
+        if spec is not None and spec.num_draft_tokens:
+            self.spec_draft_tokens.inc(spec.num_draft_tokens)
+            self.spec_accepted_tokens.inc(spec.num_accepted_tokens)
+            self.spec_acceptance_rate.observe(spec.acceptance_rate)
+            self.spec_draft_length.observe(spec.mean_draft_length)
         if elapsed > 0:
             self.tokens_per_second.set(num_out / elapsed)

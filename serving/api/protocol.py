@@ -206,8 +206,16 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
     return {"error": ErrorBody(message=message, type=type_, param=param, code=code).model_dump()}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, speculative: list | None = None) -> dict:
+    """The OpenAI usage object. With speculative decoding on (`speculative`: the requests'
+    `SpeculativeStats`), `completion_tokens_details` counts the draft tokens kept and rejected under
+    OpenAI's Predicted Outputs names (accepted_prediction_tokens, rejected_prediction_tokens)."""
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    stats = [s for s in speculative or () if s is not None]
+    if stats:
+        body["completion_tokens_details"] = {"accepted_prediction_tokens": sum(s.num_accepted_tokens for s in stats),
+                                             "rejected_prediction_tokens": sum(s.num_rejected_tokens for s in stats)}
+    return body
 
 
 class ValidationProblem(Exception):

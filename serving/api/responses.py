@@ -189,7 +189,7 @@ async def whole_response(plan: RequestPlan, streams: list[AsyncIterator[RequestO
     choices.sort(key=lambda c: c["index"])
     prompt_tokens = sum(len(p) for p in plan.prompts)
     return {"id": plan.id, "object": plan.object_name, "created": plan.created, "model": plan.model,
-            "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": usage(prompt_tokens, completion_tokens, [f.speculative for f in finals])}
 
 
 async def _merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -234,6 +234,7 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
     text_offsets: dict[int, TextOffsets] = {}  # completions logprobs: per choice, offsets of the tokens sent
     start = time.monotonic()
     completion_tokens = 0
+    speculative = []  # SpeculativeStats of each finished prompt (None without speculation)
     tool_stream = ToolStream(plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls, plan.tool_format) if plan.tools is not None else None
 
     def chunk(choices: list[dict]) -> dict:
@@ -288,10 +289,11 @@ async def stream_events(plan: RequestPlan, streams: list[AsyncIterator[RequestOu
                 completion_tokens += len(c.token_ids)
         if output.finished:
             state.metrics.observe_finished(output, time.monotonic() - start)
+            speculative.append(output.speculative)
         for tool_chunk in tool_chunks:
             yield chunk([tool_chunk])
         if choices:
             yield chunk(choices)
     if plan.include_usage:
         yield {"id": plan.id, "object": chunk_object, "created": plan.created, "model": plan.model, "choices": [],
-               "usage": usage(sum(len(p) for p in plan.prompts), completion_tokens)}
+               "usage": usage(sum(len(p) for p in plan.prompts), completion_tokens, speculative)}
