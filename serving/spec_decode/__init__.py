@@ -1,9 +1,16 @@
 """Speculative decoding: draft k tokens cheaply, verify them in one forward pass of the target model.
 
-`config.py` (`SpeculativeConfig`), `ngram.py` (prompt-lookup drafter), `draft_model.py` (a small model
-of the same tokenizer drafting greedily), `rejection.py` (acceptance rules over tensors), `policy.py`
-(adaptive lookahead: per-request k, engine-wide backoff), `verify.py` (the engine's side: drafts in,
-accepted tokens out, KV rolled back).
+`config.py` (`SpeculativeConfig`), `drafter.py` (the `Drafter` base and `make_drafter`), `ngram.py`
+(prompt lookup), `draft_model.py` (a smaller model of the same tokenizer drafting greedily),
+`rejection.py` (acceptance rules over tensors), `policy.py` (adaptive lookahead: per-request k,
+engine-wide backoff), `speculator.py` (the engine's side: drafts in, accepted tokens out).
+
+Requests that never draft (they decode normally): guided decoding (`response_format`, structural tags,
+forced tool calls), whose automaton advances one token at a time. Everything else speculates: greedy
+and sampled decoding, penalties, logit bias, `min_tokens`, logprobs (each emitted token's row is its
+own position's raw logits), stop strings, and n > 1 (each sample drafts on its own after the fork).
+
+How to run its tests: `python -m pytest tests/serving/test_spec_decode_*.py -q`.
 """
 
 from serving.spec_decode.config import SpeculativeConfig

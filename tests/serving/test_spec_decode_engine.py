@@ -136,3 +136,24 @@ def test_gemma3_concurrent_adaptive(gemma3, edit_prompts):
     prompts = [_encode(gemma3, p) for p in edit_prompts[:2]]
     params = SamplingParams(temperature=0, max_tokens=20)
     assert _tokens(generate(gemma3, prompts, params, ADAPTIVE)) == _tokens(generate(gemma3, prompts, params, None))
+
+
+def test_smollm2_drafting_for_itself_is_exact_and_mostly_accepted(smollm2, edit_prompts):
+    # A draft model (method "draft"): SmolLM2 drafting for itself, the only same-tokenizer pair we have
+    # locally; two concurrent requests so the draft model's catch-up and decode steps run batched.
+    prompts = [_encode(smollm2, p) for p in edit_prompts[:2]]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    spec = SpeculativeConfig(method="draft", draft_model="smollm2-135m-instruct", num_speculative_tokens=4)
+    on = generate(smollm2, prompts, params, spec)
+    assert _tokens(on) == _tokens(generate(smollm2, prompts, params, None))
+    stats = [o.speculative for o in on]
+    assert sum(s.num_accepted_tokens for s in stats) >= 0.8 * sum(s.num_draft_tokens for s in stats) > 0
+
+
+def test_a_draft_model_must_share_the_tokenizer(smollm2, gemma3):
+    from serving.errors import ServingError
+    from serving.spec_decode.draft_model import check_same_tokenizer
+
+    check_same_tokenizer(smollm2.loaded, smollm2.loaded)
+    with pytest.raises(ServingError, match="tokenizer"):
+        check_same_tokenizer(gemma3.loaded, smollm2.loaded)
