@@ -50,6 +50,8 @@ def reconfigure(engine: LLMEngine, config: EngineConfig) -> int:
         if old.sliding is not None:
             old.sliding.free(seq)
         seq.status = SequenceStatus.PREEMPTED
+        if getattr(seq, "draft_token_ids", None):  # speculative drafts are proposed again under the new config
+            seq.draft_token_ids = []
     kept = {name: getattr(engine, name) for name in _REQUEST_STATE if hasattr(engine, name)}
     engine.__dict__.update({k: v for k, v in fresh.__dict__.items() if k not in _REQUEST_STATE})
     engine.__dict__.update(kept)
