@@ -101,3 +101,20 @@ def test_async_engine_reconfigures_between_steps_and_records_traffic(loaded, pro
     assert engine.engine.config == SMALL
     shapes = engine.traffic.shapes()
     assert sorted((s.prompt_tokens, s.output_tokens, s.kind) for s in shapes) == sorted((len(p), 12, "greedy") for p in prompts)
+
+
+def test_speculation_switched_on_then_off_mid_flight_keeps_the_greedy_tokens(loaded, prompts, reference):
+    from serving.spec_decode.config import SpeculativeConfig
+
+    spec = dataclasses.replace(SMALL, speculative=SpeculativeConfig(num_speculative_tokens=3, max_batch_size=4))
+    engine = LLMEngine(loaded, EngineConfig(tuned_kernels=False))
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", ids, PARAMS)
+    tokens, steps = {}, 0
+    while engine.has_unfinished_requests:
+        if steps in (3, 7):  # speculation on (exact greedy acceptance), then off again
+            reconfigure(engine, spec if steps == 3 else SMALL)
+            assert (engine.speculator is not None) == (steps == 3)
+        tokens.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        steps += 1
+    assert tokens == reference
