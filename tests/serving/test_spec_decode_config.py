@@ -36,3 +36,23 @@ def test_engine_options_build_the_speculative_config():
 def test_engine_options_reject_unknown_speculative_fields():
     with pytest.raises(ValueError, match="methd"):
         EngineOptions(speculative={"methd": "ngram"})
+
+
+def test_engine_serve_builds_the_speculative_config(monkeypatch):
+    import uvicorn
+    from typer.testing import CliRunner
+
+    import serving.api.server
+    import serving.model_loader
+    from link.cli import app
+
+    seen = {}
+    monkeypatch.setattr(serving.model_loader, "load_model", lambda spec, dtype: "loaded")
+    monkeypatch.setattr(serving.api.server, "create_engine_app", lambda model, engine_config, loaded: seen.setdefault("config", engine_config))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    runner = CliRunner()
+    result = runner.invoke(app, ["engine", "serve", "--speculative", "ngram", "--num-speculative-tokens", "3", "--no-speculative-adaptive"])
+    assert result.exit_code == 0, result.output
+    assert seen["config"].speculative == SpeculativeConfig(num_speculative_tokens=3, adaptive=False)
+    result = runner.invoke(app, ["engine", "serve", "--speculative", "draft"])
+    assert result.exit_code == 2 and "draft_model" in result.output
