@@ -80,6 +80,7 @@ def record(loaded, serve) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=7, help="replays per mix during the search")
+    parser.add_argument("--repeats", type=int, default=1, help="replays per candidate visit (median)")
     parser.add_argument("--speedup", type=float, default=1.0, help="replay arrivals this many times faster")
     parser.add_argument("--trickle", type=int, default=8, help="requests of the long-trickle mix")
     parser.add_argument("--trickle-gap-s", type=float, default=2.5)
@@ -121,12 +122,12 @@ def main() -> None:
     space = {"max_num_batched_tokens": (128, 512, 2048), "max_num_seqs": (4, 8, 32),
              "speculative": (None, SpeculativeConfig(num_speculative_tokens=5, max_batch_size=8)), "block_size": (16, 64)}
     table = ConfigWinnerTable(Path(tempfile.mkdtemp()) / "winners.sqlite")
-    out = {"model": MODEL, "budget": args.budget, "speedup": args.speedup, "space": {k: [describe({k: v}) for v in vs] for k, vs in space.items()},
+    out = {"model": MODEL, "budget": args.budget, "repeats": args.repeats, "speedup": args.speedup, "space": {k: [describe({k: v}) for v in vs] for k, vs in space.items()},
            "mixes": {}, "machine": {"cpu_count": os.cpu_count(), "load_average_before": list(load_before)}}
     for name, mix, pool in (("long-trickle", trickle_mix, long_prompts), ("short-bursts", burst_mix, short)):
         save_mix(mix, Path(table.path).parent / f"{name}.jsonl")
         print(f"tuning {name}: {len(mix)} requests", flush=True)
-        result = tune_config(MODEL, mix, loaded=loaded, speedup=args.speedup, budget=args.budget, confirm=1, space=space,
+        result = tune_config(MODEL, mix, loaded=loaded, speedup=args.speedup, budget=args.budget, confirm=1, space=space, repeats=args.repeats,
                              table=table, prompt_pool=pool, progress=lambda m: print("  ", m, flush=True))
         row = result.stored
         out["mixes"][name] = {"signature": row.signature, "fingerprint": row.fingerprint, "num_requests": row.num_requests,

@@ -65,6 +65,7 @@ def tune_config(
     budget: int = typer.Option(10, help="Replays during the search, the default's included."),
     confirm: int = typer.Option(1, help="Extra alternating replays of the default and the winner at the end."),
     ttft_slack: float = typer.Option(0.0, help="Allowed relative p99 TTFT excess over the default (0: equal or better)."),
+    repeats: int = typer.Option(1, help="Replays per candidate, compared by their median (noisy machines); each counts in the budget."),
     no_speculation: bool = typer.Option(False, "--no-speculation", help="Leave speculative decoding out of the search."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
 ) -> None:
@@ -77,7 +78,7 @@ def tune_config(
 
     try:
         shapes = load_mix(mix)
-        outcome = run_tuning(model, shapes, dtype=dtype, speedup=speedup, budget=budget, confirm=confirm, ttft_slack=ttft_slack,
+        outcome = run_tuning(model, shapes, dtype=dtype, speedup=speedup, budget=budget, confirm=confirm, ttft_slack=ttft_slack, repeats=repeats,
                              space=default_space(not no_speculation), progress=lambda m: err_console.log(m, markup=False))
     except (ServingError, ValueError, FileNotFoundError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")

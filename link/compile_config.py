@@ -54,7 +54,7 @@ def measure_replay(loaded, base, mix: list[RequestShape], speedup: float, seed: 
 
 
 def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str = "float32", speedup: float = 1.0,
-                budget: int = 10, confirm: int = 1, ttft_slack: float = 0.0, space: dict | None = None,
+                budget: int = 10, confirm: int = 1, ttft_slack: float = 0.0, repeats: int = 1, space: dict | None = None,
                 base=None, table: ConfigWinnerTable | None = None, prompt_pool: list[list[int]] | None = None,
                 progress: Callable[[str], None] = lambda message: None) -> ConfigTuneOutcome:
     """Search the engine configuration that serves `mix` best (see `serving.config_search`) and store it.
@@ -62,7 +62,7 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
     Args:
         model: registry name (the table key); `loaded`: the model already loaded (else loaded here in `dtype`).
         mix: the recorded request shapes; `speedup`: arrival times are divided by it.
-        budget, confirm, ttft_slack, space: see `serving.config_search.search`; `space` defaults to
+        budget, confirm, ttft_slack, repeats, space: see `serving.config_search.search`; `space` defaults to
             `default_space()` (speculation included).
         base: the `EngineConfig` the candidates override (default: `EngineConfig()`).
         prompt_pool: real prompt token ids to fill the replayed prompts with (default: random ids).
@@ -92,7 +92,7 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
         progress(f"{describe(candidate)}: {m.output_tokens_per_s:.1f} tok/s, p99 TTFT {m.ttft_p99_s:.3f} s")
 
     outcome = search(measure_replay(loaded, base, mix, speedup, prompt_pool=prompt_pool), base=base, space=space, budget=budget, confirm=confirm,
-                     ttft_slack=ttft_slack, progress=report)
+                     ttft_slack=ttft_slack, repeats=repeats, progress=report)
     d, w = outcome.default_measurement, outcome.winner_measurement
     stored = ConfigWinner(fingerprint, signature, len(mix), to_json(outcome.winner), d.output_tokens_per_s, d.ttft_p99_s,
                           w.output_tokens_per_s, w.ttft_p99_s, len(outcome.trials), time.time())

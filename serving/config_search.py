@@ -115,7 +115,7 @@ def _median(measurements: list[Measurement]) -> Measurement:
 
 def search(measure: Callable[[Candidate], Measurement], *, base: EngineConfig = EngineConfig(),
            space: dict[str, tuple] | None = None, budget: int = 12, confirm: int = 1, ttft_slack: float = 0.0,
-           progress: Callable[[Candidate, Measurement], None] = lambda c, m: None) -> SearchOutcome:
+           repeats: int = 1, progress: Callable[[Candidate, Measurement], None] = lambda c, m: None) -> SearchOutcome:
     """Coordinate descent for the highest throughput at a p99 TTFT no worse than the default's (see the module docstring).
 
     Args:
@@ -125,23 +125,27 @@ def search(measure: Callable[[Candidate], Measurement], *, base: EngineConfig = 
         budget: measurements during the descent, the default's included (the confirmations are extra).
         confirm: extra alternating measurements of the default and the winner at the end.
         ttft_slack: allowed relative excess of p99 TTFT over the default's (0.0: equal or better).
+        repeats: measurements per candidate visit, compared by their median (a noisy, shared machine);
+            each counts against `budget`.
         progress: called after every measurement.
 
     Raises:
-        ValueError: a budget below 1 or a negative slack.
+        ValueError: a budget or repeats below 1, or a negative slack.
     """
-    if budget < 1 or ttft_slack < 0:
-        raise ValueError(f"budget must be >= 1 and ttft_slack >= 0, got {budget}, {ttft_slack}")
+    if budget < 1 or repeats < 1 or ttft_slack < 0:
+        raise ValueError(f"budget and repeats must be >= 1 and ttft_slack >= 0, got {budget}, {repeats}, {ttft_slack}")
     space = default_space() if space is None else space
     runs: dict[str, list[Measurement]] = {}
     trials: list[tuple[Candidate, Measurement]] = []
 
     def run(candidate: Candidate) -> Measurement:
-        m = measure(candidate)
-        runs.setdefault(_key(candidate), []).append(m)
-        trials.append((candidate, m))
-        progress(candidate, m)
-        return m
+        """`repeats` measurements of the candidate; their median."""
+        for _ in range(repeats):
+            m = measure(candidate)
+            runs.setdefault(_key(candidate), []).append(m)
+            trials.append((candidate, m))
+            progress(candidate, m)
+        return _median(runs[_key(candidate)][-repeats:])
 
     default = run({})
     limit = default.ttft_p99_s * (1 + ttft_slack)
@@ -152,7 +156,7 @@ def search(measure: Callable[[Candidate], Measurement], *, base: EngineConfig = 
             candidate = canonical({**current, name: value}, base)
             if _key(candidate) in runs:
                 continue
-            if len(trials) >= budget:
+            if len(trials) + repeats > budget:
                 break
             m = run(candidate)
             if m.ttft_p99_s <= limit and m.output_tokens_per_s > best_m.output_tokens_per_s:

@@ -26,7 +26,7 @@ def test_tune_config_replays_the_mix_and_status_shows_the_winner(table, tmp_path
     mix = [RequestShape(24, 3, 0.0), RequestShape(16, 3, 0.0), RequestShape(40, 2, 0.1)]
     path = save_mix(mix, tmp_path / "mix.jsonl")
     result = CliRunner().invoke(app, ["compile", "tune-config", "--mix", str(path), "--budget", "2", "--confirm", "0",
-                                      "--speedup", "2", "--no-speculation"])
+                                      "--speedup", "2", "--no-speculation", "--repeats", "1"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())  # Rich wraps long lines
     assert "default" in text and "tuned" in text and "2 replays" in text

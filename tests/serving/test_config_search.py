@@ -62,6 +62,22 @@ def test_a_winner_that_loses_its_confirmation_is_dropped():
     assert outcome.winner == {} and outcome.winner_measurement.output_tokens_per_s == 100.0
 
 
+def test_repeats_compare_medians_and_count_against_the_budget():
+    noisy = {"n": 0}
+
+    def one_lucky_run(candidate: dict) -> Measurement:
+        if candidate == {"block_size": 32}:
+            noisy["n"] += 1
+            return Measurement(150.0 if noisy["n"] == 1 else 95.0, 1.0)  # median of 150, 95, 95: 95
+        return Measurement(100.0, 1.0)
+
+    outcome = search(one_lucky_run, space={"block_size": (16, 32)}, budget=6, repeats=3)
+    assert outcome.winner == {} and len(outcome.trials) == 6
+    assert search(fake, space=SPACE, budget=5, repeats=2).trials[-1][0] == {"max_num_batched_tokens": 256}
+    with pytest.raises(ValueError):
+        search(fake, repeats=0)
+
+
 def test_candidates_round_trip_and_apply_to_the_engine_config():
     spec = SpeculativeConfig(num_speculative_tokens=3, max_batch_size=4)
     candidate = canonical({"max_num_seqs": 32, "block_size": 32, "speculative": spec})
