@@ -2,7 +2,7 @@
 
     python benchmarks/routing_latency.py                          # trains a kNN on routerbench:train (temp dir)
     python benchmarks/routing_latency.py --router routers/trained/link-auto.safetensors --json latency.json
-    python benchmarks/routing_latency.py --dtype bfloat16         # the encoder in bfloat16
+    python benchmarks/routing_latency.py --dtype float32           # the encoder in float32 (default auto: as the gateway)
     python benchmarks/routing_latency.py --check-threads          # also: whose torch thread counts change
 
 Prompts: GSM8K test questions, MMLU test questions with their four choices and AlpacaEval instructions (from
@@ -117,8 +117,7 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int) -> dict
 
     policy = router_policy(path)
     loaded = policy.router.get()                               # loads the file and the encoder, as at startup
-    if dtype != "float32":
-        loaded.router.featurizer = Featurizer(Embedder(dtype=dtype))
+    loaded.router.featurizer = Featurizer(Embedder(dtype=dtype))
     embedder = loaded.router.featurizer.embedder
     encode_ms: list[float] = []
     encode = embedder.encode
@@ -165,7 +164,7 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int) -> dict
     return {"decision_ms": percentiles(decision_ms), "embedding_ms": percentiles(encode_ms),
             "decision_cpu_ms": percentiles(cpu_ms.tolist()), "embedding_cpu_ms": percentiles(encode_cpu_ms),
             "router": {"path": str(path), "type": loaded.router.type, "models": loaded.models},
-            "dtype": dtype, "encoder_threads": threads, "torch_threads_elsewhere": torch.get_num_threads(),
+            "dtype": embedder.dtype, "encoder_threads": threads, "torch_threads_elsewhere": torch.get_num_threads(),
             "numpy_blas_threads": blas,
             "chosen": dict(sorted(chosen.items(), key=lambda kv: -kv[1])),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
@@ -241,7 +240,8 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=NUM_PROMPTS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=20, help="decisions before timing (not in the prompts)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the encoder's dtype")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="the encoder's dtype (auto: what the gateway uses, bfloat16 where the CPU has native bf16)")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: LINK_DATASETS_DIR, else ../shared/data")
     parser.add_argument("--check-threads", action="store_true", help="also run the torch thread-count check")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -259,7 +259,7 @@ def main() -> None:
             result["threads"] = check_threads()
     d, e = result["decision_ms"], result["embedding_ms"]
     print(f"{len(prompts)} prompts ({', '.join(f'{k} {v}' for k, v in counts.items())}), {result['router']['type']} "
-          f"router over {len(result['router']['models'])} models, encoder {args.dtype} on "
+          f"router over {len(result['router']['models'])} models, encoder {result['dtype']} on "
           f"{result['encoder_threads']} thread(s), numpy BLAS threads {result['numpy_blas_threads']}, load average {result['load_average']['before'][0]:.2f} on "
           f"{result['cpu_count']} CPUs")
     print(f"decision:  p50 {d['p50']:.2f} ms  p90 {d['p90']:.2f} ms  p99 {d['p99']:.2f} ms  mean {d['mean']:.2f} ms")

@@ -32,8 +32,16 @@ from routers.threads import pin_intraop_threads
 EMBEDDING_DIM = 384
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 PROGRESS_MIN_TEXTS = 1000   # show a progress bar when more texts than this need encoding
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "auto")
 SMALL_BATCH = 8             # at most this many texts: a request's, encoded on one OpenMP thread (module docstring)
+
+
+def native_bf16_dtype() -> str:
+    """"bfloat16" on a CPU that multiplies bf16 natively (AVX512-BF16 or AMX), else "float32" (emulated bf16
+    is slower than float32 there): the `dtype="auto"` of an `Embedder`."""
+    from serving.model_loader import cpu_has_bf16
+
+    return "bfloat16" if cpu_has_bf16() else "float32"
 
 
 def default_model_dir() -> Path:
@@ -101,6 +109,7 @@ class Embedder:
         dtype: "float32", or "bfloat16" for the encoder's weights and activations: about 1.7x faster on a CPU
             with native bf16 (AVX512-BF16, AMX; measured 15 vs 26 ms per prompt here), far slower on one
             without; vectors within cosine 0.9999 of float32's, re-normalised, cached apart from them.
+            "auto": bfloat16 where the CPU has native bf16, else float32 (`native_bf16_dtype`).
         num_threads: torch intra-op (OpenMP) threads of the encoder. None: batches of at most SMALL_BATCH
             texts (a routing decision's one prompt) on the embedder's own thread with 1 thread, larger ones in
             the caller's thread with torch's settings there; k: every batch on an own thread with k threads.
@@ -113,6 +122,8 @@ class Embedder:
                  batch_size: int = 64, use_cache: bool = True, dtype: str = "float32", num_threads: int | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if dtype == "auto":
+            dtype = native_bf16_dtype()
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.device = device

