@@ -14,7 +14,8 @@ Three sections, each row carrying the 1-minute load average (`os.getloadavg`) wh
   "gated_mlp") swapped to each variant via `kernels.dispatch.register`, measured as in
   `bench_generate.py`; and how many of the first 64 greedy tokens on 5 prompts match fp32.
 - gsm8k: accuracy on `--gsm8k-items` test items drawn with seed 0 (0-shot chat, greedy, 320 tokens, graded
-  as `evals.suites.gsm8k` grades), fp32 against "int8 linear+mlp"; needs `LINK_DATASETS_DIR`.
+  as `evals.suites.gsm8k` grades) of fp32, "int8 linear+mlp", "int4 linear+mlp" and a bfloat16 engine, with each
+  one's agreement with fp32 (same extracted answer, same reply); needs `LINK_DATASETS_DIR`.
 
 Run from the repository root (about 6 minutes on an idle 2-core CPU):
 
@@ -178,29 +179,46 @@ def bench_decode(llm, num_tokens: int, repeats: int) -> list[dict]:
 
 
 def bench_gsm8k(llm, num_items: int) -> list[dict]:
+    """GSM8K accuracy of fp32, int8 and int4 weight-only linears (swapped into `llm`) and of a bfloat16 engine, with
+    each variant's agreement with fp32: the share of items whose extracted answer, and whose whole reply, equals
+    fp32's (SmolLM2 scores near zero on GSM8K, so agreement is the more telling number)."""
     import random
 
     from evals.graders import extract_number, numbers_equal
     from evals.suites.gsm8k import GSM8K
-    from serving import SamplingParams
+    from serving import LLM, SamplingParams
 
     suite = GSM8K(Path(os.environ.get("LINK_DATASETS_DIR", "~/.link/datasets")).expanduser())
     items = random.Random(0).sample(suite.load("test"), num_items)
     conversations = [suite.request(item)[1]["messages"] for item in items]
     params = SamplingParams(**suite.sampling)
-    rows = []
-    for name in ("fp32", "int8 linear+mlp"):
+
+    def run(engine, name: str, swaps: dict) -> tuple[dict, list[str]]:
         reset()
-        for op, fn in VARIANTS[name].items():
+        for op, fn in swaps.items():
             register(op, fn)
         start = time.perf_counter()
         try:
-            outputs = llm.chat(conversations, params)
+            outputs = engine.chat(conversations, params)
         finally:
             reset()
-        correct = [numbers_equal(extract_number(o.outputs[0].text), item.reference) for item, o in zip(items, outputs)]
-        rows.append({"variant": name, "accuracy": sum(correct) / len(correct), "num_items": len(items),
-                     "seconds": time.perf_counter() - start, "load_average": load_average()})
+        texts = [o.outputs[0].text for o in outputs]
+        correct = [numbers_equal(extract_number(t), item.reference) for item, t in zip(items, texts)]
+        return ({"variant": name, "accuracy": sum(correct) / len(correct), "num_items": len(items),
+                 "seconds": time.perf_counter() - start, "load_average": load_average()}, texts)
+
+    rows, replies = [], {}
+    for name in ("fp32", "int8 linear+mlp", "int4 linear+mlp"):
+        row, replies[name] = run(llm, name, VARIANTS[name])
+        rows.append(row)
+    bf16 = LLM(MODEL, dtype="bfloat16")
+    row, replies["bf16 engine"] = run(bf16, "bf16 engine", {})
+    rows.append(row)
+    reference = replies["fp32"]
+    for row in rows:
+        texts = replies[row["variant"]]
+        row["same_answer_as_fp32"] = sum(extract_number(a) == extract_number(b) for a, b in zip(texts, reference)) / len(texts)
+        row["same_text_as_fp32"] = sum(a == b for a, b in zip(texts, reference)) / len(texts)
     return rows
 
 
