@@ -5,7 +5,8 @@ symmetric; int4 per group of G input features, asymmetric). The kernels:
 
 - int8: `torch.ops.aten._weight_int8pack_mm(x [M, K], q [N, K] int8, scale [N]) -> [M, N]`, computing
   (x @ q.T) * scale; x float32, bfloat16 or float16, 2-D and contiguous; scale in x's dtype. With 16-bit
-  x and K % 8 != 0 it crashes the process in torch 2.13 (from 3 rows of x on), so `int8_linear` refuses it.
+  x and K % 16 != 0 it crashes the process in torch 2.13 (on an AVX2 CPU from K % 8 != 0 and 3 rows of x on;
+  on an AVX512-BF16/AMX CPU at K = 8, 24, 200 with any rows), so `int8_linear` refuses it.
 - int4: `torch.ops.aten._convert_weight_to_int4pack_for_cpu(q [N, K] int32 in [0, 15], inner_k_tiles)`
   -> [N, K / 2] uint8, then `_weight_int4pack_mm_for_cpu(x [M, K], packed, G, scale_and_zero [K / G, N, 2])`
   computing x @ ((q - 8) * scale + zero).T; G in (32, 64, 128, 256), K % G == 0, N % 16 == 0; the
@@ -160,12 +161,12 @@ def _finish(out: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> to
 def int8_linear(x: torch.Tensor, pack: Int8Pack, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] float32/bfloat16/float16 -> [..., N] in x's dtype, x @ (q * scale).T (+ bias).
 
-    Raises ValueError for 16-bit activations when K is not a multiple of 8: torch 2.13's CPU kernel
-    crashes the process (segmentation fault) there once x has 3 or more rows.
+    Raises ValueError for 16-bit activations when K is not a multiple of 16: torch 2.13's CPU kernel
+    crashes the process (segmentation fault) there (module docstring).
     """
     matrix = _as_matrix(x)
-    if x.dtype != torch.float32 and x.shape[-1] % 8:
-        raise ValueError(f"int8 weight-only linear: {x.dtype} activations need in features % 8 == 0, got {x.shape[-1]}")
+    if x.dtype != torch.float32 and x.shape[-1] % 16:
+        raise ValueError(f"int8 weight-only linear: {x.dtype} activations need in features % 16 == 0, got {x.shape[-1]}")
     out = torch.ops.aten._weight_int8pack_mm(matrix, pack.q, pack.scale_as(x.dtype))
     return _finish(out, x, bias)
 
@@ -187,7 +188,7 @@ def int8_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
     x: [..., K] float32/bfloat16/float16; weight: [N, K]; bias: [N] or None. Returns [..., N] in x's dtype.
     Raises ValueError for another activation dtype, a weight that is not 2-D, or 16-bit activations with
-    K % 8 != 0 (see `int8_linear`).
+    K % 16 != 0 (see `int8_linear`).
     """
     return int8_linear(x, INT8_PACKS.get(weight), bias)
 

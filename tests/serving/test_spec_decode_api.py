@@ -6,18 +6,15 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import socket
-import threading
-import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from serving.api.server import create_engine_app
 from serving.llm_engine import EngineConfig
 from serving.spec_decode import SpeculativeConfig
+from tests.serving.loopback import serve_on_loopback
 
 MODEL = "smollm2-135m-instruct"
 
@@ -25,20 +22,8 @@ MODEL = "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def spec_server(smollm2):
     config = EngineConfig(kv_cache_bytes=48 * 2**20, tuned_kernels=False, speculative=SpeculativeConfig())
-    app = create_engine_app(MODEL, loaded=smollm2.loaded, engine_config=config)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with serve_on_loopback(create_engine_app(MODEL, loaded=smollm2.loaded, engine_config=config)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
