@@ -9,7 +9,8 @@
 2. tune: `link.compile.tune_model` on the serving workload into a fresh table (a temp file);
 3. after: the same two levels, the servers installing that table's winners at start;
 4. greedy outputs: the same prompts generated in-process before and after installing the winners,
-   token ids compared.
+   token ids compared, and the graphs Dynamo compiled during that generation counted (0 expected: the
+   winners are compiled when installed, `kernels.warmup`).
 Prints decode tokens/s per request and output tokens/s per level, the ratios, the winners and the
 load average before and after (the machine may be shared: the numbers are only as quiet as it is).
 """
@@ -48,7 +49,11 @@ def _fmt(row: dict) -> str:
     return ", ".join(f"{k} {row[k]:.2f}" for k in keys if isinstance(row[k], (int, float)))
 
 
-def greedy_outputs(model: str, db: Path | None, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def greedy_outputs(model: str, db: Path | None, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], int]:
+    """The greedy token ids of `prompts` (winners of `db` installed, or none) and the number of graphs
+    Dynamo compiled during the generation: 0 when every winner was warmed up at engine start."""
+    from torch._dynamo.utils import counters
+
     import kernels
     from serving import LLM, SamplingParams
     from serving.llm_engine import EngineConfig
@@ -58,9 +63,11 @@ def greedy_outputs(model: str, db: Path | None, prompts: list[list[int]], max_to
         os.environ["LINK_COMPILE_DB"] = str(db)
     llm = LLM(model, engine_config=EngineConfig(tuned_kernels=db is not None))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    graphs = counters["stats"]["unique_graphs"]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    compiled_in_steps = counters["stats"]["unique_graphs"] - graphs
     kernels.reset()
-    return [o.outputs[0].token_ids for o in outs]
+    return [o.outputs[0].token_ids for o in outs], compiled_in_steps
 
 
 def main() -> None:
@@ -92,8 +99,8 @@ def main() -> None:
     print("after tuning:", flush=True)
     report["after"] = serve_levels(args.model, tuned, args.prompts_c1, args.prompts_c16, args.max_tokens)
     _, prompts = render_prompts(args.model, load_workload(default_data_dir())[:4])
-    before = greedy_outputs(args.model, None, prompts, args.max_tokens)
-    after = greedy_outputs(args.model, tuned, prompts, args.max_tokens)
+    before, _ = greedy_outputs(args.model, None, prompts, args.max_tokens)
+    after, report["graphs_compiled_in_steps"] = greedy_outputs(args.model, tuned, prompts, args.max_tokens)
     report["greedy_equal"] = [a == b for a, b in zip(before, after)]
     report["load_after"] = os.getloadavg()
     for c in (1, 16):
@@ -102,6 +109,7 @@ def main() -> None:
         report.setdefault("ratios", {})[c] = ratios
         print(f"c={c}: " + ", ".join(f"{k} {b[k]:.2f} -> {a[k]:.2f} ({r:.2f}x)" for k, r in ratios.items()))
     print(f"greedy outputs equal (4 prompts x {args.max_tokens} tokens): {report['greedy_equal']}")
+    print(f"graphs compiled inside engine steps with the winners installed (0: all warmed up): {report['graphs_compiled_in_steps']}")
     print(f"load average after: {report['load_after']}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(report, indent=2, default=str))

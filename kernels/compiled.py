@@ -2,9 +2,10 @@
 
 Two kinds of candidate are registered by `register_compiled_variants()` (`kernels.variants`):
 
-- op variants: `torch.compile(dynamic=True)` of the references of rms_norm, rotary and gated_mlp
-  (one compilation serves every shape: Inductor fuses the float32 statistics, the casts and the
-  activation into one loop nest per op);
+- op variants (`CompiledOp`): `torch.compile(dynamic=True)` of the references of rms_norm, rotary and
+  gated_mlp (Inductor fuses the float32 statistics, the casts and the activation into one loop nest
+  per op). Dynamic, not per bucket: a prefill bucket holds every token count from half its size up,
+  and static shapes would compile once per count; one symbolic graph per input layout serves them;
 - decode-step variants ("decode_step", a step op): the whole decode-only forward of a Llama-family
   model as a chain of compiled per-layer regions, the paged KV cache write and the paged attention
   left eager between them (their lengths change every step, and the cache write is an in-place update
@@ -21,28 +22,37 @@ Two kinds of candidate are registered by `register_compiled_variants()` (`kernel
 
 Inductor bakes the thread count into the code it generates, so every thread count gets its own copy of
 the compiled functions (distinct code objects, hence distinct Dynamo caches).
+
+Compiling happens only when the tuner calls a variant or a winner is warmed up before it is installed
+(`kernels.warmup`); what a step calls is the variant's `serving()` form, the same code objects in
+run-only mode (`torch._dynamo.run`): compiled code where the guards pass, the eager Python function
+where they miss, never a compilation inside a served step.
 Correctness: each variant is checked by the tuner against the eager reference on recorded shapes
-before it is used; `tests/kernels/test_compiled.py` checks greedy SmolLM2 outputs are unchanged.
+before it is used (`kernels.step_check` for the decode step: logits and greedy tokens);
+`tests/kernels/test_compiled.py` checks greedy SmolLM2 outputs are unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import types
 import weakref
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 from kernels import ref
 from kernels.dispatch import dispatch
 from kernels.recorder import bucket_size
+from kernels.step_check import STEP_TOLERANCE
 from kernels.variants import Variant, register_variant
 
-# The decode step's hidden states after 30 layers accumulate the rounding differences of fused
-# reductions (~1e-6 relative per op): float32 checked at 1e-3 absolute and relative, bf16 at 5e-2.
-STEP_TOLERANCE = {torch.float32: (1e-3, 1e-3), torch.bfloat16: (5e-2, 5e-2), torch.float16: (1e-2, 1e-2)}
+# How functions are compiled and run compile-free; module attributes so tests can count compilations.
+_compile = torch.compile
+_run_only = torch._dynamo.run
 
 
 def thread_candidates() -> list[int]:
@@ -93,7 +103,9 @@ def _last(x, attn, o_w, post_w, gate_up, down, norm_w, eps: float):
 def _copy(fn, suffix: str):
     """`fn` with a code object of its own (Dynamo keeps one compile cache per code object)."""
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{suffix}")
-    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copied = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copied.__kwdefaults__ = fn.__kwdefaults__
+    return copied
 
 
 class CompiledDecodeStep:
@@ -119,11 +131,18 @@ class CompiledDecodeStep:
         self.num_threads, self.pad = num_threads, pad
         self.num_heads, self.num_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.eps = model.layers[0].input_layernorm.eps
-        suffix = f"t{num_threads}"
-        compile_ = lambda fn: torch.compile(_copy(fn, suffix), dynamic=False, fullgraph=True)  # noqa: E731
-        self._first, self._between, self._last = compile_(_first), compile_(_between), compile_(_last)
+        regions = [_copy(fn, f"t{num_threads}") for fn in (_first, _between, _last)]
+        # static shapes: every call of a bucket has its padded size P, so one graph per bucket
+        self._compiled = tuple(_compile(fn, dynamic=False, fullgraph=True) for fn in regions)
+        self._run_only = tuple(_run_only(fn) for fn in regions)
 
     def __call__(self, model, token_ids: torch.Tensor, batch, cache) -> torch.Tensor:
+        """One decode step, compiling the regions for this bucket if they are not yet."""
+        return self.run(model, token_ids, batch, cache, compile=True)
+
+    def run(self, model, token_ids: torch.Tensor, batch, cache, compile: bool = False) -> torch.Tensor:
+        """One decode step; without `compile`, regions with no compiled code for the bucket run eagerly."""
+        first_region, between_region, last_region = self._compiled if compile else self._run_only
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
         cfg = model.config
@@ -138,7 +157,7 @@ class CompiledDecodeStep:
         shape = (self.eps, self.num_heads, self.num_kv, self.head_dim)
         layers = model.layers
         first = layers[0]
-        q, k, v = self._first(x, first.input_layernorm.weight, first.self_attn.qkv_proj, cos, sin, *shape)
+        q, k, v = first_region(x, first.input_layernorm.weight, first.self_attn.qkv_proj, cos, sin, *shape)
         for i, layer in enumerate(layers):
             attn_mod = layer.self_attn
             cache.write(i, batch.slot_mapping, k[:num_seqs], v[:num_seqs])
@@ -151,9 +170,9 @@ class CompiledDecodeStep:
             weights = (attn_mod.o_proj, layer.post_attention_layernorm.weight, mlp.gate_up_proj, mlp.down_proj)
             if i + 1 < len(layers):
                 nxt = layers[i + 1]
-                x, q, k, v = self._between(x, out, *weights, nxt.input_layernorm.weight, nxt.self_attn.qkv_proj, cos, sin, *shape)
+                x, q, k, v = between_region(x, out, *weights, nxt.input_layernorm.weight, nxt.self_attn.qkv_proj, cos, sin, *shape)
             else:
-                x = self._last(x, out, *weights, model.norm.weight, self.eps)
+                x = last_region(x, out, *weights, model.norm.weight, self.eps)
         return x[:num_seqs]
 
 
@@ -172,7 +191,7 @@ class _PerModel:
         self._steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def __call__(self, model, token_ids, batch, cache) -> torch.Tensor:
+    def __call__(self, model, token_ids, batch, cache, compile: bool = True) -> torch.Tensor:
         if not self.compiled:
             if torch.get_num_threads() != self.num_threads:
                 torch.set_num_threads(self.num_threads)
@@ -182,31 +201,51 @@ class _PerModel:
             with self._lock:
                 step = self._steps.get(model) or CompiledDecodeStep(model, self.num_threads)
                 self._steps[model] = step
-        return step(model, token_ids, batch, cache)
+        return step.run(model, token_ids, batch, cache, compile=compile)
+
+    def serving(self):
+        """The step the engine calls: compiled code only (a bucket not warmed up runs eagerly)."""
+        return self if not self.compiled else functools.partial(self, compile=False)
 
 
-def _compile_dynamic(fn):
-    compiled = []
+class CompiledOp:
+    """`torch.compile(dynamic=True)` of an op's reference, in a code object of its own.
 
-    def run(*args, **kwargs):
-        if not compiled:
-            compiled.append(torch.compile(fn, dynamic=True))
-        return compiled[0](*args, **kwargs)
+    Calling it compiles what its guards miss (the tuner's calls, a warm-up); `serving()` is the same
+    code in run-only mode, for steps. Same contract as `fn`.
+    """
 
-    run.__name__ = f"compiled_{fn.__name__}"
-    return run
+    def __init__(self, fn):
+        self.fn = _copy(fn, "compiled")
+        self.__name__ = self.fn.__name__
+        self._compiled = None
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        if self._compiled is None:
+            with self._lock:
+                self._compiled = self._compiled or _compile(self.fn, dynamic=True)
+        return self._compiled(*args, **kwargs)
+
+    def serving(self):
+        """`fn` running only the code compiled so far (eager where its guards miss)."""
+        return _run_only(self.fn)
+
+
+_registered: list[Variant] = []
 
 
 def register_compiled_variants() -> list[Variant]:
-    """Register the op and decode-step variants of this module (idempotent); returns them."""
-    out = [
-        Variant("rms_norm", "compile", _compile_dynamic(ref.ref_rms_norm), description="torch.compile (Inductor) of ref_rms_norm"),
-        Variant("rotary", "compile", _compile_dynamic(ref.ref_rotary), description="torch.compile (Inductor) of ref_rotary"),
-        Variant("gated_mlp", "compile", _compile_dynamic(ref.ref_gated_mlp), description="torch.compile (Inductor) of ref_gated_mlp"),
-    ]
-    for n in thread_candidates():
-        out.append(Variant("decode_step", f"eager-t{n}", _PerModel(n, compiled=False), tolerance=dict(STEP_TOLERANCE),
-                           description=f"the eager model forward with torch.set_num_threads({n})"))
-        out.append(Variant("decode_step", f"compile-t{n}", _PerModel(n, compiled=True), tolerance=dict(STEP_TOLERANCE),
-                           description=f"compiled per-layer regions, batch padded to its bucket, {n} thread(s)"))
-    return [register_variant(v) for v in out]
+    """Register the op and decode-step variants of this module; returns them. Idempotent: the same
+    objects each time, so what one registration compiled is not compiled again after the next."""
+    if not _registered:
+        out = [Variant("rms_norm", "compile", CompiledOp(ref.ref_rms_norm), description="torch.compile (Inductor) of ref_rms_norm"),
+               Variant("rotary", "compile", CompiledOp(ref.ref_rotary), description="torch.compile (Inductor) of ref_rotary"),
+               Variant("gated_mlp", "compile", CompiledOp(ref.ref_gated_mlp), description="torch.compile (Inductor) of ref_gated_mlp")]
+        for n in thread_candidates():
+            out.append(Variant("decode_step", f"eager-t{n}", _PerModel(n, compiled=False), tolerance=dict(STEP_TOLERANCE),
+                               description=f"the eager model forward with torch.set_num_threads({n})"))
+            out.append(Variant("decode_step", f"compile-t{n}", _PerModel(n, compiled=True), tolerance=dict(STEP_TOLERANCE),
+                               description=f"compiled per-layer regions, batch padded to its bucket, {n} thread(s)"))
+        _registered.extend(out)
+    return [register_variant(v) for v in _registered]

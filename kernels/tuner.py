@@ -3,12 +3,14 @@
 For each bucket the `ShapeRecorder` saw most (and the winner table has no verdict on yet):
 1. enumerate the candidates: the registered `kernels.variants` of the op that run on this device and
    dtype (Triton kernels, quantized matmuls, `kernels.compiled`);
-2. verify each on inputs of the bucket's shapes against the float32 reference (`ref_*`; for the
-   decode step, the eager model forward) with the variant's tolerance for the dtype: one that fails
-   or raises is logged, stored as "rejected" and never installed;
+2. verify each on inputs of the bucket's shapes against the float32 reference (`ref_*`, element by
+   element with the variant's tolerance for the dtype; for the decode step, the eager model forward's
+   logits, relative to their scale, and every row's greedy token: `kernels.step_check`): one that
+   fails or raises is logged, stored as "rejected" and never installed;
 3. time the default and every verified variant (warm-up, then the median of repeats);
 4. store every verdict in the `WinnerTable` and stage the winner, if it beats the default by
-   `min_speedup`, with `kernels.install` (the engine applies it between two steps).
+   `min_speedup`, warmed up first (`kernels.warmup.install_warm`: compiled now for the bucket's shapes
+   and the engine's layouts, never inside a step); the engine applies it between two steps.
 A bucket with a verdict is never tuned again in the same environment (device, versions, model): after
 a restart `install_known()` puts the stored winners back without timing anything, and a traffic shift
 tunes only the buckets that became hot. `BackgroundTuner` runs rounds on a thread with a time budget.
@@ -29,15 +31,17 @@ from typing import Callable
 
 import torch
 
-from kernels.dispatch import _REFERENCES, install, registered
+from kernels.dispatch import _REFERENCES, registered
 from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder
+from kernels.step_check import check_step_logits
+from kernels.tuner_inputs import DTYPES, bucket_cases
 from kernels.variants import DEFAULT_TOLERANCE, Variant, variants
+from kernels.warmup import install_warm
 from kernels.winners import Environment, Result, WinnerTable
 
 logger = logging.getLogger(__name__)
 
 TUNABLE_OPS = ("linear", "gated_mlp", "rms_norm", "rotary", "paged_attention", "decode_step")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Tuner:
@@ -74,16 +78,18 @@ class Tuner:
         return [v for v in variants(op) if v.runs_on(self.device, dtype) and (self.allow_lossy or not lossy(v))]
 
     def install_known(self) -> int:
-        """Stage every stored winner of this environment whose variant is registered; returns how many."""
+        """Warm up and stage every stored winner of this environment whose variant is registered (a step
+        winner only with the model); returns how many. Compilation happens here, not in a served step."""
         count = 0
         for bucket, result in self.table.winners(self.env).items():
             if result.variant == "default":
                 continue
             found = {v.name: v for v in variants(bucket.op)}.get(result.variant)
-            if found is None:
-                logger.warning("stored winner %s of %s %s is not registered here; not installed", result.variant, bucket.op, bucket.label)
+            if found is None or (bucket.op in STEP_OPS and self.model is None):
+                why = "is not registered here" if found is None else "needs the model to warm up"
+                logger.warning("stored winner %s of %s %s %s; not installed", result.variant, bucket.op, bucket.label, why)
                 continue
-            install(bucket, found.name, found.fn)
+            install_warm(bucket, found, self.model)
             count += 1
         return count
 
@@ -119,32 +125,36 @@ class Tuner:
 
     def tune_bucket(self, bucket: Bucket, calls: int = 0) -> list[Result]:
         """Verify and time every candidate of one bucket, store the verdicts, stage the winner."""
-        dtype = _DTYPES[bucket.dtype]
+        dtype = DTYPES[bucket.dtype]
         candidates = self.candidates(bucket.op, dtype)
-        cases = list(self._cases(bucket, dtype))
+        cases = bucket_cases(bucket, self.model)  # the first one is timed
         threads = torch.get_num_threads()
         baseline = self._time(self._default(bucket), cases[0])
         results, timed = [], []
         for variant in candidates:
+            max_error = None
             try:
-                error = self._verify(variant, cases, dtype)
+                error, max_error = self._verify(variant, cases, dtype)
                 atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
                 if error is not None:
                     raise AssertionError(error)
                 median = self._time(variant.fn, cases[0])
             except Exception as exc:  # a failing candidate is a verdict, not a crash
                 logger.warning("rejected variant %s for %s %s [%s]: %s", variant.name, bucket.op, bucket.label, bucket.dtype, exc)
-                results.append(Result(bucket, variant.name, "rejected", baseline_ms=baseline, calls=calls, message=str(exc)[:500]))
+                results.append(Result(bucket, variant.name, "rejected", baseline_ms=baseline, max_error=max_error, calls=calls,
+                                      message=str(exc)[:500]))
                 continue
             finally:
                 torch.set_num_threads(threads)
             timed.append((median, variant))
-            results.append(Result(bucket, variant.name, "passed", median, baseline, calls=calls, message=f"atol {atol:g} rtol {rtol:g}"))
+            scale = " x the row's max |logit|" if bucket.op in STEP_OPS else ""
+            results.append(Result(bucket, variant.name, "passed", median, baseline, max_error, calls=calls,
+                                  message=f"atol {atol:g} rtol {rtol:g}{scale}"))
         best = min(timed, key=lambda t: t[0], default=None)
         if best is not None and baseline / best[0] >= self.min_speedup:
             results = [Result(r.bucket, r.variant, "winner", r.median_ms, r.baseline_ms, r.max_error, r.calls, r.message)
                        if r.variant == best[1].name else r for r in results]
-            install(bucket, best[1].name, best[1].fn)
+            install_warm(bucket, best[1], self.model)
             logger.info("winner for %s %s [%s]: %s, %.2fx", bucket.op, bucket.label, bucket.dtype, best[1].name, baseline / best[0])
         else:
             results.append(Result(bucket, "default", "winner", baseline, baseline, calls=calls))
@@ -163,20 +173,36 @@ class Tuner:
         return _REFERENCES[bucket_op]
 
     @torch.inference_mode()
-    def _verify(self, variant: Variant, cases: list[tuple[tuple, dict]], dtype: torch.dtype) -> str | None:
-        """None when every case is within tolerance, else what differed."""
+    def _verify(self, variant: Variant, cases: list[tuple[tuple, dict]], dtype: torch.dtype) -> tuple[str | None, float]:
+        """(None, max abs error) when every case is within tolerance, else (what differed, max abs error).
+
+        Kernel ops: element-wise `allclose` against the reference run in float32. Step ops: the logits of
+        the step's hidden states (`model.compute_logits`) against the eager forward's, within the bound
+        relative to each row's scale and with every greedy token unchanged (`kernels.step_check`).
+        """
         atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
         reference = self._reference(variant.op)
+        step = variant.op in STEP_OPS
+        worst = 0.0
         for args, kwargs in cases:
-            expected = reference(*_fresh(_upcast(args) if variant.op != "decode_step" else args), **kwargs)
+            expected = reference(*_fresh(args if step else _upcast(args)), **kwargs)
             got = variant.fn(*_fresh(args), **kwargs)
-            expected, got = _first_tensor(expected).float(), _first_tensor(got).float()
+            expected, got = _first_tensor(expected), _first_tensor(got)
+            if step:
+                expected, got = self.model.compute_logits(expected), self.model.compute_logits(got)
+                error, max_error = check_step_logits(expected, got, atol, rtol)
+                worst = max(worst, max_error)
+                if error is not None:
+                    return error, worst
+                continue
+            expected, got = expected.float(), got.float()
             if expected.shape != got.shape:
-                return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+                return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}", float("inf")
+            max_error = (got - expected).abs().max().item() if got.numel() else 0.0
+            worst = max(worst, max_error)
             if not torch.allclose(got, expected, atol=atol, rtol=rtol):
-                error = (got - expected).abs().max().item()
-                return f"max abs error {error:.3g} outside atol {atol:g} / rtol {rtol:g}"
-        return None
+                return f"max abs error {max_error:.3g} outside atol {atol:g} / rtol {rtol:g}", worst
+        return None, worst
 
     @torch.inference_mode()
     def _time(self, fn: Callable, case: tuple[tuple, dict]) -> float:
@@ -190,14 +216,6 @@ class Tuner:
             fn(*args, **kwargs)
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
-
-    def _cases(self, bucket: Bucket, dtype: torch.dtype):
-        """(args, kwargs) inputs of the bucket's shapes; the first is the timed one (see `kernels.tuner_inputs`)."""
-        from kernels.tuner_inputs import op_cases, step_cases
-
-        if bucket.op == "decode_step":
-            return step_cases(self.model, bucket.leading)
-        return op_cases(bucket, dtype)
 
 
 def _upcast(args: tuple) -> tuple:
@@ -224,11 +242,11 @@ def _first_tensor(value) -> torch.Tensor:
 def install_stored(model_name: str, model=None, path=None, providers=None) -> int:
     """Stage the stored winners of `model_name` in this environment (engine start); returns how many.
 
-    Does nothing (returns 0, creates no file) when the table file does not exist. Each winner runs
-    once on inputs of its bucket first (decode-step winners only with `model`, the loaded `CausalLM`),
-    so its compilation happens here and not in the first step that serves a request. `providers`: see
-    `kernels.candidates.register_candidates` (default: all, so a stored lossy winner, tuned on
-    request, is found again).
+    Does nothing (returns 0, creates no file) when the table file does not exist. Each winner is warmed
+    up on inputs of its bucket first (`kernels.warmup.install_warm`; decode-step winners only with
+    `model`, the loaded `CausalLM`), so its compilation happens here and not in the first step that
+    serves a request. `providers`: see `kernels.candidates.register_candidates` (default: all, so a
+    stored lossy winner, tuned on request, is found again).
     """
     from kernels.candidates import PROVIDERS, register_candidates
     from kernels.winners import default_path
@@ -236,16 +254,7 @@ def install_stored(model_name: str, model=None, path=None, providers=None) -> in
     if not (Path(path) if path else default_path()).is_file():
         return 0
     register_candidates(tuple(PROVIDERS) if providers is None else providers)
-    tuner = Tuner(WinnerTable(path), model_name, model=model)
-    count = tuner.install_known()
-    if count:  # compile now: a first call may take tens of seconds
-        for bucket, result in tuner.table.winners(tuner.env).items():
-            fn = {v.name: v.fn for v in variants(bucket.op)}.get(result.variant)
-            if fn is None or (bucket.op in STEP_OPS and model is None):
-                continue
-            with torch.inference_mode():
-                for args, kwargs in tuner._cases(bucket, _DTYPES[bucket.dtype]):
-                    fn(*args, **kwargs)
+    count = Tuner(WinnerTable(path), model_name, model=model).install_known()
     if count:
         logger.info("installed %d stored kernel winners for %s", count, model_name)
     return count

@@ -2,9 +2,10 @@
 
 Random values from a fixed seed (the recorder keeps shapes, not data). Each case covers the contract,
 not only the common path: rms_norm with Llama's and Gemma's offsets, gated_mlp with SwiGLU and GeGLU,
-paged attention as a decode batch and as a prefill chunk over a shuffled block table. A decode step
-runs the real model on a batch of sequences with 150-odd tokens of random cached K/V, at the bucket's
-top batch size and at its smallest (the padded path).
+rotary contiguous and as the engine's strided view of the fused QKV output, paged attention as a decode
+batch and as a prefill chunk over a shuffled block table. A decode step runs the real model on a batch
+of sequences with 150-odd tokens of random cached K/V, at the bucket's top batch size and at its
+smallest (the padded path).
 """
 
 from __future__ import annotations
@@ -14,9 +15,36 @@ from dataclasses import dataclass
 import torch
 
 from kernels import ref
-from kernels.recorder import Bucket
+from kernels.recorder import STEP_OPS, Bucket
 
 _SEED = 0
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def bucket_cases(bucket: Bucket, model=None) -> list[tuple[tuple, dict]]:
+    """The cases of any bucket: `step_cases` for a step op (needs `model`, the loaded `CausalLM`), else `op_cases`.
+
+    Raises:
+        ValueError: a step bucket without a model, or an op the tuner has no inputs for.
+    """
+    if bucket.op in STEP_OPS:
+        if model is None:
+            raise ValueError(f"{bucket.op} {bucket.label}: a step bucket needs the model to build its inputs")
+        return step_cases(model, bucket.leading)
+    return op_cases(bucket, DTYPES[bucket.dtype])
+
+
+def warmup_cases(bucket: Bucket, model=None) -> list[tuple[tuple, dict]]:
+    """The inputs a winner is compiled on before it serves (`kernels.warmup`): `bucket_cases`, and for a
+    kernel op the same cases at the bucket's smallest leading size too. A dynamic-shape graph traced at
+    a power of two alone can be specialized to it (Dynamo gives equal sizes one symbol: rotary at 64
+    tokens with head dim 64), and the other sizes of the bucket would miss its guards."""
+    cases = bucket_cases(bucket, model)
+    if bucket.op in STEP_OPS or bucket.leading <= 2:
+        return cases
+    first, *rest = bucket.shapes
+    smallest = Bucket(bucket.op, ((bucket.leading // 2 + 1, *first[1:]), *rest), bucket.dtype, bucket.model)
+    return cases + op_cases(smallest, DTYPES[bucket.dtype])
 
 
 def op_cases(bucket: Bucket, dtype: torch.dtype) -> list[tuple[tuple, dict]]:
@@ -39,9 +67,15 @@ def op_cases(bucket: Bucket, dtype: torch.dtype) -> list[tuple[tuple, dict]]:
         weight = randn(e, scale=0.1) + 1
         return [((x, weight, 1e-6), {}), ((x, weight - 1, 1e-6), {"offset": 1.0})]
     if op == "rotary":
+        # Contiguous (q or k after a q/k norm, Gemma) and the Llama layout: q and k rotated together
+        # as a view of the fused QKV output, rows strided by the v columns that follow them
+        # (`serving.models.layers.Attention`). A compiled variant guards on contiguity: warmed on one
+        # layout only, it compiled again for the other inside a served step (`kernels.warmup`). The
+        # row stride's value does not matter: one dynamic graph served rows of 14, 15 and 16 heads.
         n, heads, d = shapes[0]
         cos, sin = ref.ref_rotary_cos_sin(torch.randint(0, 4096, (n,), generator=gen), d, 10000.0, dtype)
-        return [((randn(n, heads, d), cos, sin), {})]
+        qkv = randn(n, (heads + max(1, heads // 4)) * d)
+        return [((randn(n, heads, d), cos, sin), {}), ((qkv[:, : heads * d].view(n, heads, d), cos, sin), {})]
     if op == "paged_attention":
         (n, heads, d), (block_size, kv_heads, _) = shapes[0], shapes[1]
         decode = [int(x) for x in torch.randint(1, 200, (n,), generator=gen)]

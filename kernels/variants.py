@@ -34,6 +34,8 @@ class Variant:
         devices: torch device types it runs on ("cpu", "cuda").
         dtypes: input dtypes it accepts.
         tolerance: (atol, rtol) per dtype against the float32 reference; a variant outside it is rejected.
+            For a step op, against the eager step's logits, rtol scaled by each row's largest |logit|,
+            and every greedy token must match (`kernels.step_check`).
         exact: True when its float32 results equal the reference's bit for bit (greedy outputs unchanged).
         available: returns False where the variant cannot run here (say, Triton is not installed).
         description: one line for `link compile status`.
