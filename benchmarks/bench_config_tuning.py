@@ -120,7 +120,7 @@ def main() -> None:
     burst_mix = record(loaded, lambda e: _serve_bursts(e, bursts, 16))
 
     space = {"max_num_batched_tokens": (128, 512, 2048), "max_num_seqs": (4, 8, 32),
-             "speculative": (None, SpeculativeConfig(num_speculative_tokens=5, max_batch_size=8)), "block_size": (16, 64)}
+             "speculative": (None, SpeculativeConfig(num_speculative_tokens=5)), "block_size": (16, 64)}
     table = ConfigWinnerTable(Path(tempfile.mkdtemp()) / "winners.sqlite")
     out = {"model": MODEL, "budget": args.budget, "repeats": args.repeats, "speedup": args.speedup, "space": {k: [describe({k: v}) for v in vs] for k, vs in space.items()},
            "mixes": {}, "machine": {"cpu_count": os.cpu_count(), "load_average_before": list(load_before)}}

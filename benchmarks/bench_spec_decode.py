@@ -59,10 +59,10 @@ class Tally:
         return self.output_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
 
-def configs(k: int, max_batch_size: int) -> dict[str, SpeculativeConfig | None]:
+def configs(k: int, disable_by_batch_size: int) -> dict[str, SpeculativeConfig | None]:
     return {"off": None,
-            f"fixed k={k}": SpeculativeConfig(num_speculative_tokens=k, adaptive=False, max_batch_size=max_batch_size),
-            "adaptive": SpeculativeConfig(num_speculative_tokens=k, max_batch_size=max_batch_size)}
+            f"fixed k={k}": SpeculativeConfig(num_speculative_tokens=k, adaptive=False, disable_by_batch_size=disable_by_batch_size),
+            "adaptive": SpeculativeConfig(num_speculative_tokens=k, disable_by_batch_size=disable_by_batch_size)}
 
 
 def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tally: Tally) -> None:
@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-prompts", type=int, default=6, help="repetitive prompts at concurrency 1")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=5, help="k_max (and the fixed k)")
-    parser.add_argument("--max-batch-size", type=int, default=8, help="SpeculativeConfig.max_batch_size")
+    parser.add_argument("--disable-by-batch-size", type=int, default=SpeculativeConfig.disable_by_batch_size,
+                        help="SpeculativeConfig.disable_by_batch_size: no drafts from this many running sequences on")
     parser.add_argument("--bursts", type=int, nargs="*", default=[1, 4, 16], help="burst sizes; none to skip")
     parser.add_argument("--burst-max-tokens", type=int, default=48)
     parser.add_argument("--data-dir", default=os.environ.get("LINK_DATASETS_DIR", "../shared/data"))
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     console = Console()
     llm = LLM(args.model, engine_config=EngineConfig(tuned_kernels=False))
-    specs = configs(args.k, args.max_batch_size)
+    specs = configs(args.k, args.disable_by_batch_size)
     engines = {name: LLMEngine(llm.loaded, EngineConfig(tuned_kernels=False, speculative=spec)) for name, spec in specs.items()}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     for engine in engines.values():  # warm-up

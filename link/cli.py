@@ -137,6 +137,8 @@ def engine_serve(
     draft_model: str = typer.Option(None, help="Draft model (a registry name) for --speculative draft."),
     num_speculative_tokens: int = typer.Option(5, help="Most tokens drafted per step (k_max)."),
     speculative_adaptive: bool = typer.Option(True, help="Adapt k to each request's acceptance rate and back off at large batches."),
+    speculative_disable_by_batch_size: int = typer.Option(
+        4, help="No speculation in a step that starts with this many running sequences or more (1 = never)."),
 ) -> None:
     """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
     import uvicorn
@@ -152,7 +154,7 @@ def engine_serve(
     try:
         spec = None if speculative is None else SpeculativeConfig(
             method=speculative, draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
-            adaptive=speculative_adaptive)
+            adaptive=speculative_adaptive, disable_by_batch_size=speculative_disable_by_batch_size)
     except ValueError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

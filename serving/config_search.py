@@ -5,8 +5,8 @@ token is at most the default configuration's (times `1 + ttft_slack`, 0 by defau
 in the same run. A candidate is a dict of `EngineConfig` overrides over the base configuration
 (`{}` is the default itself); the search space (`default_space`) covers the prefill chunk
 (`max_num_batched_tokens`), the batch size (`max_num_seqs`), speculative decoding off or on with its
-lookahead bounds (`SpeculativeConfig` k_min..k_max and the batch size above which it stops), and the
-KV block size.
+lookahead bounds (`SpeculativeConfig` k_min..k_max and the number of running sequences at which it
+stops), and the KV block size.
 
 Coordinate descent under a budget of measurements: starting from the default, each dimension in turn
 tries its values with the others held at the best so far and keeps the best feasible one. Then the
@@ -49,9 +49,9 @@ def default_space(with_speculation: bool = True) -> dict[str, tuple]:
         "max_num_seqs": (4, 8, 16, 32, 64),
     }
     if with_speculation:
-        space["speculative"] = (None, SpeculativeConfig(num_speculative_tokens=3, max_batch_size=4),
-                                SpeculativeConfig(num_speculative_tokens=5, max_batch_size=8),
-                                SpeculativeConfig(num_speculative_tokens=8, min_speculative_tokens=2, max_batch_size=16))
+        space["speculative"] = (None, SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=2),
+                                SpeculativeConfig(num_speculative_tokens=5, disable_by_batch_size=4),
+                                SpeculativeConfig(num_speculative_tokens=8, min_speculative_tokens=2, disable_by_batch_size=8))
     space["block_size"] = (8, 16, 32, 64)
     return space
 
@@ -73,15 +73,24 @@ def to_json(candidate: Candidate) -> dict:
 
 def from_json(data: dict) -> Candidate:
     """The inverse of `to_json`. Raises ValueError/TypeError on a malformed speculative entry."""
-    return {k: SpeculativeConfig(**v) if k == "speculative" and v is not None else v for k, v in data.items()}
+    return {k: _speculative(v) if k == "speculative" and v is not None else v for k, v in data.items()}
+
+
+def _speculative(values: dict) -> SpeculativeConfig:
+    """A stored `SpeculativeConfig`; one stored before `disable_by_batch_size` carries `max_batch_size`
+    B (no drafts when more than B sequences decode), the same cut as `disable_by_batch_size` B + 1."""
+    values = dict(values)
+    if "max_batch_size" in values:
+        values["disable_by_batch_size"] = values.pop("max_batch_size") + 1
+    return SpeculativeConfig(**values)
 
 
 def describe(candidate: Candidate) -> str:
-    """A short label: "default", or the overrides ("max_num_seqs=8 speculative=ngram k1-5 b<=8")."""
+    """A short label: "default", or the overrides ("max_num_seqs=8 speculative=ngram k1-5 b<4")."""
     parts = []
     for k, v in candidate.items():
         if isinstance(v, SpeculativeConfig):
-            v = f"{v.method} k{v.min_speculative_tokens}-{v.num_speculative_tokens} b<={v.max_batch_size}"
+            v = f"{v.method} k{v.min_speculative_tokens}-{v.num_speculative_tokens} b<{v.disable_by_batch_size}"
         elif v is None and k == "speculative":
             v = "off"
         parts.append(f"{k}={v}")

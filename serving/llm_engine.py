@@ -17,96 +17,27 @@ forks n sequences that share the prompt's KV blocks (copy-on-write on the partia
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from serving.block_manager import BlockManager
 from serving.detokenizer import IncrementalDetokenizer
+from serving.engine_config import EngineConfig, pool_sizes  # EngineConfig is imported from here too
 from serving.errors import ContextLengthError, ServingError
 from serving.model_loader import LoadedModel
 from serving.model_runner import ModelRunner
-from serving.outputs import CompletionOutput, Logprob, RequestOutput, SpeculativeStats
-from serving.paged_cache import PagedKVCache
+from serving.outputs import Logprob, RequestOutput
+from serving.request_state import RequestState, SeqState
 from serving.sampler import Sampler, batched_argmax, compute_logprobs
 from serving.sampling_params import SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
-from serving.sliding_block_manager import SlidingBlockManager, max_batch_blocks, plan_pool_sizes
-from serving.spec_decode.config import SpeculativeConfig
+from serving.sliding_block_manager import SlidingBlockManager
 from serving.spec_decode.policy import AcceptanceState
 from serving.stop import StopResult, check_stop
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Engine settings.
-
-    Attributes:
-        block_size: tokens per KV block.
-        kv_cache_bytes: memory for the KV cache; sets the number of blocks unless `num_blocks` is given.
-        num_blocks: explicit KV block count of the global pool (overrides `kv_cache_bytes`).
-        max_num_seqs, max_num_batched_tokens: see `SchedulerConfig`.
-        enable_prefix_caching: reuse KV blocks across requests sharing a prefix (off on a model whose
-            sliding-window layers have their own pool, see below).
-        sliding_window_pool: give sliding-window layers (Gemma 3) their own KV pool that keeps only the
-            blocks the window needs; `kv_cache_bytes` is split by `plan_pool_sizes`. False keeps one
-            pool for all layers, with prefix caching. No effect on models without such layers.
-        num_sliding_blocks: explicit sliding-pool block count (default: `plan_pool_sizes`, or with an
-            explicit `num_blocks` the smaller of it and `max_batch_blocks`).
-        tuned_kernels: at start, install the winners `link compile tune` stored for this model, device
-            and library versions ($LINK_HOME/compile/winners.sqlite, `kernels.tuner.install_stored`);
-            nothing happens when the file does not exist.
-        speculative: speculative decoding (`serving.spec_decode`); None (the default) decodes one token
-            per step.
-    """
-
-    block_size: int = 16
-    kv_cache_bytes: int = 256 * 2**20
-    num_blocks: int | None = None
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 512
-    enable_prefix_caching: bool = True
-    sliding_window_pool: bool = True
-    num_sliding_blocks: int | None = None
-    tuned_kernels: bool = True
-    speculative: SpeculativeConfig | None = None
-
-
-@dataclass
-class _SeqState:
-    """Per-sequence output state kept by the engine."""
-
-    index: int
-    sampler: Sampler
-    detokenizer: IncrementalDetokenizer
-    text: str = ""
-    logprobs: list[dict[int, Logprob]] | None = None
-    cumulative_logprob: float = 0.0
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    first_token_time: float | None = None
-    guide: object | None = None  # serving.guided_decoding.JsonGuide for guided_json / structural_tag
-    spec: AcceptanceState | None = None  # speculative decoding record; None = this sequence never drafts
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    arrival_time: float
-    seqs: list[Sequence] = field(default_factory=list)
-    states: dict[int, _SeqState] = field(default_factory=dict)
-    first_scheduled_time: float | None = None
-    last_token_time: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return len(self.seqs) == self.params.n and all(st.finish_reason for st in self.states.values())
 
 
 class LLMEngine:
@@ -114,7 +45,7 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig = EngineConfig()):
         self.loaded, self.config = loaded, config
-        num_blocks, num_sliding = _pool_sizes(loaded, config)
+        num_blocks, num_sliding = pool_sizes(loaded, config)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching and not num_sliding)
         self.sliding_block_manager = (SlidingBlockManager(num_sliding, config.block_size, loaded.config.sliding_window)
                                       if num_sliding else None)
@@ -124,8 +55,8 @@ class LLMEngine:
                                   loaded.spec.name)
         # The longest sequence the engine can hold: the model's context, or less when the KV cache is smaller.
         self.max_model_len = min(loaded.context_length, num_blocks * config.block_size)
-        self._requests: dict[str, _Request] = {}
-        self._seq_to_request: dict[int, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
+        self._seq_to_request: dict[int, RequestState] = {}
         self._seq_ids = itertools.count()
         self._token_table = None  # serving.guided_decoding.TokenTable, built by the first guided_json request
         self.speculator = None
@@ -176,7 +107,7 @@ class LLMEngine:
         if request_id in self._requests:
             raise ServingError(f"request id {request_id!r} is already in use")
         self.check_request(prompt_token_ids, params)
-        request = _Request(request_id, prompt, list(prompt_token_ids), params, time.monotonic())
+        request = RequestState(request_id, prompt, list(prompt_token_ids), params, time.monotonic())
         seq = Sequence(next(self._seq_ids), list(prompt_token_ids), priority=priority, arrival_time=request.arrival_time)
         self._attach(request, seq, 0)
         self.scheduler.add(seq)
@@ -192,6 +123,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; return snapshots of the requests that produced tokens."""
+        start = time.perf_counter()
         if self.speculator is not None:
             self._propose_drafts()
         plan = self.scheduler.schedule()
@@ -199,6 +131,8 @@ class LLMEngine:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise RuntimeError("no request fits in the KV cache; raise kv_cache_bytes")
             return []
+        if self.speculator is not None:
+            self.speculator.begin_step(plan.scheduled)
         logits = self.runner.execute(plan.scheduled, plan.block_copies, plan.sliding_block_copies)
         now = time.monotonic()
         greedy: list[Sequence] = []  # rows whose next token is the plain argmax (see `_plain_greedy_tokens`)
@@ -214,7 +148,7 @@ class LLMEngine:
                 if state.guide is None and state.logprobs is None and state.sampler.is_plain_greedy(seq.num_output_tokens):
                     greedy.append(seq)
         decided = self._plain_greedy_tokens(greedy, logits)
-        touched: dict[str, _Request] = {}
+        touched: dict[str, RequestState] = {}
         for seq, _ in plan.scheduled:
             if seq.seq_id not in logits:
                 continue
@@ -236,9 +170,11 @@ class LLMEngine:
             self._sample(request, seq, row, decided.get(seq.seq_id))
         outputs = []
         for request in touched.values():
-            outputs.append(self._snapshot(request))
+            outputs.append(request.snapshot(self.speculator is not None))
             if request.finished:
                 del self._requests[request.request_id]
+        if self.speculator is not None:
+            self.speculator.end_step(time.perf_counter() - start)  # the step's cost, drafting and sampling included
         return outputs
 
     def _advance(self, seq: Sequence, num_new: int) -> None:
@@ -254,22 +190,17 @@ class LLMEngine:
             self.sliding_block_manager.release_out_of_window(seq)
 
     def _propose_drafts(self) -> None:
-        """Give the decoding sequences draft tokens (`Speculator.propose`). Guided requests never draft;
-        nor does a sequence drafting past its `max_tokens` or the context."""
-        decoding = [s for s in self.scheduler.running if s.num_computed_tokens == s.num_tokens - 1]
+        """Give the decoding sequences draft tokens (`Speculator.propose`). Guided requests never draft."""
+        running = self.scheduler.running
         candidates = []
-        for seq in decoding:
+        for seq in running:
             request = self._seq_to_request[seq.seq_id]
-            state = request.states[seq.seq_id]
-            if state.spec is None or len(request.seqs) < request.params.n:
-                continue
-            limit = self.max_model_len - seq.num_tokens - 1  # the bonus token then reaches the context at most
-            if request.params.max_tokens is not None:
-                limit = min(limit, request.params.max_tokens - seq.num_output_tokens - 1)
-            candidates.append((seq, limit, state.spec))
-        self.speculator.propose(candidates, len(decoding))
+            spec = request.states[seq.seq_id].spec
+            if spec is not None and len(request.seqs) == request.params.n:
+                candidates.append((seq, spec, request.params.max_tokens))
+        self.speculator.propose(candidates, len(running), self.max_model_len)
 
-    def _verify(self, request: _Request, seq: Sequence, rows: torch.Tensor) -> None:
+    def _verify(self, request: RequestState, seq: Sequence, rows: torch.Tensor) -> None:
         """Emit a drafted sequence's accepted tokens and the target's next one, then roll its KV back to the
         last accepted token (blocks past it return to the pool; their KV is never hashed)."""
         state = request.states[seq.seq_id]
@@ -286,18 +217,19 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self._seq_to_request.pop(seq.seq_id, None)
         if self.speculator is not None:
-            self.speculator.drafter.release(seq.seq_id)
+            self.speculator.release(seq.seq_id)
 
-    def _attach(self, request: _Request, seq: Sequence, index: int) -> None:
+    def _attach(self, request: RequestState, seq: Sequence, index: int) -> None:
         params = request.params
         seed = None if params.seed is None else params.seed + index
-        sampler = Sampler(params if seed == params.seed else _with_seed(params, seed), eos_token_ids=self.loaded.tokenizer.eos_token_ids)
+        sampler = Sampler(params if seed == params.seed else dataclasses.replace(params, seed=seed),
+                          eos_token_ids=self.loaded.tokenizer.eos_token_ids)
         detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, params.skip_special_tokens)
         request.seqs.append(seq)
         guide = self._guide(params, sampler)
         spec = AcceptanceState() if self.speculator is not None and guide is None else None
-        request.states[seq.seq_id] = _SeqState(index, sampler, detokenizer, logprobs=[] if params.logprobs is not None else None,
-                                               guide=guide, spec=spec)
+        request.states[seq.seq_id] = SeqState(index, sampler, detokenizer, logprobs=[] if params.logprobs is not None else None,
+                                              guide=guide, spec=spec)
         self._seq_to_request[seq.seq_id] = request
 
     def _plain_greedy_tokens(self, seqs: list[Sequence], logits: dict[int, torch.Tensor]) -> dict[int, int]:
@@ -308,7 +240,7 @@ class LLMEngine:
         tokens = batched_argmax([logits[seq.seq_id] for seq in seqs])
         return {} if tokens is None else {seq.seq_id: token for seq, token in zip(seqs, tokens)}
 
-    def _sample(self, request: _Request, seq: Sequence, logits: torch.Tensor, token: int | None = None) -> None:
+    def _sample(self, request: RequestState, seq: Sequence, logits: torch.Tensor, token: int | None = None) -> None:
         """Choose (unless `token` was decided in the batch), record, detokenize and check the stop rules."""
         state, params, tokenizer = request.states[seq.seq_id], request.params, self.loaded.tokenizer
         if token is None:
@@ -358,59 +290,7 @@ class LLMEngine:
             self._token_table = TokenTable(self.loaded.tokenizer)
         return JsonGuide(automaton_for(params.guided_json, params.structural_tag), self._token_table, sampler)
 
-    def _snapshot(self, request: _Request) -> RequestOutput:
-        completions = []
-        for seq in request.seqs:
-            st = request.states[seq.seq_id]
-            completions.append(CompletionOutput(
-                index=st.index, text=st.text, token_ids=list(seq.output_token_ids), finish_reason=st.finish_reason,
-                stop_reason=st.stop_reason, logprobs=None if st.logprobs is None else list(st.logprobs),
-                cumulative_logprob=st.cumulative_logprob if st.logprobs is not None else None,
-            ))
-        completions.sort(key=lambda c: c.index)
-        metrics = {"arrival_time": request.arrival_time, "num_output_tokens": sum(len(c.token_ids) for c in completions)}
-        if request.first_scheduled_time is not None:
-            metrics["queue_seconds"] = request.first_scheduled_time - request.arrival_time
-        first = min((st.first_token_time for st in request.states.values() if st.first_token_time), default=None)
-        if first is not None:
-            metrics["ttft_seconds"] = first - request.arrival_time
-            num_steps = max(len(c.token_ids) for c in completions) - 1
-            if num_steps > 0:
-                metrics["itl_seconds"] = (request.last_token_time - first) / num_steps
-        spec = None
-        if self.speculator is not None:
-            records = [st.spec for st in request.states.values() if st.spec is not None]
-            spec = SpeculativeStats(sum(r.num_draft_tokens for r in records), sum(r.num_accepted_tokens for r in records),
-                                    sum(r.num_draft_steps for r in records))
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions, request.finished, metrics, spec)
-
-
-def _pool_sizes(loaded: LoadedModel, config: EngineConfig) -> tuple[int, int]:
-    """(global blocks, sliding-window blocks; 0 = no sliding pool) for `config`'s KV budget or explicit counts."""
-    cfg = loaded.config
-    num_sliding_layers = sum(cfg.is_sliding(i) for i in range(cfg.num_layers))
-    per_layer_block = PagedKVCache.bytes_per_block(1, config.block_size, cfg.num_kv_heads, cfg.head_dim, loaded.dtype)
-    if not (config.sliding_window_pool and num_sliding_layers):
-        return config.num_blocks or max(1, config.kv_cache_bytes // (cfg.num_layers * per_layer_block)), 0
-    num_global, num_sliding = plan_pool_sizes(
-        config.kv_cache_bytes // per_layer_block, cfg.num_layers - num_sliding_layers, num_sliding_layers,
-        cfg.sliding_window, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
-    )
-    if config.num_blocks:  # a sequence never holds more sliding blocks than global ones
-        num_global = config.num_blocks
-        num_sliding = min(num_global, max_batch_blocks(cfg.sliding_window, config.block_size, config.max_num_seqs,
-                                                       config.max_num_batched_tokens))
-    if config.num_sliding_blocks:
-        num_sliding = config.num_sliding_blocks
-    return num_global, num_sliding
-
 
 def _visible(text: str, params: SamplingParams) -> str:
     """The output text the client sees: less its opening space under `strip_leading_space`."""
     return text[1:] if params.strip_leading_space and text.startswith(" ") else text
-
-
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    import dataclasses
-
-    return dataclasses.replace(params, seed=seed)

@@ -17,11 +17,17 @@ class SpeculativeConfig:
         draft_model: registry name of the draft model when method == "draft".
         num_speculative_tokens: k_max, the most tokens drafted for a sequence per step.
         min_speculative_tokens: k_min, the fewest drafted when a draft is made (adaptive lookahead).
-        adaptive: per-request k from its acceptance rate and engine-wide backoff with the decode batch
-            size (`serving.spec_decode.policy`); False drafts k_max whenever a draft exists, at any batch size
-            up to `max_batch_size`.
+        adaptive: per-request k from its acceptance rate and engine-wide backoff with the number of
+            running sequences (`serving.spec_decode.policy`); False drafts k_max whenever a draft exists,
+            below `disable_by_batch_size` running sequences.
+        step_cost: with `adaptive`, draft only in steps whose measured cost the expected accepted drafts
+            repay (`serving.spec_decode.step_cost`). Off by default: it times the engine's steps, and on a
+            shared, noisy CPU those timings can switch speculation off where it pays.
         ngram_max, ngram_min: the n-gram lengths tried, longest first.
-        max_batch_size: no speculation in a step where more sequences decode than this.
+        disable_by_batch_size: no speculation in a step that starts with this many running sequences or
+            more (vLLM's `speculative_disable_by_batch_size`); 1 never speculates. A verify step with
+            drafts leaves the batched decode attention and the compiled decode step for a per-sequence
+            attention call per drafted sequence, a cost that grows with the batch (issue 10).
         ema_alpha: weight of the newest step in the per-request acceptance-rate moving average, in (0, 1].
 
     Raises:
@@ -35,7 +41,8 @@ class SpeculativeConfig:
     adaptive: bool = True
     ngram_max: int = 4
     ngram_min: int = 1
-    max_batch_size: int = 8
+    disable_by_batch_size: int = 4
+    step_cost: bool = False
     ema_alpha: float = 0.5
 
     def __post_init__(self) -> None:
@@ -50,7 +57,7 @@ class SpeculativeConfig:
                              f"got {self.min_speculative_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got ngram_min={self.ngram_min}, ngram_max={self.ngram_max}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.disable_by_batch_size < 1:
+            raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size}")
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ValueError(f"ema_alpha must be in (0, 1], got {self.ema_alpha}")

@@ -15,7 +15,13 @@ from serving.spec_decode.ngram import propose_ngram
 
 
 class Drafter(ABC):
-    """Proposes up to k next tokens for each of a batch of sequences."""
+    """Proposes up to k next tokens for each of a batch of sequences.
+
+    `is_cheap`: proposing costs next to nothing (no model), so a step that does not draft may still
+    propose, to check the proposal against the token the target emits.
+    """
+
+    is_cheap = False
 
     @abstractmethod
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
@@ -27,6 +33,8 @@ class Drafter(ABC):
 
 class NgramDrafter(Drafter):
     """Prompt lookup (`serving.spec_decode.ngram`): no model, no state."""
+
+    is_cheap = True
 
     def __init__(self, ngram_max: int, ngram_min: int) -> None:
         self.ngram_max, self.ngram_min = ngram_max, ngram_min

@@ -1,25 +1,35 @@
-"""Adaptive lookahead: how many tokens to draft for a sequence this step.
+"""Adaptive lookahead: how many tokens to draft for a sequence this step, and whether to draft at all.
 
-Two rules (`SpeculativeConfig`; both only when `adaptive`, except the batch threshold, which always holds):
+Three rules (`SpeculativeConfig`; all only when `adaptive`, except the batch threshold, which always holds;
+the third only with `step_cost`):
 
 1. Per request, k follows the request's acceptance rate. After each verification step with d > 0
    drafts of which a were accepted, the exponential moving average r <- (1 - alpha) r + alpha (a / d)
    (alpha = `ema_alpha`, r starts at 1). The next draft length is
    k = k_min + round(r (k_max - k_min)): all drafts accepted drives k to k_max, none to k_min.
    A sequence with no n-gram match drafts nothing that step and costs nothing.
-2. Across the engine, speculation backs off as the decode batch grows: with b sequences decoding,
-   k is capped at ceil(k_max (B - b + 1) / B) for b <= B = `max_batch_size` (k_max at b = 1, about 1
-   at b = B) and no one drafts when b > B. At large batches decode is compute-bound and verifying
-   drafts costs more than the steps it saves; the cap lifts again when the load falls.
+2. Across the engine, speculation backs off as the batch grows. With b sequences running when the step
+   starts (prefilling or decoding) and T = `disable_by_batch_size`, no one drafts when b >= T (vLLM's
+   `speculative_disable_by_batch_size`); below it, k is capped at ceil(k_max (T - b) / (T - 1)): k_max
+   at b = 1, about k_max / (T - 1) at b = T - 1. A verify step is dearer than a plain decode step by
+   more the more sequences draft: each drafted sequence's attention runs on its own instead of in the
+   batched decode call, and the compiled decode step does not apply (issue 10: at a burst of 4 requests,
+   speculating with a threshold of 8 ran at 0.89x the speed of not speculating). The cap lifts again
+   when the load falls.
+3. A step drafts only when it is expected to pay: the expected accepted drafts, sum of r k over the
+   drafting sequences, against the measured cost of a verify step relative to a plain one at this b
+   (`step_cost.StepCostModel`, from the engine's timing of its decode-only steps).
 
-With `adaptive` off, every sequence with a match drafts k_max tokens while b <= B.
+With `adaptive` off, every sequence with a match drafts k_max tokens while b < T.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from serving.outputs import SpeculativeStats
 from serving.spec_decode.config import SpeculativeConfig
 
 
@@ -39,21 +49,32 @@ class AcceptanceState:
     num_draft_steps: int = 0
 
 
+def summarize(records: Iterable[AcceptanceState]) -> SpeculativeStats:
+    """The request's counts: the sums over its sequences' records."""
+    total = SpeculativeStats()
+    for r in records:
+        total.num_draft_tokens += r.num_draft_tokens
+        total.num_accepted_tokens += r.num_accepted_tokens
+        total.num_draft_steps += r.num_draft_steps
+    return total
+
+
 class LookaheadPolicy:
     """The draft length of each sequence (see the module docstring)."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
 
-    def batch_cap(self, num_decoding: int) -> int:
-        """Most drafts per sequence in a step where `num_decoding` sequences decode (0 = no speculation)."""
+    def batch_cap(self, num_running: int) -> int:
+        """Most drafts per sequence in a step that starts with `num_running` running sequences (0 = none)."""
         c = self.config
-        if num_decoding > c.max_batch_size:
+        threshold, num_running = c.disable_by_batch_size, max(1, num_running)
+        if num_running >= threshold:
             return 0
         if not c.adaptive:
             return c.num_speculative_tokens
-        free = c.max_batch_size - max(1, num_decoding) + 1
-        return max(c.min_speculative_tokens, math.ceil(c.num_speculative_tokens * free / c.max_batch_size))
+        free = threshold - num_running
+        return max(c.min_speculative_tokens, math.ceil(c.num_speculative_tokens * free / (threshold - 1)))
 
     def num_draft(self, state: AcceptanceState, cap: int) -> int:
         """This sequence's draft length under the step's `cap`."""
@@ -63,12 +84,16 @@ class LookaheadPolicy:
         k = c.min_speculative_tokens + round(state.acceptance_ema * (c.num_speculative_tokens - c.min_speculative_tokens))
         return min(cap, k)
 
+    def observe(self, state: AcceptanceState, num_drafted: int, num_accepted: int) -> None:
+        """Move the acceptance average only (a draft checked without running it, see `Speculator`)."""
+        alpha = self.config.ema_alpha
+        state.acceptance_ema = (1 - alpha) * state.acceptance_ema + alpha * num_accepted / num_drafted
+
     def update(self, state: AcceptanceState, num_drafted: int, num_accepted: int) -> None:
         """Record one verification step (num_drafted >= 1 drafts, num_accepted of them kept)."""
         if num_drafted < 1:
             return
-        alpha = self.config.ema_alpha
-        state.acceptance_ema = (1 - alpha) * state.acceptance_ema + alpha * num_accepted / num_drafted
+        self.observe(state, num_drafted, num_accepted)
         state.num_draft_tokens += num_drafted
         state.num_accepted_tokens += num_accepted
         state.num_draft_steps += 1

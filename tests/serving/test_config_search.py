@@ -79,12 +79,16 @@ def test_repeats_compare_medians_and_count_against_the_budget():
 
 
 def test_candidates_round_trip_and_apply_to_the_engine_config():
-    spec = SpeculativeConfig(num_speculative_tokens=3, max_batch_size=4)
+    spec = SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=5)
     candidate = canonical({"max_num_seqs": 32, "block_size": 32, "speculative": spec})
     assert candidate == {"block_size": 32, "speculative": spec}  # 32 sequences is the default
     assert from_json(to_json(candidate)) == candidate
     config = apply(EngineConfig(), candidate)
     assert config.block_size == 32 and config.speculative == spec and config.max_num_seqs == 32
-    assert describe(candidate) == "block_size=32 speculative=ngram k1-3 b<=4" and describe({}) == "default"
+    assert describe(candidate) == "block_size=32 speculative=ngram k1-3 b<5" and describe({}) == "default"
+    # A winner stored before disable_by_batch_size: max_batch_size B (off above B) is the threshold B + 1.
+    legacy = {"speculative": {**to_json({"speculative": spec})["speculative"], "max_batch_size": 4}}
+    del legacy["speculative"]["disable_by_batch_size"]
+    assert from_json(legacy) == {"speculative": spec}
     with pytest.raises(ValueError):
         search(fake, budget=0)

@@ -106,7 +106,7 @@ def test_async_engine_reconfigures_between_steps_and_records_traffic(loaded, pro
 def test_speculation_switched_on_then_off_mid_flight_keeps_the_greedy_tokens(loaded, prompts, reference):
     from serving.spec_decode.config import SpeculativeConfig
 
-    spec = dataclasses.replace(SMALL, speculative=SpeculativeConfig(num_speculative_tokens=3, max_batch_size=4))
+    spec = dataclasses.replace(SMALL, speculative=SpeculativeConfig(num_speculative_tokens=3, disable_by_batch_size=5))
     engine = LLMEngine(loaded, EngineConfig(tuned_kernels=False))
     for i, ids in enumerate(prompts):
         engine.add_request(f"r{i}", ids, PARAMS)

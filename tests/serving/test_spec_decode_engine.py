@@ -114,6 +114,41 @@ def test_smollm2_penalties_logprobs_and_sampling_under_speculation(smollm2, edit
     assert len(sampled[0].outputs[0].token_ids) == 20 and sampled[0].speculative.num_draft_steps > 0
 
 
+def _run_staggered(llm, prompts: list[list[int]], lengths: list[int], spec: SpeculativeConfig | None):
+    """Greedy outputs of `prompts` submitted together, request i stopping after lengths[i] tokens, and per
+    step (running sequences as it starts, whether the forward pass carried draft tokens)."""
+    engine = LLMEngine(llm.loaded, EngineConfig(kv_cache_bytes=48 * 2**20, speculative=spec, tuned_kernels=False))
+    drafted = []
+    execute = engine.runner.execute
+
+    def spy(scheduled, *args):
+        drafted.append(any(seq.draft_token_ids for seq, _ in scheduled))
+        return execute(scheduled, *args)
+
+    engine.runner.execute = spy
+    for i, (prompt, n) in enumerate(zip(prompts, lengths)):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    tokens, steps = {}, []
+    while engine.has_unfinished_requests:
+        num_running = len(engine.scheduler.running)
+        tokens.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        steps.append((num_running, drafted[-1]))
+    return [tokens[str(i)] for i in range(len(prompts))], steps
+
+
+def test_smollm2_speculates_only_below_the_batch_threshold(smollm2, edit_prompts):
+    # Four requests of 6, 12, 18 and 24 tokens: while four run, each step is a plain decode step (no
+    # drafts); as they finish, the three, two and one left speculate again; the tokens never change.
+    prompts = [_encode(smollm2, p) for p in edit_prompts + edit_prompts[:1]]
+    lengths = [6, 12, 18, 24]
+    spec = SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=4)
+    on, steps = _run_staggered(smollm2, prompts, lengths, spec)
+    off, _ = _run_staggered(smollm2, prompts, lengths, None)
+    assert on == off
+    assert [n for n, _ in steps if n >= 4] and not any(d for n, d in steps if n >= 4)
+    assert any(d for _, d in steps)  # and so only with fewer than four running
+
+
 def test_guided_requests_do_not_speculate(smollm2):
     params = SamplingParams(temperature=0, max_tokens=12, guided_json='{"type": "object"}')
     out = generate(smollm2, [_encode(smollm2, "Give me an empty JSON object.")], params, ADAPTIVE)

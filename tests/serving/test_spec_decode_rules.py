@@ -11,10 +11,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from serving.sequence import Sequence
 from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.ngram import propose_ngram
-from serving.spec_decode.policy import AcceptanceState, LookaheadPolicy
+from serving.spec_decode.policy import AcceptanceState, LookaheadPolicy, summarize
 from serving.spec_decode.rejection import num_greedy_accepted, rejection_sample
+from serving.spec_decode.speculator import Speculator
+from serving.spec_decode.step_cost import StepCostModel
 
 # -- n-gram drafting ------------------------------------------------------------------------------
 
@@ -115,11 +118,111 @@ def test_the_check_rejects_a_wrong_rule():
 # -- adaptive lookahead ----------------------------------------------------------------------------
 
 
-def test_batch_cap_backs_off_with_the_decode_batch():
-    policy = LookaheadPolicy(SpeculativeConfig(num_speculative_tokens=6, max_batch_size=4))
-    assert [policy.batch_cap(b) for b in (1, 2, 3, 4, 5, 16)] == [6, 5, 3, 2, 0, 0]
-    fixed = LookaheadPolicy(SpeculativeConfig(num_speculative_tokens=6, max_batch_size=4, adaptive=False))
-    assert [fixed.batch_cap(b) for b in (1, 4, 5)] == [6, 6, 0]
+def test_batch_cap_backs_off_and_stops_at_the_threshold():
+    # T = 4 running sequences: ceil(6 (4 - b) / 3) drafts below it, none from it on.
+    policy = LookaheadPolicy(SpeculativeConfig(num_speculative_tokens=6, disable_by_batch_size=4))
+    assert [policy.batch_cap(b) for b in (0, 1, 2, 3, 4, 5, 16)] == [6, 6, 4, 2, 0, 0, 0]
+    fixed = LookaheadPolicy(SpeculativeConfig(num_speculative_tokens=6, disable_by_batch_size=4, adaptive=False))
+    assert [fixed.batch_cap(b) for b in (1, 3, 4, 5)] == [6, 6, 0, 0]
+    never = LookaheadPolicy(SpeculativeConfig(disable_by_batch_size=1))
+    assert [never.batch_cap(b) for b in (0, 1, 2)] == [0, 0, 0]
+    # k_min is a floor below the threshold: T = 8, b = 7 gives ceil(5 / 7) = 1 < k_min = 2.
+    floor = LookaheadPolicy(SpeculativeConfig(num_speculative_tokens=5, min_speculative_tokens=2, disable_by_batch_size=8))
+    assert [floor.batch_cap(b) for b in (1, 7, 8)] == [5, 2, 0]
+
+
+def _decoding(seq_id: int, prompt: list[int], output: list[int] = ()) -> Sequence:
+    """A sequence whose KV holds all but its last token (the state `Speculator.propose` drafts for)."""
+    seq = Sequence(seq_id, prompt, output_token_ids=list(output))
+    seq.num_computed_tokens = seq.num_tokens - 1
+    return seq
+
+
+REPEATING = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # "3 4 1 2" recurs: prompt lookup continues with 3 4 1 2
+
+
+def test_speculator_drafts_below_the_threshold_and_not_at_it():
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=3), loaded=None)
+    seqs = [_decoding(i, REPEATING) for i in range(3)]
+    candidates = [(seq, AcceptanceState(), None) for seq in seqs]
+    speculator.propose(candidates, num_running=3, max_model_len=100)
+    assert [seq.draft_token_ids for seq in seqs] == [[], [], []]
+    speculator.propose(candidates[:2], num_running=2, max_model_len=100)
+    assert [seq.draft_token_ids for seq in seqs] == [[3, 4], [3, 4], []]  # cap ceil(4 (3 - 2) / 2) = 2
+    speculator.propose(candidates[:1], num_running=1, max_model_len=100)
+    assert seqs[0].draft_token_ids == [3, 4, 1, 2]
+
+
+def test_speculator_keeps_drafts_within_max_tokens_and_the_context():
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, disable_by_batch_size=8), loaded=None)  # cap 3
+    # 9 prompt tokens and 1 output token each; the target's own token follows the drafts.
+    near_max_tokens, near_context = _decoding(0, REPEATING[:9], [2]), _decoding(1, REPEATING[:9], [2])
+    prefilling = Sequence(2, REPEATING)
+    speculator.propose([(near_max_tokens, AcceptanceState(), 3), (near_context, AcceptanceState(), None),
+                        (prefilling, AcceptanceState(), None)], num_running=3, max_model_len=13)
+    assert near_max_tokens.draft_token_ids == [3]  # max_tokens 3 - 1 output - 1
+    assert near_context.draft_token_ids == [3, 4]  # context 13 - 10 tokens - 1
+    assert prefilling.draft_token_ids == []
+
+
+def test_step_cost_model_drafts_when_tokens_per_second_are_higher():
+    cost = StepCostModel(ema_alpha=1.0, probe_every=4)
+    assert cost.pays(2, 0.5)  # nothing measured at b = 2: try a step with drafts ...
+    cost.record(2, True, 0.030)
+    assert not cost.pays(2, 0.5)  # ... then a plain one
+    cost.record(2, False, 0.020)
+    # plain: 2 tokens / 20 ms = 100 tokens/s; drafts: (2 + A) / 30 ms, better when A > 1
+    assert [cost.pays(2, a) for a in (0.5, 1.5, 0.9)] == [False, True, False]
+    assert cost.pays(2, 0.5) and not cost.pays(2, 0.5)  # the 4th decision probes the other choice, once
+    assert cost.pays(3, 0.0)  # each batch size has its own times
+    averaged = StepCostModel(ema_alpha=0.5)
+    averaged.record(1, False, 0.030)
+    averaged.record(1, False, 0.010)
+    assert averaged.plain_seconds == {1: pytest.approx(0.020)} and averaged.spec_seconds == {}
+
+
+def test_speculator_times_decode_only_steps_and_skips_drafts_that_do_not_pay():
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, step_cost=True), loaded=None)
+    seq = _decoding(0, REPEATING)
+    speculator.propose([(seq, AcceptanceState(), None)], num_running=1, max_model_len=100)
+    assert seq.draft_token_ids == [3, 4, 1, 2]
+    speculator.begin_step([(seq, 5)])
+    speculator.end_step(0.060)
+    seq.draft_token_ids = []
+    speculator.propose([(seq, AcceptanceState(), None)], num_running=1, max_model_len=100)
+    assert seq.draft_token_ids == []  # no plain step timed yet at b = 1
+    speculator.begin_step([(seq, 1)])
+    speculator.end_step(0.010)
+    assert (speculator.cost.spec_seconds, speculator.cost.plain_seconds) == ({1: 0.060}, {1: 0.010})
+    # 1 + 4 expected tokens per 60 ms loses to 1 token per 10 ms; a prefill step is not timed
+    speculator.propose([(seq, AcceptanceState(), None)], num_running=1, max_model_len=100)
+    assert seq.draft_token_ids == []
+    speculator.begin_step([(Sequence(1, REPEATING), 10)])
+    speculator.end_step(1.0)
+    assert (speculator.cost.spec_seconds, speculator.cost.plain_seconds) == ({1: 0.060}, {1: 0.010})
+    fixed = Speculator(SpeculativeConfig(num_speculative_tokens=4, adaptive=False, step_cost=True), loaded=None)
+    assert fixed.cost is None and Speculator(SpeculativeConfig(), loaded=None).cost is None  # opt-in
+
+
+def test_a_step_without_drafts_still_checks_the_n_gram_proposal():
+    # Drafts do not pay (1 token per 10 ms plain, 1 + r k per 100 ms with drafts): no one drafts, but the
+    # proposal for the next position is checked against the token the target emits there.
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, ema_alpha=0.5, step_cost=True), loaded=None)
+    speculator.cost.record(1, True, 0.100)
+    speculator.cost.record(1, False, 0.010)
+    seq, state = _decoding(0, REPEATING), AcceptanceState(acceptance_ema=0.5)
+    speculator.propose([(seq, state, None)], num_running=1, max_model_len=100)
+    assert seq.draft_token_ids == [] and state.acceptance_ema == 0.5
+    seq.append_token(3)  # the target agrees with the proposal "3"
+    seq.num_computed_tokens += 1
+    speculator.propose([(seq, state, None)], num_running=1, max_model_len=100)
+    assert state.acceptance_ema == 0.75 and state.num_draft_tokens == 0  # the average moves; the counts do not
+    seq.append_token(9)  # proposed "4"
+    seq.num_computed_tokens += 1
+    speculator.propose([(seq, state, None)], num_running=1, max_model_len=100)
+    assert state.acceptance_ema == 0.375
+    speculator.release(seq.seq_id)
+    assert speculator._unsent == {}
 
 
 def test_draft_length_follows_the_acceptance_rate():
@@ -136,3 +239,5 @@ def test_draft_length_follows_the_acceptance_rate():
         policy.update(state, 1, 1)
     assert policy.num_draft(state, cap=5) == 5 and policy.num_draft(state, cap=3) == 3
     assert (state.num_draft_tokens, state.num_accepted_tokens, state.num_draft_steps) == (20, 6, 10)
+    total = summarize([state, AcceptanceState(num_draft_tokens=3, num_accepted_tokens=1, num_draft_steps=1)])
+    assert (total.num_draft_tokens, total.num_accepted_tokens, total.num_draft_steps) == (23, 7, 11)

@@ -1,0 +1,69 @@
+"""`EngineConfig`: the settings of one `LLMEngine`, and how its KV budget splits into block pools.
+
+    config = EngineConfig(max_num_seqs=8, speculative=SpeculativeConfig())
+    num_blocks, num_sliding_blocks = pool_sizes(loaded, config)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serving.model_loader import LoadedModel
+from serving.paged_cache import PagedKVCache
+from serving.sliding_block_manager import max_batch_blocks, plan_pool_sizes
+from serving.spec_decode.config import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings.
+
+    Attributes:
+        block_size: tokens per KV block.
+        kv_cache_bytes: memory for the KV cache; sets the number of blocks unless `num_blocks` is given.
+        num_blocks: explicit KV block count of the global pool (overrides `kv_cache_bytes`).
+        max_num_seqs, max_num_batched_tokens: see `SchedulerConfig`.
+        enable_prefix_caching: reuse KV blocks across requests sharing a prefix (off on a model whose
+            sliding-window layers have their own pool, see below).
+        sliding_window_pool: give sliding-window layers (Gemma 3) their own KV pool that keeps only the
+            blocks the window needs; `kv_cache_bytes` is split by `plan_pool_sizes`. False keeps one
+            pool for all layers, with prefix caching. No effect on models without such layers.
+        num_sliding_blocks: explicit sliding-pool block count (default: `plan_pool_sizes`, or with an
+            explicit `num_blocks` the smaller of it and `max_batch_blocks`).
+        tuned_kernels: at start, install the winners `link compile tune` stored for this model, device
+            and library versions ($LINK_HOME/compile/winners.sqlite, `kernels.tuner.install_stored`);
+            nothing happens when the file does not exist.
+        speculative: speculative decoding (`serving.spec_decode`); None (the default) decodes one token
+            per step.
+    """
+
+    block_size: int = 16
+    kv_cache_bytes: int = 256 * 2**20
+    num_blocks: int | None = None
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    sliding_window_pool: bool = True
+    num_sliding_blocks: int | None = None
+    tuned_kernels: bool = True
+    speculative: SpeculativeConfig | None = None
+
+
+def pool_sizes(loaded: LoadedModel, config: EngineConfig) -> tuple[int, int]:
+    """(global blocks, sliding-window blocks; 0 = no sliding pool) for `config`'s KV budget or explicit counts."""
+    cfg = loaded.config
+    num_sliding_layers = sum(cfg.is_sliding(i) for i in range(cfg.num_layers))
+    per_layer_block = PagedKVCache.bytes_per_block(1, config.block_size, cfg.num_kv_heads, cfg.head_dim, loaded.dtype)
+    if not (config.sliding_window_pool and num_sliding_layers):
+        return config.num_blocks or max(1, config.kv_cache_bytes // (cfg.num_layers * per_layer_block)), 0
+    num_global, num_sliding = plan_pool_sizes(
+        config.kv_cache_bytes // per_layer_block, cfg.num_layers - num_sliding_layers, num_sliding_layers,
+        cfg.sliding_window, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
+    )
+    if config.num_blocks:  # a sequence never holds more sliding blocks than global ones
+        num_global = config.num_blocks
+        num_sliding = min(num_global, max_batch_blocks(cfg.sliding_window, config.block_size, config.max_num_seqs,
+                                                       config.max_num_batched_tokens))
+    if config.num_sliding_blocks:
+        num_sliding = config.num_sliding_blocks
+    return num_global, num_sliding
