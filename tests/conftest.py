@@ -17,6 +17,23 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("LINK_HOME", str(ROOT / ".link"))
 
 
+def _interpret_triton_without_cuda() -> None:
+    """TRITON_INTERPRET=1 before any test module is collected, when there is no CUDA device.
+
+    Triton reads the variable for part of its state when it is first imported, and `torch._dynamo`
+    (imported by kernels.compiled) imports Triton: a test module collected before
+    tests/kernels/triton_devices.py would otherwise leave the kernels' nested jit functions compiled-mode,
+    and every interpreter case after it fails with "Cannot call @triton.jit'd outside of the scope of a kernel".
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_interpret_triton_without_cuda()
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = Path(os.environ.get("LINK_DATASETS_DIR") or ROOT.parent / "shared" / "data")
