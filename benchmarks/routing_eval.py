@@ -76,7 +76,8 @@ def routerbench(data_dir: Path, featurizer, num_splits: int) -> dict[str, Any]:
     train, test = load("routerbench:train", data_dir), load("routerbench:test", data_dir)
     settings = EvalSettings(types=LEARNED, baselines=("random", "best-per-task", "oracle"), keep_curves=False,
                             cascade=False)
-    features = (featurizer.transform(train.prompts), featurizer.transform(test.prompts))
+    features = (featurizer.transform(train.prompts, train.has_tools),
+                featurizer.transform(test.prompts, test.has_tools))
     split = evaluate_split(train, test, settings, features=features)
     resplits = evaluate_resplits(train, test, settings, num_splits=num_splits, featurizer=featurizer)
     return {"split": split, "resplits": resplits}
@@ -128,7 +129,8 @@ def add_model(data_dir: Path, featurizer, models: list[str] | None) -> dict[str,
     from routers.evaluate import EvalSettings
 
     train, test = load("routerbench:train", data_dir), load("routerbench:test", data_dir)
-    features = (featurizer.transform(train.prompts), featurizer.transform(test.prompts))
+    features = (featurizer.transform(train.prompts, train.has_tools),
+                featurizer.transform(test.prompts, test.has_tools))
     settings = EvalSettings(types=(), baselines=(), keep_curves=True, cascade=False)
     out: dict[str, Any] = {}
     for type_ in LEARNED:

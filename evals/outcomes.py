@@ -21,6 +21,8 @@ Columns (`OUTCOME_COLUMNS`):
     completion_tokens  int | None
     latency_s          float | None   seconds from request to complete answer
     response           str | None     the answer text, where recorded
+    has_tools          bool           the request offered tools (a tool-calling prompt); rows written before
+                                      this column existed read as True for the tool suites (`TOOL_SUITES`)
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from typing import IO
 import numpy as np
 
 OUTCOME_COLUMNS = ("prompt_id", "suite", "prompt", "model", "score", "cost_usd", "prompt_tokens",
-                   "completion_tokens", "latency_s", "response")
+                   "completion_tokens", "latency_s", "response", "has_tools")
+# Suites whose every request offers tools: what a row without a has_tools value means for them.
+TOOL_SUITES = frozenset({"bfcl", "nestful"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class Outcome:
     completion_tokens: int | None = None
     latency_s: float | None = None
     response: str | None = None
+    has_tools: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_id or not self.model:
@@ -69,14 +74,19 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, row: dict) -> Outcome:
-        """Build from a JSON/CSV row; empty strings become None for the optional columns."""
+        """Build from a JSON/CSV row; empty strings become None for the optional columns; a missing
+        has_tools is True for the suites in `TOOL_SUITES`."""
         def opt(name, cast):
             value = row.get(name)
             return None if value in (None, "") else cast(value)
-        return cls(prompt_id=str(row["prompt_id"]), suite=str(row.get("suite") or ""), prompt=str(row.get("prompt") or ""),
+        suite = str(row.get("suite") or "")
+        tools = row.get("has_tools")
+        has_tools = (suite in TOOL_SUITES if tools in (None, "")
+                     else tools is True or str(tools).strip().lower() in ("true", "1"))
+        return cls(prompt_id=str(row["prompt_id"]), suite=suite, prompt=str(row.get("prompt") or ""),
                    model=str(row["model"]), score=float(row["score"]), cost_usd=float(row.get("cost_usd") or 0.0),
                    prompt_tokens=opt("prompt_tokens", int), completion_tokens=opt("completion_tokens", int),
-                   latency_s=opt("latency_s", float), response=opt("response", str))
+                   latency_s=opt("latency_s", float), response=opt("response", str), has_tools=has_tools)
 
 
 class OutcomeTable:

@@ -202,6 +202,18 @@ async def run_eval(suite: Suite, items: list[Item], targets: list[Target], *, ju
     return await _finish(suite, items, targets, results, guard, store, run_id, Path(out_dir))
 
 
+def _offers_tools(suite, item) -> bool:
+    """Whether the suite's request for `item` offers tools (an outcome row's has_tools: what the gateway's
+    router reads of a request as `routers.features.request_text_features`); False for a suite that builds
+    its requests in its own `answer` (MT-Bench's two turns)."""
+    try:
+        _, request = suite.request(item)
+    except NotImplementedError:
+        return False
+    params = request.get("params") or {}
+    return bool(params.get("tools") or params.get("functions"))
+
+
 async def _finish(suite, items, targets, results, guard, store, run_id, out_dir) -> RunResult:
     order = {item.id: i for i, item in enumerate(items)}
     by_target: dict[str, list[PairResult]] = {t.name: [] for t in targets}
@@ -213,10 +225,12 @@ async def _finish(suite, items, targets, results, guard, store, run_id, out_dir)
         for name, pairs in by_target.items():
             totals[name].update(extra([(p.item, p.answer, p.grade) for p in pairs]))
     pairs = [p for name in by_target for p in by_target[name]]
+    has_tools = {item.id: _offers_tools(suite, item) for item in items}
     outcomes = OutcomeTable(Outcome(prompt_id=p.item.id, suite=suite.name, prompt=p.item.prompt, model=p.target,
                                     score=p.grade.score, cost_usd=p.answer.cost_usd, prompt_tokens=p.answer.prompt_tokens,
                                     completion_tokens=p.answer.completion_tokens,
-                                    latency_s=p.answer.latency_s if not p.error else None, response=p.answer.text)
+                                    latency_s=p.answer.latency_s if not p.error else None, response=p.answer.text,
+                                    has_tools=has_tools[p.item.id])
                             for p in pairs)
     stopped = "max_cost" if guard.is_exhausted else "completed"
     outcomes_path = outcomes.write(out_dir / "outcomes.jsonl")

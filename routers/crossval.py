@@ -47,7 +47,7 @@ def summarize(reports: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, fl
 
 
 def _features_of(featurizer: Featurizer, data: RoutingData) -> Features:
-    return featurizer.transform(data.prompts)
+    return featurizer.transform(data.prompts, data.has_tools)
 
 
 def evaluate_resplits(train: RoutingData, test: RoutingData, settings: EvalSettings = EvalSettings(), *,
@@ -108,7 +108,8 @@ def evaluate_add_model(train: RoutingData, test: RoutingData, type_: str, new_mo
         raise KeyError(f"{new_model!r} is not among {train.models}")
     if features is None:
         featurizer = featurizer or Featurizer()
-        features = (featurizer.transform(train.prompts), featurizer.transform(test.prompts))
+        features = (featurizer.transform(train.prompts, train.has_tools),
+                    featurizer.transform(test.prompts, test.has_tools))
     train_feats, test_feats = features
     settings = EvalSettings(types=(), baselines=(), options=settings.options, num_lambdas=settings.num_lambdas,
                             pair=settings.pair, seed=settings.seed, keep_curves=True, cascade=False)

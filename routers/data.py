@@ -30,6 +30,7 @@ class RoutingData:
         scores: [P, M] float64 quality in [0, 1], NaN where the model was not run on the prompt.
         costs: [P, M] float64 USD per answer, NaN where missing.
         completion_tokens: [P, M] float64 or None, NaN where not recorded.
+        has_tools: [P] bool, whether the prompt's request offered tools (None: none did).
     Raises:
         ValueError: mismatched lengths or shapes, duplicated prompt ids or models, scores outside [0, 1],
             negative costs.
@@ -42,6 +43,7 @@ class RoutingData:
     scores: np.ndarray
     costs: np.ndarray
     completion_tokens: np.ndarray | None = None
+    has_tools: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.prompt_ids, self.prompts, self.suites, self.models = (
@@ -57,6 +59,8 @@ class RoutingData:
         self.costs = np.asarray(self.costs, dtype=np.float64).reshape(p, m)
         if self.completion_tokens is not None:
             self.completion_tokens = np.asarray(self.completion_tokens, dtype=np.float64).reshape(p, m)
+        self.has_tools = (np.zeros(p, dtype=bool) if self.has_tools is None
+                          else np.asarray(self.has_tools, dtype=bool).reshape(p))
         finite = self.scores[~np.isnan(self.scores)]
         if finite.size and (finite.min() < 0 or finite.max() > 1):
             raise ValueError("scores must lie in [0, 1]")
@@ -74,7 +78,8 @@ class RoutingData:
     @classmethod
     def from_outcomes(cls, rows: Iterable) -> RoutingData:
         """Pivot outcome rows (objects with prompt_id, suite, prompt, model, score, cost_usd and optionally
-        completion_tokens) into matrices; prompts and models keep their order of first appearance.
+        completion_tokens and has_tools) into matrices; prompts and models keep their order of first
+        appearance, a prompt offers tools when any of its rows says so.
 
         Raises:
             ValueError: a (prompt_id, model) pair given twice, or no rows.
@@ -86,11 +91,14 @@ class RoutingData:
         mi: dict[str, int] = {}
         prompts: list[str] = []
         suites: list[str] = []
+        tools: list[bool] = []
         for r in rows:
             if r.prompt_id not in pi:
                 pi[r.prompt_id] = len(pi)
                 prompts.append(r.prompt)
                 suites.append(r.suite)
+                tools.append(False)
+            tools[pi[r.prompt_id]] |= bool(getattr(r, "has_tools", False))
             mi.setdefault(r.model, len(mi))
         scores = np.full((len(pi), len(mi)), np.nan)
         costs = np.full((len(pi), len(mi)), np.nan)
@@ -105,7 +113,7 @@ class RoutingData:
             if ct is not None:
                 tokens[i, j] = ct
         return cls(list(pi), prompts, suites, list(mi), scores, costs,
-                   None if np.isnan(tokens).all() else tokens)
+                   None if np.isnan(tokens).all() else tokens, np.array(tools, dtype=bool))
 
     # --- views ----------------------------------------------------------------------------------------
 
@@ -115,7 +123,8 @@ class RoutingData:
         idx = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)
         return RoutingData([self.prompt_ids[i] for i in idx], [self.prompts[i] for i in idx],
                            [self.suites[i] for i in idx], self.models, self.scores[idx], self.costs[idx],
-                           None if self.completion_tokens is None else self.completion_tokens[idx])
+                           None if self.completion_tokens is None else self.completion_tokens[idx],
+                           self.has_tools[idx])
 
     def select_models(self, names: Sequence[str]) -> RoutingData:
         """The columns of `names`, in that order. Raises KeyError naming an unknown model."""
@@ -123,8 +132,9 @@ class RoutingData:
         if missing:
             raise KeyError(f"unknown models {missing}; models: {self.models}")
         cols = [self.models.index(n) for n in names]
+        tokens = None if self.completion_tokens is None else self.completion_tokens[:, cols]
         return RoutingData(self.prompt_ids, self.prompts, self.suites, list(names), self.scores[:, cols],
-                           self.costs[:, cols], None if self.completion_tokens is None else self.completion_tokens[:, cols])
+                           self.costs[:, cols], tokens, self.has_tools)
 
     def complete_rows(self) -> RoutingData:
         """Only the prompts every model has a score for (RouterBench test: 945 prompts)."""
@@ -133,7 +143,7 @@ class RoutingData:
     def with_suites(self, suites: Sequence[str]) -> RoutingData:
         """The same data with another task label per prompt (e.g. MMLU subjects as suites)."""
         return RoutingData(self.prompt_ids, self.prompts, list(suites), self.models, self.scores, self.costs,
-                           self.completion_tokens)
+                           self.completion_tokens, self.has_tools)
 
     def groups(self, by: str = "suite") -> list[str]:
         """[P] group label per prompt: "suite", or "subject" (the middle part of a RouteLLM MMLU prompt id,
@@ -184,7 +194,8 @@ class RoutingData:
                    [s for part in parts for s in part.suites], models,
                    np.vstack([widen(part, part.scores) for part in parts]),
                    np.vstack([widen(part, part.costs) for part in parts]),
-                   np.vstack([widen(part, part.completion_tokens) for part in parts]) if has_tokens else None)
+                   np.vstack([widen(part, part.completion_tokens) for part in parts]) if has_tokens else None,
+                   np.concatenate([part.has_tools for part in parts]))
 
 
 # --- splits ---------------------------------------------------------------------------------------------

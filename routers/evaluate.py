@@ -161,7 +161,8 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
         raise ValueError("the test set has missing scores; use complete_rows()")
     if features is None:
         featurizer = featurizer or Featurizer()
-        features = (featurizer.transform(train.prompts), featurizer.transform(test.prompts))
+        features = (featurizer.transform(train.prompts, train.has_tools),
+                    featurizer.transform(test.prompts, test.has_tools))
     train_feats, test_feats = features
     ctx = split_context(train, test, settings)
     singles = [m for m, single in zip(test.models, ctx.singles) if single]

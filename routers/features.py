@@ -36,11 +36,23 @@ def _text_row(text: str, num_turns: float = 1.0, has_tools: float = 0.0) -> list
             float(bool(_CHOICES.search(text))), float("?" in text), num_turns, has_tools]
 
 
-def text_features(texts: list[str]) -> np.ndarray:
+def text_features(texts: list[str], has_tools=None) -> np.ndarray:
     """[N, F] float32 cheap features of plain prompts, columns `TEXT_FEATURE_NAMES` (lengths as log1p
-    counts, character fractions, code/math marker counts, multiple-choice and question marks; one turn,
-    no tools)."""
-    return np.asarray([_text_row(t) for t in texts], dtype=np.float32).reshape(len(texts), len(TEXT_FEATURE_NAMES))
+    counts, character fractions, code/math marker counts, multiple-choice and question marks; one turn).
+
+    Args:
+        has_tools: [N] bool, whether each prompt's request offered tools (None: none did).
+    Raises:
+        ValueError: `has_tools` is not [N].
+    """
+    tools = np.zeros(len(texts), dtype=bool) if has_tools is None else np.asarray(has_tools, dtype=bool)
+    if tools.shape != (len(texts),):
+        raise ValueError(f"has_tools {tools.shape} for {len(texts)} prompts")
+    rows = [_text_row(t, has_tools=float(k)) for t, k in zip(texts, tools)]
+    return np.asarray(rows, dtype=np.float32).reshape(len(texts), len(TEXT_FEATURE_NAMES))
+
+
+HAS_TOOLS = TEXT_FEATURE_NAMES.index("has_tools")
 
 
 def _content_text(content) -> str:
@@ -99,6 +111,14 @@ class Features:
     def num_rows(self) -> int:
         return len(self.embeddings)
 
+    @property
+    def has_tools(self) -> np.ndarray:
+        """[N] bool, whether each prompt's request offered tools (all False when the text features are
+        not `TEXT_FEATURE_NAMES`' columns, as in tests with hand-made features)."""
+        if self.text.shape[1] != len(TEXT_FEATURE_NAMES):
+            return np.zeros(self.num_rows, dtype=bool)
+        return self.text[:, HAS_TOOLS] > 0.5
+
     def __len__(self) -> int:
         return self.num_rows
 
@@ -129,10 +149,11 @@ class Featurizer:
             self._embedder = Embedder()
         return self._embedder
 
-    def transform(self, texts: list[str]) -> Features:
-        """Features of N plain prompts."""
+    def transform(self, texts: list[str], has_tools=None) -> Features:
+        """Features of N plain prompts; `has_tools` [N] bool marks those whose request offered tools
+        (`RoutingData.has_tools`; None: none did)."""
         texts = list(texts)
-        return Features(self.embedder.embed(texts), text_features(texts))
+        return Features(self.embedder.embed(texts), text_features(texts, has_tools))
 
     def transform_request(self, body: dict) -> Features:
         """Features of one OpenAI request body (N = 1)."""

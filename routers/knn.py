@@ -13,9 +13,16 @@ neighbours come from that suite only (the task is the strongest single signal on
 
 with w_i = 1 (uniform) or exp(cos_i / temperature). RouterBench evaluates kNN routers of this kind. Every
 model keeps its own bank of labelled prompts, so `add_model` only appends a bank for the new model (the
-others are untouched). The defaults k = 100 and prior = 10 come from 5-fold CV on RouterBench's train files
-(k in 20, 100, 300; prior in 5, 20, 100: k = 100 best, the prior nearly irrelevant there) and RouteLLM's
-MMLU and GSM8K folds.
+others are untouched).
+
+Prompts come in two kinds, with and without tools (`Features.has_tools`): neighbours and priors come from
+bank prompts of the query's kind. A model with no labelled prompt of that kind has no evidence there; it is
+predicted at the weakest evidenced model's quality minus `unseen_penalty`, so a model added from
+tool-calling prompts only does not draw plain traffic (and the reverse); when no model has labels of the
+query's kind, every bank prompt is used (issue 8: a fine-tune added from BFCL traces took all of GSM8K).
+
+The defaults k = 100 and prior = 10 come from 5-fold CV on RouterBench's train files (k in 20, 100, 300;
+prior in 5, 20, 100: k = 100 best, the prior nearly irrelevant there) and RouteLLM's MMLU and GSM8K folds.
 """
 
 from __future__ import annotations
@@ -42,23 +49,28 @@ class KNNRouter(Router):
         prior: pseudo-count of the shrinkage toward the suite mean (0: the plain neighbour mean).
         temperature: None for uniform weights, else w = exp(cosine / temperature).
         by_suite: look for neighbours in the query's suite when that suite was seen in training.
+        unseen_penalty: quality below the weakest evidenced model given to a model without labelled
+            prompts of the query's kind (with or without tools), in score units.
     Raises:
-        ValueError: k < 1, prior < 0 or temperature <= 0.
+        ValueError: k < 1, prior < 0, temperature <= 0 or unseen_penalty < 0.
     """
 
     type = "knn"
 
     def __init__(self, models: Sequence[str], k: int = 100, prior: float = 10.0, temperature: float | None = None,
-                 by_suite: bool = True):
+                 by_suite: bool = True, unseen_penalty: float = 0.01):
         super().__init__(models)
-        if k < 1 or prior < 0 or (temperature is not None and temperature <= 0):
-            raise ValueError(f"need k >= 1, prior >= 0 and temperature > 0; got {k}, {prior}, {temperature}")
+        if k < 1 or prior < 0 or (temperature is not None and temperature <= 0) or unseen_penalty < 0:
+            raise ValueError(f"need k >= 1, prior >= 0, temperature > 0 and unseen_penalty >= 0; got {k}, {prior}, "
+                             f"{temperature}, {unseen_penalty}")
         self.k, self.prior, self.temperature, self.by_suite = int(k), float(prior), temperature, bool(by_suite)
-        # bank: every labelled prompt, [P, D] embeddings, [P] suite, [P, M] scores (NaN: that model has no label)
+        self.unseen_penalty = float(unseen_penalty)
+        # bank: every labelled prompt, [P, D] embeddings, [P] suite, [P] offered tools, [P, M] scores (NaN: no label)
         self.embeddings = np.zeros((0, 0), dtype=np.float32)
         self.bank_suites = np.zeros(0, dtype=object)
+        self.bank_tools = np.zeros(0, dtype=bool)
         self.scores = np.zeros((0, len(self.models)))
-        self._suite_means: dict[str, np.ndarray] | None = None       # cache of suite_means()
+        self._means: dict[bool | None, dict[str, np.ndarray]] = {}       # cache of suite_means() per kind
 
     # --- training ---------------------------------------------------------------------------------------
 
@@ -72,8 +84,9 @@ class KNNRouter(Router):
         _check_rows(data, features)
         self.embeddings = _normalise(features.embeddings)
         self.bank_suites = np.asarray(data.suites, dtype=object)
+        self.bank_tools = features.has_tools.copy()
         self.scores = data.scores.copy()
-        self._suite_means = None
+        self._means = {}
         return self
 
     def add_model(self, name: str, data: RoutingData, features: Features) -> None:
@@ -97,21 +110,25 @@ class KNNRouter(Router):
         self.scores = np.vstack([np.hstack([self.scores, np.full((len(self.scores), 1), np.nan)]), new_rows])
         self.embeddings = np.vstack([self.embeddings, _normalise(features.embeddings[keep])])
         self.bank_suites = np.concatenate([self.bank_suites, np.asarray(data.suites, dtype=object)[keep]])
-        self._suite_means = None
+        self.bank_tools = np.concatenate([self.bank_tools, features.has_tools[keep]])
+        self._means = {}
 
     # --- prediction -------------------------------------------------------------------------------------
 
-    def suite_means(self) -> dict[str, np.ndarray]:
+    def suite_means(self, has_tools: bool | None = None) -> dict[str, np.ndarray]:
         """suite -> [M] mean training score per model ("" for all suites; NaN-free: a model without labels
-        in a suite gets its global mean, one without any labels 0.5)."""
-        if self._suite_means is None:
-            overall = np.nan_to_num(_nanmean(self.scores), nan=0.5)
+        in a suite gets its global mean, one without any labels 0.5), over the bank prompts of one kind
+        (`has_tools` True or False) or all of them (None)."""
+        if has_tools not in self._means:
+            kind = np.ones(len(self.scores), dtype=bool) if has_tools is None else self.bank_tools == has_tools
+            scores, suites = self.scores[kind], self.bank_suites[kind]
+            overall = np.nan_to_num(_nanmean(scores), nan=0.5)
             means = {GLOBAL: overall}
-            for s in dict.fromkeys(self.bank_suites.tolist()):
-                m = _nanmean(self.scores[self.bank_suites == s])
+            for s in dict.fromkeys(suites.tolist()):
+                m = _nanmean(scores[suites == s])
                 means[s] = np.where(np.isfinite(m), m, overall)
-            self._suite_means = means
-        return self._suite_means
+            self._means[has_tools] = means
+        return self._means[has_tools]
 
     def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
         """[N, M] float64 predicted quality in [0, 1] for N prompts (`suites` [N] when known)."""
@@ -139,27 +156,43 @@ class KNNRouter(Router):
             raise ValueError(f"{len(suites)} suites for {n} prompts")
         if exclude is not None and len(exclude) != n:
             raise ValueError(f"{len(exclude)} exclude rows for {n} prompts")
-        means = self.suite_means()
         labelled = np.isfinite(self.scores)                                   # [P, M]
         groups = _column_groups(labelled)
-        out = [np.empty((n, self.num_models)) for _ in ks]
-        suite_of = np.asarray(suites, dtype=object)
-        for suite in dict.fromkeys(suites):
-            rows = np.flatnonzero(suite_of == suite)
-            in_suite = (self.bank_suites == suite) if (self.by_suite and suite != GLOBAL and suite in means) else None
-            prior = means.get(suite, means[GLOBAL])
-            for mask, cols in groups:
-                pool = mask if in_suite is None else mask & in_suite
-                pool = np.flatnonzero(pool if pool.any() else mask)
-                for start in range(0, len(rows), CHUNK):                      # [chunk, pool] similarities
-                    chunk = rows[start:start + CHUNK]
-                    sims = query[chunk] @ self.embeddings[pool].T
-                    if exclude is not None:
-                        sims[np.asarray(exclude)[chunk][:, None] == pool[None, :]] = -np.inf
-                    for k, target in zip(ks, out):
-                        target[np.ix_(chunk, cols)] = self._neighbour_mean(
-                            sims, self.scores[np.ix_(pool, cols)], prior[cols], k)
-        return out
+        out = [np.full((n, self.num_models), np.nan) for _ in ks]
+        query_tools = features.has_tools
+        for tools in (False, True):
+            of_kind = query_tools == tools
+            if not of_kind.any():
+                continue
+            in_kind = self.bank_tools == tools
+            # no model has labels of this kind: fall back to every bank prompt
+            kind = in_kind if (labelled & in_kind[:, None]).any() else None
+            means = self.suite_means(None if kind is None else tools)
+            for suite in dict.fromkeys(np.asarray(suites, dtype=object)[of_kind].tolist()):
+                rows = np.flatnonzero(of_kind & (np.asarray(suites, dtype=object) == suite))
+                known = self.by_suite and suite != GLOBAL and suite in means
+                in_suite = (self.bank_suites == suite) if known else None
+                prior = means.get(suite, means[GLOBAL])
+                for mask, cols in groups:
+                    if kind is not None:
+                        mask = mask & kind
+                        if not mask.any():
+                            continue                                          # no evidence: see below
+                    pool = mask if in_suite is None else mask & in_suite
+                    pool = np.flatnonzero(pool if pool.any() else mask)
+                    self._fill(out, ks, query, rows, pool, cols, prior, exclude)
+        return [_fill_unseen(q, self.unseen_penalty) for q in out]
+
+    def _fill(self, out: list[np.ndarray], ks: Sequence[int], query: np.ndarray, rows: np.ndarray, pool: np.ndarray,
+              cols: np.ndarray, prior: np.ndarray, exclude: np.ndarray | None) -> None:
+        """out[k][rows, cols] = the shrunk mean of each query row's k nearest prompts among bank rows `pool`."""
+        for start in range(0, len(rows), CHUNK):                              # [chunk, pool] similarities
+            chunk = rows[start:start + CHUNK]
+            sims = query[chunk] @ self.embeddings[pool].T
+            if exclude is not None:
+                sims[np.asarray(exclude)[chunk][:, None] == pool[None, :]] = -np.inf
+            for k, target in zip(ks, out):
+                target[np.ix_(chunk, cols)] = self._neighbour_mean(sims, self.scores[np.ix_(pool, cols)], prior[cols], k)
 
     def find_in_bank(self, features: Features, suites: Sequence[str] | None = None) -> np.ndarray:
         """[N] int the bank row holding the same prompt (embedding cosine >= 1 - 1e-6, same suite when both
@@ -199,17 +232,22 @@ class KNNRouter(Router):
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         suites = list(dict.fromkeys(self.bank_suites.tolist()))
         index = np.array([suites.index(s) for s in self.bank_suites], dtype=np.int64)
-        return ({"embeddings": self.embeddings, "scores": self.scores, "suite_index": index},
+        return ({"embeddings": self.embeddings, "scores": self.scores, "suite_index": index,
+                 "has_tools": self.bank_tools.astype(np.uint8)},
                 {"k": self.k, "prior": self.prior, "temperature": self.temperature, "by_suite": self.by_suite,
-                 "suites": suites})
+                 "unseen_penalty": self.unseen_penalty, "suites": suites})
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> KNNRouter:
         router = cls(meta["models"], k=meta["k"], prior=meta["prior"], temperature=meta["temperature"],
-                     by_suite=meta["by_suite"])
+                     by_suite=meta["by_suite"], unseen_penalty=meta.get("unseen_penalty", 0.01))
         router.embeddings = np.asarray(arrays["embeddings"], dtype=np.float32)
         router.scores = np.asarray(arrays["scores"], dtype=np.float64)
         router.bank_suites = np.array([meta["suites"][i] for i in arrays["suite_index"]], dtype=object)
+        # files written before the kinds existed hold no tool-calling prompts
+        tools = arrays.get("has_tools")
+        router.bank_tools = (np.zeros(len(router.scores), dtype=bool) if tools is None
+                             else np.asarray(tools).astype(bool))
         return router
 
 
@@ -227,6 +265,16 @@ def _nanmean(x: np.ndarray) -> np.ndarray:
     """Column means ignoring NaN, NaN for an all-NaN column (without numpy's warning)."""
     count = np.isfinite(x).sum(axis=0)
     return np.where(count > 0, np.nansum(x, axis=0) / np.maximum(count, 1), np.nan)
+
+
+def _fill_unseen(quality: np.ndarray, penalty: float) -> np.ndarray:
+    """[N, M] with NaN where a model had no evidence -> those cells set to the row's weakest evidenced
+    prediction minus `penalty` (clipped at 0)."""
+    unseen = np.isnan(quality)
+    if unseen.any():
+        weakest = np.nanmin(np.where(unseen, np.inf, quality), axis=1, keepdims=True)
+        quality = np.where(unseen, np.clip(weakest - penalty, 0.0, None), quality)
+    return quality
 
 
 def _column_groups(labelled: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:

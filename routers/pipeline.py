@@ -41,7 +41,7 @@ def train_router(type_: str, data: RoutingData, *, options: dict[str, Any] | Non
         raise ValueError("no prompt has a score for every model; nothing to train on")
     featurizer = featurizer or Featurizer()
     router = make_router(type_, data.models, **(options or {}))
-    router.fit(data, featurizer.transform(data.prompts))
+    router.fit(data, featurizer.transform(data.prompts, data.has_tools))
     router.featurizer = featurizer
     return router, CostModel.from_data(data, prices)
 
@@ -87,7 +87,7 @@ def add_model_to_file(path: str | Path, data: RoutingData, model: str, *, out: s
         raise ValueError(f"no prompt has a score of {model!r}")
     featurizer = featurizer or Featurizer()
     try:
-        loaded.router.add_model(model, labelled, featurizer.transform(labelled.prompts))
+        loaded.router.add_model(model, labelled, featurizer.transform(labelled.prompts, labelled.has_tools))
     except NotImplementedError:
         raise ValueError(f"a {loaded.router.type} router cannot add a model; retrain it on every model's outcomes "
                          "(`link router train`) or use --type knn") from None
@@ -129,7 +129,7 @@ def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule:
     if rule == "threshold" and (strong not in models or weak not in models):
         raise ValueError(f"a threshold rule needs --strong and --weak among {models}")
     featurizer = featurizer or Featurizer()
-    quality = loaded.router.predict(featurizer.transform(data.prompts), None)
+    quality = loaded.router.predict(featurizer.transform(data.prompts, data.has_tools), None)
     if rule == "cascade":
         return _calibrate_cascade_file(loaded, path, data, quality, target, cascade_models, out)
     expected = (loaded.costs.select_models(models).expected_cost(estimate_prompt_tokens(data.prompts))
@@ -199,7 +199,8 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
         out["kfold"].update(k=folds, seeds=list(seeds), group_by=group_by)
         return out
     test = test.complete_rows()
-    features = (featurizer.transform(train.prompts), featurizer.transform(test.prompts))
+    features = (featurizer.transform(train.prompts, train.has_tools),
+                featurizer.transform(test.prompts, test.has_tools))
     out["split"] = evaluate_split(train, test, settings, features=features)
     if num_splits > 0:
         out["resplits"] = evaluate_resplits(train, test, settings, num_splits=num_splits, featurizer=featurizer)

@@ -15,7 +15,8 @@ from evals.outcomes import OUTCOME_COLUMNS, Outcome, OutcomeTable
 def _rows() -> list[Outcome]:
     return [Outcome("p1", "math", "1+1?", "b", 1.0, 0.002, 5, 1, 0.5, "2"),
             Outcome("p1", "math", "1+1?", "a", 0.0, 0.0),
-            Outcome("p2", "code", 'say "hi",\nthen stop', "a", 0.25, 0.01, None, 7, None, "hi, there\n|x|")]
+            Outcome("p2", "code", 'say "hi",\nthen stop', "a", 0.25, 0.01, None, 7, None, "hi, there\n|x|",
+                    has_tools=True)]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -34,6 +35,17 @@ def test_from_dict_reads_empty_optional_cells_as_none():
     o = Outcome.from_dict(row)
     assert (o.prompt_id, o.score, o.cost_usd, o.prompt_tokens, o.completion_tokens, o.latency_s, o.response) == \
         ("3", 1.0, 0.0, None, 4, None, None)
+
+
+@pytest.mark.parametrize("suite, cell, expected", [
+    ("gsm8k", None, False), ("bfcl", None, True), ("nestful", "", True), ("bfcl", False, False),
+    ("gsm8k", "True", True), ("gsm8k", "false", False), ("mmlu", "1", True), ("bfcl", "0", False),
+])
+def test_has_tools_is_read_from_the_cell_or_from_the_tool_suites(suite, cell, expected):
+    row = {"prompt_id": "p", "suite": suite, "prompt": "q", "model": "m", "score": 1.0}
+    if cell is not None:
+        row["has_tools"] = cell
+    assert Outcome.from_dict(row).has_tools is expected
 
 
 def test_views_keep_first_appearance_order():

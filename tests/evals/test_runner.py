@@ -49,6 +49,23 @@ def test_scores_outcomes_and_files(tmp_path, sqlite_url):
     assert len(store.load_run_outcomes("r1")) == 20
 
 
+class ToolSuite(FakeSuite):
+    """FakeSuite whose odd items offer a tool, as BFCL's chat requests do."""
+
+    def request(self, item):
+        style, request = super().request(item)
+        if int(item.id.rsplit("/", 1)[1]) % 2:
+            request["params"] = {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+        return style, request
+
+
+def test_outcome_rows_record_whether_the_request_offered_tools(tmp_path):
+    suite = ToolSuite(n=4)
+    run(run_eval(suite, suite.load(), [FakeTarget("m", "x")], progress=False, out_dir=tmp_path))
+    rows = OutcomeTable.read(tmp_path / "outcomes.jsonl").rows
+    assert [(r.prompt_id, r.has_tools) for r in rows] == [(f"fake/test/{i}", i % 2 == 1) for i in range(4)]
+
+
 def test_concurrency_limit_is_respected(tmp_path):
     suite = FakeSuite(n=12)
     target = FakeTarget("slow", "x", delay_s=0.02)

@@ -229,6 +229,9 @@ def test_add_model_keeps_the_others_and_routes_to_the_new_one(tmp_path, files):
     with_penalty = loaded.decide(hard, cost_penalty=1000.0)  # 0.75 - 0.01 beats strong's ~0.9 - 1.0
     assert with_penalty.chosen == "sft" and after["easy"].chosen == before["easy"].chosen != "sft"
 
+    # the model added from plain prompts competes for tool-calling requests too (no model has tool labels)
+    assert loaded.decide({**hard, "tools": TOOLS}, cost_penalty=1000.0).chosen == "sft"
+
     again = runner.invoke(app, ["router", "add-model", str(out), "--model", "sft", "--data", str(labelled)])
     assert again.exit_code == 2 and "already one of the router's models" in again.output
     absent = runner.invoke(app, ["router", "add-model", str(out), "--model", "nope", "--data", str(labelled)])
@@ -237,3 +240,31 @@ def test_add_model_keeps_the_others_and_routes_to_the_new_one(tmp_path, files):
     assert runner.invoke(app, ["router", "train", "--type", "linear", "--data", str(train), "--out", str(linear)]).exit_code == 0
     refused = runner.invoke(app, ["router", "add-model", str(linear), "--model", "sft", "--data", str(labelled)])
     assert refused.exit_code == 2 and "cannot add a model" in refused.output
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_a_model_added_from_tool_calls_takes_tool_traffic_only(tmp_path, files):
+    """Issue 8: a fine-tune added from BFCL outcomes (rows of a tool suite) must not draw plain requests."""
+    train, _ = files
+    out = tmp_path / "knn.safetensors"
+    assert runner.invoke(app, ["router", "train", "--type", "knn", "--data", str(train), "--out", str(out),
+                               "--option", "k=10"]).exit_code == 0
+    plain = [{"messages": [{"role": "user", "content": f"{kind} one"}]} for kind in ("hard", "easy")]
+    before = [load_router(out).decide(body, cost_penalty=100.0) for body in plain]
+    # right on 30 of 40 tool prompts, at the weak model's price
+    rows = [Outcome(f"bfcl/test/{i}", "bfcl", f"{'hard' if i % 2 else 'easy'} question t{i}", "sft", float(i % 4 != 0),
+                    1e-5, has_tools=True) for i in range(40)]
+    labelled = OutcomeTable(rows).write(tmp_path / "sft.jsonl")
+    assert runner.invoke(app, ["router", "add-model", str(out), "--model", "sft", "--data", str(labelled)]).exit_code == 0
+    loaded = load_router(out)
+    for body, old in zip(plain, before):
+        new = loaded.decide(body, cost_penalty=100.0)
+        assert new.chosen == old.chosen != "sft"
+        assert new.quality["sft"] == pytest.approx(min(old.quality.values()) - 0.01)
+    # a request offering tools, "hard one": sft's k = 10 nearest are hard tool prompts (all right: odd i), shrunk
+    # with prior 10 toward its tool mean 0.75: (10 + 7.5) / 20; strong and weak have no tool evidence, 0.01 below
+    tool = loaded.decide({**plain[0], "tools": TOOLS}, cost_penalty=100.0)
+    assert tool.chosen == "sft"
+    assert tool.quality == pytest.approx({"strong": 0.865, "weak": 0.865, "sft": 0.875})

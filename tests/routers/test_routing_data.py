@@ -66,6 +66,18 @@ def test_views_subset_select_complete_and_concat():
     assert np.isnan(both.scores[:3, 2]).all()
 
 
+def test_a_prompt_offers_tools_when_any_of_its_rows_says_so_and_views_keep_it():
+    rows = [row("t1", "a", 1.0), row("t1", "b", 0.0), row("t2", "a", 1.0), row("t2", "b", 1.0)]
+    rows[1].has_tools = True                                   # rows without the attribute count as False
+    d = RoutingData.from_outcomes(rows)
+    np.testing.assert_array_equal(d.has_tools, [True, False])
+    np.testing.assert_array_equal(d.subset([1, 0]).has_tools, [False, True])
+    np.testing.assert_array_equal(d.select_models(["b"]).has_tools, [True, False])
+    np.testing.assert_array_equal(d.with_suites(["u", "v"]).has_tools, [True, False])
+    np.testing.assert_array_equal(RoutingData.concat([toy(), d]).has_tools, [False] * 3 + [True, False])
+    assert toy().has_tools.dtype == bool and not toy().has_tools.any()
+
+
 def test_groups_by_subject_reads_routellm_prompt_ids():
     d = RoutingData(["routellm-mmlu/anatomy/0", "routellm-mmlu/virology/3", "routellm-gsm8k/4"], ["a", "b", "c"],
                     ["mmlu", "mmlu", "gsm8k"], ["m"], np.zeros((3, 1)), np.zeros((3, 1)))

@@ -116,7 +116,7 @@ class TableFeaturizer:
         self.rows = {p: i for i, p in enumerate(data.prompts)}
         self.feats = feats
 
-    def transform(self, texts):
+    def transform(self, texts, has_tools=None):
         return self.feats.subset([self.rows[t] for t in texts])
 
 
