@@ -16,10 +16,12 @@ model keeps its own bank of labelled prompts, so `add_model` only appends a bank
 others are untouched).
 
 Prompts come in two kinds, with and without tools (`Features.has_tools`): neighbours and priors come from
-bank prompts of the query's kind. A model with no labelled prompt of that kind has no evidence there; it is
-predicted at the weakest evidenced model's quality minus `unseen_penalty`, so a model added from
-tool-calling prompts only does not draw plain traffic (and the reverse); when no model has labels of the
-query's kind, every bank prompt is used (issue 8: a fine-tune added from BFCL traces took all of GSM8K).
+bank prompts of the query's kind. A model with no labelled prompt of that kind has no evidence there and is
+predicted `unseen_quality` (0: it fails), so a model added from tool-calling prompts only does not draw
+plain traffic, and the reverse; when no model has labels of the query's kind, every bank prompt is used
+(issue 8: a fine-tune added from BFCL traces took all of GSM8K). Ranking it just below the weakest
+evidenced model was not enough: its cost model, fitted on short tool calls, made it the cheapest answer
+to MMLU questions, and the cost penalty sent it 74.5% of them.
 
 The defaults k = 100 and prior = 10 come from 5-fold CV on RouterBench's train files (k in 20, 100, 300;
 prior in 5, 20, 100: k = 100 best, the prior nearly irrelevant there) and RouteLLM's MMLU and GSM8K folds.
@@ -49,22 +51,22 @@ class KNNRouter(Router):
         prior: pseudo-count of the shrinkage toward the suite mean (0: the plain neighbour mean).
         temperature: None for uniform weights, else w = exp(cosine / temperature).
         by_suite: look for neighbours in the query's suite when that suite was seen in training.
-        unseen_penalty: quality below the weakest evidenced model given to a model without labelled
-            prompts of the query's kind (with or without tools), in score units.
+        unseen_quality: the quality predicted for a model without labelled prompts of the query's kind (with
+            or without tools), in [0, 1].
     Raises:
-        ValueError: k < 1, prior < 0, temperature <= 0 or unseen_penalty < 0.
+        ValueError: k < 1, prior < 0, temperature <= 0 or unseen_quality outside [0, 1].
     """
 
     type = "knn"
 
     def __init__(self, models: Sequence[str], k: int = 100, prior: float = 10.0, temperature: float | None = None,
-                 by_suite: bool = True, unseen_penalty: float = 0.01):
+                 by_suite: bool = True, unseen_quality: float = 0.0):
         super().__init__(models)
-        if k < 1 or prior < 0 or (temperature is not None and temperature <= 0) or unseen_penalty < 0:
-            raise ValueError(f"need k >= 1, prior >= 0, temperature > 0 and unseen_penalty >= 0; got {k}, {prior}, "
-                             f"{temperature}, {unseen_penalty}")
+        if k < 1 or prior < 0 or (temperature is not None and temperature <= 0) or not 0 <= unseen_quality <= 1:
+            raise ValueError(f"need k >= 1, prior >= 0, temperature > 0 and unseen_quality in [0, 1]; got {k}, {prior}, "
+                             f"{temperature}, {unseen_quality}")
         self.k, self.prior, self.temperature, self.by_suite = int(k), float(prior), temperature, bool(by_suite)
-        self.unseen_penalty = float(unseen_penalty)
+        self.unseen_quality = float(unseen_quality)
         # bank: every labelled prompt, [P, D] embeddings, [P] suite, [P] offered tools, [P, M] scores (NaN: no label)
         self.embeddings = np.zeros((0, 0), dtype=np.float32)
         self.bank_suites = np.zeros(0, dtype=object)
@@ -181,7 +183,7 @@ class KNNRouter(Router):
                     pool = mask if in_suite is None else mask & in_suite
                     pool = np.flatnonzero(pool if pool.any() else mask)
                     self._fill(out, ks, query, rows, pool, cols, prior, exclude)
-        return [_fill_unseen(q, self.unseen_penalty) for q in out]
+        return [np.where(np.isnan(q), self.unseen_quality, q) for q in out]      # NaN: no evidence of the kind
 
     def _fill(self, out: list[np.ndarray], ks: Sequence[int], query: np.ndarray, rows: np.ndarray, pool: np.ndarray,
               cols: np.ndarray, prior: np.ndarray, exclude: np.ndarray | None) -> None:
@@ -235,12 +237,12 @@ class KNNRouter(Router):
         return ({"embeddings": self.embeddings, "scores": self.scores, "suite_index": index,
                  "has_tools": self.bank_tools.astype(np.uint8)},
                 {"k": self.k, "prior": self.prior, "temperature": self.temperature, "by_suite": self.by_suite,
-                 "unseen_penalty": self.unseen_penalty, "suites": suites})
+                 "unseen_quality": self.unseen_quality, "suites": suites})
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> KNNRouter:
         router = cls(meta["models"], k=meta["k"], prior=meta["prior"], temperature=meta["temperature"],
-                     by_suite=meta["by_suite"], unseen_penalty=meta.get("unseen_penalty", 0.01))
+                     by_suite=meta["by_suite"], unseen_quality=meta.get("unseen_quality", 0.0))
         router.embeddings = np.asarray(arrays["embeddings"], dtype=np.float32)
         router.scores = np.asarray(arrays["scores"], dtype=np.float64)
         router.bank_suites = np.array([meta["suites"][i] for i in arrays["suite_index"]], dtype=object)
@@ -265,16 +267,6 @@ def _nanmean(x: np.ndarray) -> np.ndarray:
     """Column means ignoring NaN, NaN for an all-NaN column (without numpy's warning)."""
     count = np.isfinite(x).sum(axis=0)
     return np.where(count > 0, np.nansum(x, axis=0) / np.maximum(count, 1), np.nan)
-
-
-def _fill_unseen(quality: np.ndarray, penalty: float) -> np.ndarray:
-    """[N, M] with NaN where a model had no evidence -> those cells set to the row's weakest evidenced
-    prediction minus `penalty` (clipped at 0)."""
-    unseen = np.isnan(quality)
-    if unseen.any():
-        weakest = np.nanmin(np.where(unseen, np.inf, quality), axis=1, keepdims=True)
-        quality = np.where(unseen, np.clip(weakest - penalty, 0.0, None), quality)
-    return quality
 
 
 def _column_groups(labelled: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:

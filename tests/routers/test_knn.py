@@ -114,22 +114,21 @@ def kinds(degrees, tools) -> Features:
     return Features(unit(degrees), text)
 
 
-def test_neighbours_come_from_the_query_kind_and_unseen_models_rank_below():
+def test_neighbours_come_from_the_query_kind_and_unseen_models_get_the_unseen_quality():
     # "a" and "b" labelled on plain prompts only; "t" (a tool-calling fine-tune) added from tool prompts only
-    router = KNNRouter(["a", "b"], k=2, prior=0.0, by_suite=False, unseen_penalty=0.05).fit(
+    router = KNNRouter(["a", "b"], k=2, prior=0.0, by_suite=False, unseen_quality=0.05).fit(
         toy(), kinds(ANGLES, [0] * 5))
     labelled = RoutingData(["q0", "q1", "q2"], ["x", "y", "z"], ["bfcl"] * 3, ["t"],
                            np.array([[0.9], [0.6], [0.0]]), np.full((3, 1), 0.001))
     router.add_model("t", labelled, kinds([2, 8, 170], [1, 1, 1]))
     plain, tools = router.predict(kinds([4, 4], [0, 1]))
-    # plain query: "a" and "b" as before the add; "t" has no plain evidence -> min(a, b) - penalty
-    np.testing.assert_allclose(plain[:2], [0.5, 0.0])
-    assert plain[2] == pytest.approx(0.0)                      # clipped at 0
-    # tool query: only "t" has tool evidence (neighbours at 2 and 8 degrees); a and b rank just below it
-    assert tools[2] == pytest.approx(0.75)
-    np.testing.assert_allclose(tools[:2], [0.70, 0.70])
-    # a plain query at 110 degrees: a=0.5, b=1.0 -> t at 0.45
-    np.testing.assert_allclose(router.predict(kinds([110], [0]))[0], [0.5, 1.0, 0.45])
+    # plain query: "a" and "b" as before the add; "t" has no plain evidence -> the unseen quality
+    np.testing.assert_allclose(plain, [0.5, 0.0, 0.05])
+    # tool query: only "t" has tool evidence (neighbours at 2 and 8 degrees); a and b get the unseen quality
+    np.testing.assert_allclose(tools, [0.05, 0.05, 0.75])
+    np.testing.assert_allclose(router.predict(kinds([110], [0]))[0], [0.5, 1.0, 0.05])
+    with pytest.raises(ValueError, match="unseen_quality"):
+        KNNRouter(["a"], unseen_quality=1.5)
 
 
 def test_a_kind_no_model_has_labels_for_uses_every_prompt():
@@ -138,12 +137,12 @@ def test_a_kind_no_model_has_labels_for_uses_every_prompt():
 
 
 def test_prompt_kinds_survive_saving(tmp_path):
-    router = KNNRouter(["a", "b"], k=2, prior=0.0, by_suite=False, unseen_penalty=0.05).fit(
+    router = KNNRouter(["a", "b"], k=2, prior=0.0, by_suite=False, unseen_quality=0.05).fit(
         toy(), kinds(ANGLES, [0, 0, 1, 1, 0]))
     path = save_router(router, tmp_path / "r.safetensors")
     loaded = load_router(path).router
     np.testing.assert_array_equal(loaded.bank_tools, [False, False, True, True, False])
-    assert loaded.unseen_penalty == 0.05
+    assert loaded.unseen_quality == 0.05
     query = kinds([4, 100], [1, 0])
     np.testing.assert_allclose(loaded.predict(query), router.predict(query))
     # tool query at 4 degrees: tool rows 20 and 90 degrees
