@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+SHORT_QUERY = 16   # query tokens up to which a sequence joins the batched paged-attention call
+
 
 def _visible(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
     """Boolean mask of keys each query may attend to: causal, and within W positions when windowed."""
@@ -61,25 +63,35 @@ def sdpa_paged_attention(
 
     Decode rows (query length 1) run as one SDPA call over keys gathered into [B, K, L, D] (L = the
     longest sequence rounded up to a block) with a length mask; a sliding-window layer gathers only the
-    blocks that can still be inside the window. Prefill chunks run one sequence at a time.
+    blocks that can still be inside the window. Short queries of several sequences (2 to SHORT_QUERY tokens:
+    speculative decoding's k + 1 verified tokens, the tail chunk of a prefill) run as a second such call,
+    padded to the longest with a causal mask offset by each sequence's cached length (decode rows are not
+    padded into it: 16 decode rows beside one 16-token tail would do 8x the attention work). Longer
+    prefill chunks, and a lone short one, run one sequence at a time.
 
     Args:
         q: [N, H, D]; k_cache, v_cache: [num_blocks, block_size, K, D]; block_tables: [B, max_blocks]
         int64; seq_lens, query_lens: B ints. Returns [N, H, D].
     """
-    decode = [b for b, n in enumerate(query_lens) if n == 1]
-    if len(decode) == len(query_lens):
+    if all(n == 1 for n in query_lens):
         return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window)
     out = torch.empty_like(q)
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
+    decode = [b for b, n in enumerate(query_lens) if n == 1]
     if decode:
         rows = torch.tensor([starts[b] for b in decode])
-        out[rows] = _decode(q[rows], k_cache, v_cache, block_tables[decode], [seq_lens[b] for b in decode], scale, sliding_window)
+        out[rows] = _decode(q[rows], k_cache, v_cache, block_tables[decode], [seq_lens[b] for b in decode], scale,
+                            sliding_window)
+    short = [b for b, n in enumerate(query_lens) if 1 < n <= SHORT_QUERY]
+    if len(short) > 1:
+        rows = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in short])
+        out[rows] = _short_queries(q[rows], k_cache, v_cache, block_tables[short], [seq_lens[b] for b in short],
+                                   [query_lens[b] for b in short], scale, sliding_window)
     block_size = k_cache.shape[1]
     for b, n in enumerate(query_lens):
-        if n == 1:
+        if n == 1 or (len(short) > 1 and n <= SHORT_QUERY):
             continue
         first = 0 if sliding_window is None else max(0, seq_lens[b] - n - sliding_window + 1) // block_size
         table = block_tables[b, first : -(-seq_lens[b] // block_size)]
@@ -90,6 +102,40 @@ def sdpa_paged_attention(
             sliding_window=sliding_window,
         )
     return out
+
+
+def _gathered_keys(k_cache, v_cache, block_tables, seq_lens, first_pos, sliding_window):
+    """Keys and values of B sequences gathered to [B, K, L, D] over the blocks any of them reads, and the
+    [L] absolute positions of those slots. `first_pos` is the smallest query position of any sequence (a
+    sliding-window layer never reads blocks wholly before first_pos - W + 1)."""
+    block_size = k_cache.shape[1]
+    last_block = -(-max(seq_lens) // block_size)
+    first_block = 0 if sliding_window is None else max(0, first_pos - sliding_window + 1) // block_size
+    table = block_tables[:, first_block:last_block]
+    k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, K, L, D]
+    v = v_cache[table].flatten(1, 2).transpose(1, 2)
+    return k, v, torch.arange(first_block * block_size, last_block * block_size)
+
+
+def _short_queries(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale, sliding_window):
+    """B sequences' last T_b tokens (T_b <= SHORT_QUERY) in one SDPA call: q [sum T_b, H, D] -> same.
+
+    Queries are padded to [B, H, Tmax, D]; query t of sequence b sits at position seq_len_b - T_b + t and sees
+    the keys at or before it (and within the window). Padding rows repeat the last real position, so no row
+    is fully masked (SDPA would return NaN there), and are dropped.
+    """
+    lens = torch.tensor(query_lens)
+    t_max = int(lens.max())
+    t = torch.arange(t_max)[None, :]
+    valid = t < lens[:, None]                                                      # [B, Tmax]
+    q_pos = torch.tensor(seq_lens)[:, None] - lens[:, None] + torch.minimum(t, lens[:, None] - 1)
+    k, v, k_pos = _gathered_keys(k_cache, v_cache, block_tables, seq_lens, int(q_pos.min()), sliding_window)
+    padded = q.new_zeros(len(query_lens), t_max, *q.shape[1:])                     # [B, Tmax, H, D]
+    padded[valid] = q
+    mask = _visible(q_pos[:, :, None], k_pos[None, None, :], sliding_window)      # [B, Tmax, L]
+    out = F.scaled_dot_product_attention(padded.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale,
+                                         enable_gqa=True)                            # [B, H, Tmax, D]
+    return out.transpose(1, 2)[valid]
 
 
 def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window):
@@ -104,15 +150,8 @@ def _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window):
         v = v_cache[table].flatten(0, 1)[offset : offset + length - start].transpose(0, 1)
         return F.scaled_dot_product_attention(q.transpose(0, 1), k, v, scale=scale, enable_gqa=True).transpose(0, 1)
     lens = torch.tensor(seq_lens)
-    last_block = -(-max(seq_lens) // block_size)
-    first_block = 0
-    if sliding_window is not None:  # blocks wholly before every sequence's window are never read
-        first_block = max(0, min(seq_lens) - sliding_window) // block_size
-    table = block_tables[:, first_block:last_block]
-    k = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, K, L, D]
-    v = v_cache[table].flatten(1, 2).transpose(1, 2)
-    k_pos = torch.arange(first_block * block_size, last_block * block_size)[None, :]
-    mask = _visible((lens - 1)[:, None], k_pos, sliding_window)  # [B, L]
+    k, v, k_pos = _gathered_keys(k_cache, v_cache, block_tables, seq_lens, min(seq_lens) - 1, sliding_window)
+    mask = _visible((lens - 1)[:, None], k_pos[None, :], sliding_window)  # [B, L]
     out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True)
     return out[:, :, 0, :]
 

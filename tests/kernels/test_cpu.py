@@ -55,6 +55,12 @@ BATCHES = [
     ([23], [23]),
     ([40, 17, 33, 9], [1, 17, 6, 1]),
     ([70, 3, 51], [12, 1, 1]),
+    # speculative verify steps (k + 1 tokens per sequence, padded into one call) beside decode and long prefill
+    ([40, 17, 33, 9], [5, 3, 1, 6]),
+    ([26], [4]),
+    ([50, 41, 64], [1, 30, 7]),
+    ([16, 20], [16, 17]),
+    ([40, 30, 12, 25], [4, 20, 9, 1]),
 ]
 
 
