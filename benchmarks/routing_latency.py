@@ -3,6 +3,7 @@
     python benchmarks/routing_latency.py                          # trains a kNN on routerbench:train (temp dir)
     python benchmarks/routing_latency.py --router routers/trained/link-auto.safetensors --json latency.json
     python benchmarks/routing_latency.py --dtype float32           # the encoder in float32 (default auto: as the gateway)
+    python benchmarks/routing_latency.py --backend torch           # PyTorch, not ONNX Runtime (default auto: as the gateway)
     python benchmarks/routing_latency.py --check-threads          # also: whose torch thread counts change
 
 Prompts: GSM8K test questions, MMLU test questions with their four choices and AlpacaEval instructions (from
@@ -108,7 +109,7 @@ def percentiles(ms: list[float]) -> dict[str, float]:
             "mean": float(a.mean()), "max": float(a.max()), "n": int(a.size)}
 
 
-def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int) -> dict:
+def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int, backend: str = "auto") -> dict:
     """Decide every prompt once through `RouterPolicy.decide`; time the decisions and their encoder calls."""
     import torch
 
@@ -117,7 +118,7 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int) -> dict
 
     policy = router_policy(path)
     loaded = policy.router.get()                               # loads the file and the encoder, as at startup
-    loaded.router.featurizer = Featurizer(Embedder(dtype=dtype))
+    loaded.router.featurizer = Featurizer(Embedder(dtype=dtype, backend=backend))
     embedder = loaded.router.featurizer.embedder
     encode_ms: list[float] = []
     encode = embedder.encode
@@ -164,7 +165,7 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int) -> dict
     return {"decision_ms": percentiles(decision_ms), "embedding_ms": percentiles(encode_ms),
             "decision_cpu_ms": percentiles(cpu_ms.tolist()), "embedding_cpu_ms": percentiles(encode_cpu_ms),
             "router": {"path": str(path), "type": loaded.router.type, "models": loaded.models},
-            "dtype": embedder.dtype, "encoder_threads": threads, "torch_threads_elsewhere": torch.get_num_threads(),
+            "dtype": embedder.dtype, "backend": embedder.backend, "encoder_threads": threads, "torch_threads_elsewhere": torch.get_num_threads(),
             "numpy_blas_threads": blas,
             "chosen": dict(sorted(chosen.items(), key=lambda kv: -kv[1])),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
@@ -234,6 +235,17 @@ def check_threads() -> dict:
                                     "calling_thread_after": torch.get_num_threads()}}
 
 
+def default_data_dir() -> Path:
+    """LINK_DATASETS_DIR, else ../shared/data beside the repository."""
+    return Path(os.environ.get("LINK_DATASETS_DIR") or Path(__file__).resolve().parents[1] / "../shared/data")
+
+
+def write_json(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--router", type=Path, help="a router file (default: train a kNN on routerbench:train)")
@@ -242,24 +254,26 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="decisions before timing (not in the prompts)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="the encoder's dtype (auto: what the gateway uses, bfloat16 where the CPU has native bf16)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "onnx"),
+                        help="the encoder's backend (auto: what the gateway uses, ONNX Runtime for float32 where installed)")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: LINK_DATASETS_DIR, else ../shared/data")
     parser.add_argument("--check-threads", action="store_true", help="also run the torch thread-count check")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
-    data_dir = args.data_dir or Path(os.environ.get("LINK_DATASETS_DIR") or Path(__file__).resolve().parents[1] / "../shared/data")
+    data_dir = args.data_dir or default_data_dir()
     prompts, counts = real_prompts(data_dir, args.num_prompts, args.seed)
     with tempfile.TemporaryDirectory(prefix="routing-latency-") as tmp:
         path = args.router or train_knn(Path(tmp) / "knn.safetensors", data_dir)
         os.environ["LINK_HOME"] = str(Path(tmp) / "home")      # an empty embedding cache from here on
         result = {"command": " ".join(["python", *sys.argv]), "num_prompts": len(prompts), "prompt_sources": counts,
-                  "cpu_count": os.cpu_count(), **measure(path, prompts, args.dtype, args.warmup)}
+                  "cpu_count": os.cpu_count(), **measure(path, prompts, args.dtype, args.warmup, args.backend)}
         if args.router is None:
             result["router"]["path"] = "knn on routerbench:train (temporary)"
         if args.check_threads:
             result["threads"] = check_threads()
     d, e = result["decision_ms"], result["embedding_ms"]
     print(f"{len(prompts)} prompts ({', '.join(f'{k} {v}' for k, v in counts.items())}), {result['router']['type']} "
-          f"router over {len(result['router']['models'])} models, encoder {result['dtype']} on "
+          f"router over {len(result['router']['models'])} models, encoder {result['dtype']} ({result['backend']}) on "
           f"{result['encoder_threads']} thread(s), numpy BLAS threads {result['numpy_blas_threads']}, load average {result['load_average']['before'][0]:.2f} on "
           f"{result['cpu_count']} CPUs")
     print(f"decision:  p50 {d['p50']:.2f} ms  p90 {d['p90']:.2f} ms  p99 {d['p99']:.2f} ms  mean {d['mean']:.2f} ms")
@@ -269,9 +283,7 @@ def main() -> None:
     if "threads" in result:
         print(f"threads: {json.dumps(result['threads'])}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.json}")
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ sentence-transformers, offline only (HF_HUB_OFFLINE=1, `local_files_only`). Each
 under $LINK_HOME/cache/embeddings in a SQLite table keyed by sha256(text), so a recorded set is embedded once.
 Nothing is loaded at import time.
 
+Backends. `backend="onnx"` runs small batches (a routing decision's prompt) through ONNX Runtime
+(`routers.onnx_encoder`: the same vectors, about half the CPU time on one thread); "auto", what the gateway
+uses, picks it for float32 where onnxruntime is installed. Large batches (embedding a recorded set) always
+run in PyTorch.
+
 Threads. One prompt's forward pass (a routing decision) is too small to split across cores: on the 2-core
 dev machine under load, torch's default 2 OpenMP threads took p50 138 ms and p99 777 ms per prompt, one
 thread 29 ms and 48 ms (the threads wait on each other at every barrier when a core is busy). Small
@@ -19,6 +24,8 @@ other threads, e.g. the gateway's local engine steps, pick up).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import logging
 import os
 import sqlite3
 import threading
@@ -29,10 +36,13 @@ import numpy as np
 
 from routers.threads import pin_intraop_threads
 
+logger = logging.getLogger(__name__)
+
 EMBEDDING_DIM = 384
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 PROGRESS_MIN_TEXTS = 1000   # show a progress bar when more texts than this need encoding
 DTYPES = ("float32", "bfloat16", "auto")
+BACKENDS = ("torch", "onnx", "auto")
 SMALL_BATCH = 8             # at most this many texts: a request's, encoded on one OpenMP thread (module docstring)
 
 
@@ -42,6 +52,10 @@ def native_bf16_dtype() -> str:
     from serving.model_loader import cpu_has_bf16
 
     return "bfloat16" if cpu_has_bf16() else "float32"
+
+
+def _has_onnxruntime() -> bool:
+    return importlib.util.find_spec("onnxruntime") is not None
 
 
 def default_model_dir() -> Path:
@@ -114,16 +128,31 @@ class Embedder:
             texts (a routing decision's one prompt) on the embedder's own thread with 1 thread, larger ones in
             the caller's thread with torch's settings there; k: every batch on an own thread with k threads.
             Only the embedder's own threads are changed (the module docstring says why).
+        backend: "torch"; "onnx" for batches of at most SMALL_BATCH texts through ONNX Runtime (float32 only;
+            the graph is exported to the cache folder on first use and checked against PyTorch); "auto":
+            "onnx" when the dtype is float32 and onnxruntime is installed, else "torch", and PyTorch after a
+            failed export or check (logged).
+    Raises:
+        ValueError: an unknown dtype or backend, or backend "onnx" with bfloat16.
     """
 
     dim = EMBEDDING_DIM
 
     def __init__(self, model_dir: Path | None = None, cache_dir: Path | None = None, device: str = "cpu", *,
-                 batch_size: int = 64, use_cache: bool = True, dtype: str = "float32", num_threads: int | None = None):
+                 batch_size: int = 64, use_cache: bool = True, dtype: str = "float32", num_threads: int | None = None,
+                 backend: str = "torch"):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if dtype == "auto":
             dtype = native_bf16_dtype()
+        if backend == "onnx" and dtype != "float32":
+            raise ValueError(f"the onnx backend runs float32 only, got dtype {dtype!r}")
+        self.requested_backend = backend
+        if backend == "auto":
+            backend = "onnx" if dtype == "float32" and _has_onnxruntime() else "torch"
+        self.backend = backend
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.device = device
@@ -132,6 +161,7 @@ class Embedder:
         self.num_threads = num_threads
         self.dtype = dtype
         self._model = None
+        self._onnx = None                                    # routers.onnx_encoder.OnnxEncoder once loaded
         self._cache: EmbeddingCache | None = None
         self._lock = threading.Lock()
         self._workers: dict[int, ThreadPoolExecutor] = {}    # OpenMP thread count -> its own encoding thread
@@ -145,15 +175,25 @@ class Embedder:
             return DEFAULT_MODEL_NAME + suffix
         return "model-" + hashlib.sha256(str(self.model_dir.resolve()).encode()).hexdigest()[:12] + suffix
 
+    def _cache_folder(self) -> Path:
+        if self.cache_dir is None:
+            from serving.paths import cache_dir
+
+            self.cache_dir = cache_dir("embeddings")
+        return self.cache_dir
+
     @property
     def cache(self) -> EmbeddingCache:
         if self._cache is None:
-            if self.cache_dir is None:
-                from serving.paths import cache_dir
-
-                self.cache_dir = cache_dir("embeddings")
-            self._cache = EmbeddingCache(self.cache_dir / f"{self.model_name}.sqlite")
+            self._cache = EmbeddingCache(self._cache_folder() / f"{self.model_name}.sqlite")
         return self._cache
+
+    @property
+    def onnx_path(self) -> Path:
+        """Where the exported ONNX graph of the encoder is kept (beside the embedding cache)."""
+        from routers.onnx_encoder import OPSET
+
+        return self._cache_folder() / f"{self.model_name}-opset{OPSET}.onnx"
 
     def model(self):
         """The loaded SentenceTransformer (loaded on first use, offline)."""
@@ -169,8 +209,32 @@ class Embedder:
                     import torch
 
                     model.to(torch.bfloat16)
+                if self.backend == "onnx":
+                    self._onnx = self._load_onnx(folder, model)
                 self._model = model
             return self._model
+
+    def _load_onnx(self, folder: Path, model):
+        """The ONNX Runtime encoder (exported and checked on first use); None, with the backend set back to
+        "torch", when that fails under backend "auto". Raises what `OnnxEncoder.load` raises under "onnx"."""
+        from routers.onnx_encoder import OnnxEncoder
+
+        def reference(texts):
+            return model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+
+        try:
+            return OnnxEncoder.load(Path(folder), self.onnx_path, model.tokenizer, reference)
+        except Exception:
+            if self.requested_backend == "onnx":
+                raise
+            logger.warning("embedder: the ONNX Runtime encoder is unavailable, encoding with PyTorch", exc_info=True)
+            self.backend = "torch"
+            return None
+
+    def warm_up(self) -> None:
+        """Load the model (and the ONNX graph) and encode one text outside the cache, so the first request
+        pays for neither."""
+        self.encode(["warm-up"])
 
     def encoder_threads(self, num_texts: int) -> int | None:
         """The OpenMP thread count a batch of `num_texts` is encoded with (None: the caller's thread's)."""
@@ -198,6 +262,8 @@ class Embedder:
         return self._worker(num_threads).submit(self._encode, model, texts).result()
 
     def _encode(self, model, texts: list[str]) -> np.ndarray:
+        if self._onnx is not None and len(texts) <= SMALL_BATCH:
+            return self._onnx.encode(model.tokenizer, texts, model.max_seq_length)
         order = np.argsort([len(t) for t in texts], kind="stable")   # similar lengths share a batch: less padding
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         chunk = max(self.batch_size * 4, 256)

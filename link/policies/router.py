@@ -123,10 +123,12 @@ class LazyRouter:
                 from routers.threads import limit_blas_threads
 
                 loaded = load_router(self.path)
-                # the encoder in bf16 where the CPU multiplies it natively: about half the decision's latency,
-                # embeddings within cosine 0.9999 of float32's (routers.embedding.Embedder)
-                loaded.router.featurizer = Featurizer(Embedder(dtype="auto"))
+                # the encoder in bf16 where the CPU multiplies it natively, else float32 through ONNX Runtime:
+                # about half the decision's latency either way (routers.embedding.Embedder)
+                embedder = Embedder(dtype="auto", backend="auto")
+                loaded.router.featurizer = Featurizer(embedder)
                 try:
+                    embedder.warm_up()             # loads the encoder (and exports its ONNX graph once)
                     loaded.router.score({"messages": [{"role": "user", "content": "warm-up"}]})
                 except Exception:  # noqa: BLE001 - a request will meet the same error and report it
                     logger.exception("router %s: scoring a warm-up request failed", self.path)
