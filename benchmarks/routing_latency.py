@@ -3,7 +3,7 @@
     python benchmarks/routing_latency.py                          # trains a kNN on routerbench:train (temp dir)
     python benchmarks/routing_latency.py --router routers/trained/link-auto.safetensors --json latency.json
     python benchmarks/routing_latency.py --dtype float32           # the encoder in float32 (default auto: as the gateway)
-    python benchmarks/routing_latency.py --backend torch           # PyTorch, not ONNX Runtime (default auto: as the gateway)
+    python benchmarks/routing_latency.py --backend auto            # ONNX Runtime in float32 (default torch: as the gateway)
     python benchmarks/routing_latency.py --check-threads          # also: whose torch thread counts change
 
 Prompts: GSM8K test questions, MMLU test questions with their four choices and AlpacaEval instructions (from
@@ -109,7 +109,7 @@ def percentiles(ms: list[float]) -> dict[str, float]:
             "mean": float(a.mean()), "max": float(a.max()), "n": int(a.size)}
 
 
-def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int, backend: str = "auto") -> dict:
+def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int, backend: str = "torch") -> dict:
     """Decide every prompt once through `RouterPolicy.decide`; time the decisions and their encoder calls."""
     import torch
 
@@ -254,8 +254,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20, help="decisions before timing (not in the prompts)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="the encoder's dtype (auto: what the gateway uses, bfloat16 where the CPU has native bf16)")
-    parser.add_argument("--backend", default="auto", choices=("auto", "torch", "onnx"),
-                        help="the encoder's backend (auto: what the gateway uses, ONNX Runtime for float32 where installed)")
+    parser.add_argument("--backend", default="torch", choices=("auto", "torch", "onnx"),
+                        help="the encoder's backend (torch: what the gateway uses; auto: ONNX Runtime for float32 where installed)")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: LINK_DATASETS_DIR, else ../shared/data")
     parser.add_argument("--check-threads", action="store_true", help="also run the torch thread-count check")
     parser.add_argument("--json", type=Path, help="write the results here")

@@ -9,9 +9,9 @@ under $LINK_HOME/cache/embeddings in a SQLite table keyed by sha256(text), so a 
 Nothing is loaded at import time.
 
 Backends. `backend="onnx"` runs small batches (a routing decision's prompt) through ONNX Runtime
-(`routers.onnx_encoder`: the same vectors, about half the CPU time on one thread); "auto", what the gateway
-uses, picks it for float32 where onnxruntime is installed. Large batches (embedding a recorded set) always
-run in PyTorch.
+(`routers.onnx_encoder`: the same vectors, about half the CPU time on one thread); "auto" picks it for
+float32 where onnxruntime is installed (the gateway still uses "torch": `link.policies.router.ROUTER_BACKEND`).
+Large batches (embedding a recorded set) always run in PyTorch.
 
 Threads. One prompt's forward pass (a routing decision) is too small to split across cores: on the 2-core
 dev machine under load, torch's default 2 OpenMP threads took p50 138 ms and p99 777 ms per prompt, one
@@ -23,6 +23,7 @@ other threads, e.g. the gateway's local engine steps, pick up).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -52,6 +53,21 @@ def native_bf16_dtype() -> str:
     from serving.model_loader import cpu_has_bf16
 
     return "bfloat16" if cpu_has_bf16() else "float32"
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """transformers' "Loading weights" progress bar off while loading the encoder (a CLI's output, e.g.
+    `link route --json`, stays clean); back on afterwards if it was on."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _has_onnxruntime() -> bool:
@@ -204,17 +220,18 @@ class Embedder:
                 from sentence_transformers import SentenceTransformer
 
                 folder = self.model_dir or default_model_dir()
-                model = SentenceTransformer(str(folder), device=self.device, local_files_only=True)
+                with quiet_loading():
+                    model = SentenceTransformer(str(folder), device=self.device, local_files_only=True)
                 if self.dtype == "bfloat16":
                     import torch
 
                     model.to(torch.bfloat16)
                 if self.backend == "onnx":
-                    self._onnx = self._load_onnx(folder, model)
+                    self._onnx = self._load_onnx(model)
                 self._model = model
             return self._model
 
-    def _load_onnx(self, folder: Path, model):
+    def _load_onnx(self, model):
         """The ONNX Runtime encoder (exported and checked on first use); None, with the backend set back to
         "torch", when that fails under backend "auto". Raises what `OnnxEncoder.load` raises under "onnx"."""
         from routers.onnx_encoder import OnnxEncoder
@@ -223,7 +240,8 @@ class Embedder:
             return model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
 
         try:
-            return OnnxEncoder.load(Path(folder), self.onnx_path, model.tokenizer, reference)
+            with quiet_loading():
+                return OnnxEncoder.load(model[0].auto_model, self.onnx_path, model.tokenizer, reference)
         except Exception:
             if self.requested_backend == "onnx":
                 raise
@@ -231,10 +249,6 @@ class Embedder:
             self.backend = "torch"
             return None
 
-    def warm_up(self) -> None:
-        """Load the model (and the ONNX graph) and encode one text outside the cache, so the first request
-        pays for neither."""
-        self.encode(["warm-up"])
 
     def encoder_threads(self, num_texts: int) -> int | None:
         """The OpenMP thread count a batch of `num_texts` is encoded with (None: the caller's thread's)."""

@@ -1,6 +1,6 @@
 """The sentence encoder through ONNX Runtime: a routing decision's one-prompt forward pass, same vectors.
 
-    encoder = OnnxEncoder.load(model_dir, cache_dir / "all-MiniLM-L6-v2.onnx")   # exported on first use
+    encoder = OnnxEncoder.load(hf_model, path, tokenizer, reference)        # exported on first use, checked
     vectors = encoder.encode(tokenizer, ["What is 2 + 2?"], max_length=256)      # [N, 384] float32, unit norm
 
 A routing decision embeds one short prompt on one CPU thread (`routers.embedding`), where PyTorch's eager
@@ -11,7 +11,7 @@ difference under 1e-5). The graph is exported once from the local Hugging Face w
 `torch.onnx.export` and cached beside the embedding cache; what a sentence-transformers model adds on top
 (mean pooling over the attention mask, L2 normalisation; Reimers & Gurevych 2019) is done here in numpy.
 
-The export uses the eager attention implementation: the SDPA path, traced by the TorchScript exporter, gave
+The export runs the model with eager attention: the SDPA path, traced by the TorchScript exporter, gave
 vectors at cosine 0.87-0.96 of the real ones (measured). `load` checks every export against PyTorch on a probe
 text and refuses one that differs (`OnnxExportMismatch`).
 """
@@ -41,15 +41,18 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (mean / np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
-def export_onnx(model_dir: Path, path: Path) -> Path:
-    """Export the Hugging Face encoder in `model_dir` (a sentence-transformers folder) to `path`: inputs
-    INPUTS [N, T] int64, output "last_hidden_state" [N, T, D] float32, N and T dynamic. Written to a temporary
-    name and renamed, so a crash leaves no half file. Returns `path`."""
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+def export_onnx(model, tokenizer, path: Path) -> Path:
+    """Export a loaded Hugging Face encoder (a sentence-transformers model's `auto_model`, float32) to `path`:
+    inputs INPUTS [N, T] int64, output "last_hidden_state" [N, T, D] float32, N and T dynamic. The model runs
+    with eager attention during the export and gets its own implementation back. Written to a temporary
+    name and renamed, so a crash leaves no half file. Returns `path`.
 
-    model = AutoModel.from_pretrained(str(model_dir), attn_implementation="eager", local_files_only=True).eval()
-    example = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)([PROBE], return_tensors="pt")
+    The loaded model is reused rather than loaded again: transformers' loading is not thread-safe (two
+    threads loading at once left another test's models with meta or uninitialised weights)."""
+    import torch
+
+    example = tokenizer([PROBE], return_tensors="pt")
+    attention = model.config._attn_implementation
 
     class Hidden(torch.nn.Module):
         def __init__(self, encoder):
@@ -63,11 +66,16 @@ def export_onnx(model_dir: Path, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     dynamic = {name: {0: "batch", 1: "tokens"} for name in (*INPUTS, "last_hidden_state")}
-    with torch.inference_mode(), warnings.catch_warnings():
-        # the tracer's notes on Python-side shape checks and opset details; the probe check in `load` is the test
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Hidden(model), tuple(example[name] for name in INPUTS), str(partial), input_names=list(INPUTS),
-                          output_names=["last_hidden_state"], dynamic_axes=dynamic, opset_version=OPSET, dynamo=False)
+    model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            # the tracer's notes on Python-side shape checks and opset details; the probe check in `load` is the test
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Hidden(model), tuple(example[name] for name in INPUTS), str(partial),
+                              input_names=list(INPUTS), output_names=["last_hidden_state"], dynamic_axes=dynamic,
+                              opset_version=OPSET, dynamo=False)
+    finally:
+        model.set_attn_implementation(attention)
     os.replace(partial, path)
     return path
 
@@ -90,10 +98,11 @@ class OnnxEncoder:
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     @classmethod
-    def load(cls, model_dir: Path, path: Path, tokenizer, reference, *, num_threads: int = 1) -> OnnxEncoder:
-        """The encoder of the graph at `path`, exported from `model_dir` first if missing, and checked.
+    def load(cls, model, path: Path, tokenizer, reference, *, num_threads: int = 1) -> OnnxEncoder:
+        """The encoder of the graph at `path`, exported from `model` (`export_onnx`) first if missing, and checked.
 
         Args:
+            model: the loaded Hugging Face encoder (float32).
             tokenizer: the model's Hugging Face tokenizer.
             reference: `texts -> [N, D]` unit vectors from PyTorch (the sentence-transformers model), for the check.
         Raises:
@@ -101,7 +110,7 @@ class OnnxEncoder:
             ModuleNotFoundError: onnxruntime (or, to export, onnx) is not installed.
         """
         if not Path(path).is_file():
-            export_onnx(Path(model_dir), Path(path))
+            export_onnx(model, tokenizer, Path(path))
         encoder = cls(path, num_threads)
         error = float(np.abs(encoder.encode(tokenizer, [PROBE]) - np.asarray(reference([PROBE]))).max())
         if error > MAX_PROBE_ERROR:

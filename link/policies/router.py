@@ -123,12 +123,12 @@ class LazyRouter:
                 from routers.threads import limit_blas_threads
 
                 loaded = load_router(self.path)
-                # the encoder in bf16 where the CPU multiplies it natively, else float32 through ONNX Runtime:
-                # about half the decision's latency either way (routers.embedding.Embedder)
-                embedder = Embedder(dtype="auto", backend="auto")
-                loaded.router.featurizer = Featurizer(embedder)
+                # the encoder in bf16 where the CPU multiplies it natively: about half the decision's latency,
+                # embeddings within cosine 0.9999 of float32's (routers.embedding.Embedder). ONNX Runtime
+                # (backend "auto") is 1.67x faster in float32 but not the default yet: the full suite run with it
+                # showed transformers models loaded with meta/uninitialised weights in later tests.
+                loaded.router.featurizer = Featurizer(Embedder(dtype="auto", backend=ROUTER_BACKEND))
                 try:
-                    embedder.warm_up()             # loads the encoder (and exports its ONNX graph once)
                     loaded.router.score({"messages": [{"role": "user", "content": "warm-up"}]})
                 except Exception:  # noqa: BLE001 - a request will meet the same error and report it
                     logger.exception("router %s: scoring a warm-up request failed", self.path)
@@ -148,6 +148,9 @@ class LazyRouter:
                 logger.exception("router %s: preloading failed", self.path)
 
         threading.Thread(target=load, name=f"router-load-{self.path.name}", daemon=True).start()
+
+
+ROUTER_BACKEND = "torch"     # the gateway encoder's backend (routers.embedding.BACKENDS); see LazyRouter.get
 
 
 def router_path(config: PolicyConfig) -> str:
