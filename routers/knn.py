@@ -162,6 +162,7 @@ class KNNRouter(Router):
         groups = _column_groups(labelled)
         out = [np.full((n, self.num_models), np.nan) for _ in ks]
         query_tools = features.has_tools
+        suite_of = np.asarray(suites, dtype=object)
         for tools in (False, True):
             of_kind = query_tools == tools
             if not of_kind.any():
@@ -170,8 +171,8 @@ class KNNRouter(Router):
             # no model has labels of this kind: fall back to every bank prompt
             kind = in_kind if (labelled & in_kind[:, None]).any() else None
             means = self.suite_means(None if kind is None else tools)
-            for suite in dict.fromkeys(np.asarray(suites, dtype=object)[of_kind].tolist()):
-                rows = np.flatnonzero(of_kind & (np.asarray(suites, dtype=object) == suite))
+            for suite in dict.fromkeys(suite_of[of_kind].tolist()):
+                rows = np.flatnonzero(of_kind & (suite_of == suite))
                 known = self.by_suite and suite != GLOBAL and suite in means
                 in_suite = (self.bank_suites == suite) if known else None
                 prior = means.get(suite, means[GLOBAL])
