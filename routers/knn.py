@@ -17,11 +17,11 @@ others are untouched).
 
 Prompts come in two kinds, with and without tools (`Features.has_tools`): neighbours and priors come from
 bank prompts of the query's kind. A model with no labelled prompt of that kind has no evidence there and is
-predicted `unseen_quality` (0: it fails), so a model added from tool-calling prompts only does not draw
-plain traffic, and the reverse; when no model has labels of the query's kind, every bank prompt is used
-(issue 8: a fine-tune added from BFCL traces took all of GSM8K). Ranking it just below the weakest
-evidenced model was not enough: its cost model, fitted on short tool calls, made it the cheapest answer
-to MMLU questions, and the cost penalty sent it 74.5% of them.
+predicted `unseen_quality` (0: it fails; `routers.kinds`, the rule LightGBM and MF share), so a model added
+from tool-calling prompts only does not draw plain traffic, and the reverse; when no model has labels of the
+query's kind, every bank prompt is used (issue 8: a fine-tune added from BFCL traces took all of GSM8K).
+Ranking it just below the weakest evidenced model was not enough: its cost model, fitted on short tool calls,
+made it the cheapest answer to MMLU questions, and the cost penalty sent it 74.5% of them.
 
 The defaults k = 100 and prior = 10 come from 5-fold CV on RouterBench's train files (k in 20, 100, 300;
 prior in 5, 20, 100: k = 100 best, the prior nearly irrelevant there) and RouteLLM's MMLU and GSM8K folds.
@@ -37,6 +37,7 @@ import numpy as np
 from routers.base import Router
 from routers.data import RoutingData
 from routers.features import Features
+from routers.kinds import KINDS, apply_evidence_rule, check_unseen_quality, labelled_kinds
 
 GLOBAL = ""          # key of the all-suites prior
 CHUNK = 2048         # query rows per similarity block ([CHUNK, P] float32)
@@ -62,11 +63,10 @@ class KNNRouter(Router):
     def __init__(self, models: Sequence[str], k: int = 100, prior: float = 10.0, temperature: float | None = None,
                  by_suite: bool = True, unseen_quality: float = 0.0):
         super().__init__(models)
-        if k < 1 or prior < 0 or (temperature is not None and temperature <= 0) or not 0 <= unseen_quality <= 1:
-            raise ValueError(f"need k >= 1, prior >= 0, temperature > 0 and unseen_quality in [0, 1]; got {k}, {prior}, "
-                             f"{temperature}, {unseen_quality}")
+        if k < 1 or prior < 0 or (temperature is not None and temperature <= 0):
+            raise ValueError(f"need k >= 1, prior >= 0 and temperature > 0; got {k}, {prior}, {temperature}")
         self.k, self.prior, self.temperature, self.by_suite = int(k), float(prior), temperature, bool(by_suite)
-        self.unseen_quality = float(unseen_quality)
+        self.unseen_quality = check_unseen_quality(unseen_quality)
         # bank: every labelled prompt, [P, D] embeddings, [P] suite, [P] offered tools, [P, M] scores (NaN: no label)
         self.embeddings = np.zeros((0, 0), dtype=np.float32)
         self.bank_suites = np.zeros(0, dtype=object)
@@ -159,17 +159,17 @@ class KNNRouter(Router):
         if exclude is not None and len(exclude) != n:
             raise ValueError(f"{len(exclude)} exclude rows for {n} prompts")
         labelled = np.isfinite(self.scores)                                   # [P, M]
+        evidence = labelled_kinds(self.scores, self.bank_tools)               # [M, 2]
         groups = _column_groups(labelled)
         out = [np.full((n, self.num_models), np.nan) for _ in ks]
         query_tools = features.has_tools
         suite_of = np.asarray(suites, dtype=object)
-        for tools in (False, True):
+        for column, tools in enumerate(KINDS):
             of_kind = query_tools == tools
             if not of_kind.any():
                 continue
-            in_kind = self.bank_tools == tools
             # no model has labels of this kind: fall back to every bank prompt
-            kind = in_kind if (labelled & in_kind[:, None]).any() else None
+            kind = (self.bank_tools == tools) if evidence[:, column].any() else None
             means = self.suite_means(None if kind is None else tools)
             for suite in dict.fromkeys(suite_of[of_kind].tolist()):
                 rows = np.flatnonzero(of_kind & (suite_of == suite))
@@ -178,13 +178,13 @@ class KNNRouter(Router):
                 prior = means.get(suite, means[GLOBAL])
                 for mask, cols in groups:
                     if kind is not None:
+                        if not evidence[cols[0], column]:
+                            continue                                          # no evidence: the rule below
                         mask = mask & kind
-                        if not mask.any():
-                            continue                                          # no evidence: see below
                     pool = mask if in_suite is None else mask & in_suite
                     pool = np.flatnonzero(pool if pool.any() else mask)
                     self._fill(out, ks, query, rows, pool, cols, prior, exclude)
-        return [np.where(np.isnan(q), self.unseen_quality, q) for q in out]      # NaN: no evidence of the kind
+        return [apply_evidence_rule(q, query_tools, evidence, self.unseen_quality) for q in out]
 
     def _fill(self, out: list[np.ndarray], ks: Sequence[int], query: np.ndarray, rows: np.ndarray, pool: np.ndarray,
               cols: np.ndarray, prior: np.ndarray, exclude: np.ndarray | None) -> None:

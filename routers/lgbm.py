@@ -19,6 +19,10 @@ trained on its labelled prompts only: a few hundred prompts say how the new mode
 (the idea of a model embedding in `routers.mf`), which is far less to learn than the full input. The PCA,
 the kNN bank and the other boosters are not refitted. Boosters are saved as LightGBM's text model strings
 (no pickle).
+
+Each model remembers which kinds of prompt (with tools, without) it was labelled on; on a query of a kind it
+has no labels of it is predicted `unseen_quality` (`routers.kinds`, as in kNN): the booster of a model added
+from tool-calling prompts only would otherwise read plain prompts through the base models' quality too.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import numpy as np
 from routers.base import Router
 from routers.data import RoutingData
 from routers.features import Features
+from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
+                           labelled_kinds)
 from routers.knn import KNNRouter
 
 LAYOUTS = ("per-model", "shared")
@@ -58,8 +64,10 @@ class LGBMRouter(Router):
         neighbours: k values of the stacked kNN features (empty: none).
         neighbour_prior: the kNN's shrinkage pseudo-count.
         add_rounds, add_params: rounds and parameter overrides (over `params`) of an added model's booster.
+        unseen_quality: the quality predicted for a model without labelled prompts of the query's kind (with
+            or without tools), in [0, 1].
     Raises:
-        ValueError: an unknown layout or negative sizes.
+        ValueError: an unknown layout, negative sizes or unseen_quality outside [0, 1].
     """
 
     type = "lgbm"
@@ -67,7 +75,7 @@ class LGBMRouter(Router):
     def __init__(self, models: Sequence[str], layout: str = "per-model", num_components: int = 32,
                  num_rounds: int = 200, params: dict[str, Any] | None = None, use_suites: bool = True,
                  neighbours: Sequence[int] = (10, 50), neighbour_prior: float = 4.0, add_rounds: int = 100,
-                 add_params: dict[str, Any] | None = None):
+                 add_params: dict[str, Any] | None = None, unseen_quality: float = 0.0):
         super().__init__(models)
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
@@ -80,6 +88,8 @@ class LGBMRouter(Router):
         self.neighbours, self.neighbour_prior = [int(k) for k in neighbours], float(neighbour_prior)
         self.add_rounds = int(add_rounds)
         self.add_params = {**DEFAULT_ADD_PARAMS, **(add_params or {})}
+        self.unseen_quality = check_unseen_quality(unseen_quality)
+        self.model_kinds = np.ones((len(self.models), 2), dtype=bool)   # [M, 2] see routers.kinds
         self.base_models: list[str] = []        # the models at fit time (the columns of the kNN features)
         self.knn: KNNRouter | None = None       # the bank of the stacked features
         self.suites: list[str] = []
@@ -162,6 +172,7 @@ class LGBMRouter(Router):
         if features.num_rows != data.num_prompts:
             raise ValueError(f"{features.num_rows} feature rows for {data.num_prompts} prompts")
         self.base_models, self.added, self.knn = list(self.models), {}, None
+        self.model_kinds = labelled_kinds(data.scores, features.has_tools)
         self.suites = sorted(set(data.suites)) if self.use_suites and len(set(data.suites)) > 1 else []
         if self.num_components:
             self._fit_pca(features.embeddings)
@@ -185,7 +196,8 @@ class LGBMRouter(Router):
         on [the fit-time models' predicted quality, suite one-hot]; nothing else changes.
 
         Raises:
-            ValueError: `name` is already a candidate, the router is not fitted, or no labelled prompt.
+            ValueError: `name` is already a candidate, the router is not fitted, no labelled prompt, or
+                features and data disagree on P'.
             KeyError: `data` has no column `name`.
         """
         if name in self.models:
@@ -196,10 +208,12 @@ class LGBMRouter(Router):
         ok = np.isfinite(y)
         if not ok.any():
             raise ValueError(f"no labelled prompt for {name!r}")
+        kinds = labelled_kinds(y[:, None], features.has_tools)                 # [1, 2]
         # prompts already in the kNN bank leave themselves out, as the training prompts did
         exclude = self.knn.find_in_bank(features, data.suites) if self.knn is not None else None
         x = self._added_inputs(self._inputs(features, data.suites, exclude), data.suites)
         self.added[name] = self._train(x[ok], y[ok], added=True)
+        self.model_kinds = np.vstack([self.model_kinds, kinds])
         self.models.append(name)
 
     def _added_inputs(self, x: np.ndarray, suites: Sequence[str] | None) -> np.ndarray:
@@ -209,7 +223,8 @@ class LGBMRouter(Router):
     # --- prediction -------------------------------------------------------------------------------------
 
     def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
-        """[N, M] float64 predicted probability that each model answers each prompt well."""
+        """[N, M] float64 predicted probability that each model answers each prompt well (`unseen_quality`
+        for a model without labels of the prompt's kind)."""
         if not self.boosters:
             raise RuntimeError("the LightGBM router is not fitted")
         x = self._inputs(features, suites)
@@ -218,12 +233,14 @@ class LGBMRouter(Router):
         if self.added:
             extra = np.hstack([base, self._onehot(len(x), suites)]).astype(np.float32)
             columns.update({m: b.predict(extra) for m, b in self.added.items()})
-        return np.stack([columns[m] for m in self.models], axis=1).astype(np.float64)
+        quality = np.stack([columns[m] for m in self.models], axis=1)
+        return apply_evidence_rule(quality, features.has_tools, self.model_kinds, self.unseen_quality)
 
     # --- persistence ------------------------------------------------------------------------------------
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays = {"pca_mean": self.pca_mean, "pca_components": self.pca_components}
+        arrays = {"pca_mean": self.pca_mean, "pca_components": self.pca_components,
+                  **kinds_state(self.model_kinds)}
         knn_meta = None
         if self.knn is not None:
             knn_arrays, knn_meta = self.knn.state()
@@ -233,6 +250,7 @@ class LGBMRouter(Router):
                          "params": self.params, "use_suites": self.use_suites, "suites": self.suites,
                          "neighbours": self.neighbours, "neighbour_prior": self.neighbour_prior, "knn": knn_meta,
                          "add_rounds": self.add_rounds, "add_params": self.add_params, "base_models": self.base_models,
+                         "unseen_quality": self.unseen_quality,
                          "boosters": {k: b.model_to_string() for k, b in self.boosters.items()},
                          "added": {k: b.model_to_string() for k, b in self.added.items()}})
 
@@ -243,8 +261,10 @@ class LGBMRouter(Router):
         router = cls(meta["models"], layout=meta["layout"], num_components=meta["num_components"],
                      num_rounds=meta["num_rounds"], params=meta["params"], use_suites=meta["use_suites"],
                      neighbours=meta["neighbours"], neighbour_prior=meta["neighbour_prior"],
-                     add_rounds=meta["add_rounds"], add_params=meta["add_params"])
+                     add_rounds=meta["add_rounds"], add_params=meta["add_params"],
+                     unseen_quality=meta.get("unseen_quality", 0.0))
         router.base_models, router.suites = list(meta["base_models"]), list(meta["suites"])
+        router.model_kinds = kinds_from_state(arrays, len(router.models))
         if meta["knn"] is not None:
             knn_arrays = {k.removeprefix("knn."): v for k, v in arrays.items() if k.startswith("knn.")}
             router.knn = KNNRouter.from_state(knn_arrays, meta["knn"])

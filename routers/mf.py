@@ -15,6 +15,10 @@ fitted by binary cross-entropy on the observed (prompt, model) cells (scores in 
 with weight decay, full-batch Adam on the CPU (torch). The suite one-hot lets the factorisation learn a
 per-task offset for every model; an unseen suite gets the zero vector. Adding a model freezes W and fits
 only (v_new, b_new): an L2-regularised logistic regression on the projected prompts h_q.
+
+Each model remembers which kinds of prompt (with tools, without) it was labelled on; on a query of a kind it
+has no labels of it is predicted `unseen_quality` (`routers.kinds`, as in kNN), not v_m . h_q + b_m, which
+for a model added from tool-calling prompts only is its tool-call accuracy carried over to plain prompts.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 from routers.base import Router
 from routers.data import RoutingData
 from routers.features import Features
+from routers.kinds import apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state, labelled_kinds
 
 
 class MFRouter(Router):
@@ -43,19 +48,21 @@ class MFRouter(Router):
         add_l2: L2 penalty of the logistic regression that fits an added model's (v, b).
         seed: torch seed of the initialisation.
         num_threads: torch OpenMP threads of the training thread (None: train in the calling thread).
+        unseen_quality: the quality predicted for a model without labelled prompts of the query's kind (with
+            or without tools), in [0, 1].
 
     The defaults (weight decay 1e-3, dropout 0.3) won 5-fold CV on RouterBench's train files and on
     RouteLLM's GSM8K folds against weaker regularisation (1e-4, 0.1).
 
     Raises:
-        ValueError: dim < 1 or epochs < 1.
+        ValueError: dim < 1, epochs < 1 or unseen_quality outside [0, 1].
     """
 
     type = "mf"
 
     def __init__(self, models: Sequence[str], dim: int = 64, epochs: int = 400, lr: float = 3e-3,
                  weight_decay: float = 1e-3, dropout: float = 0.3, use_suites: bool = True, add_l2: float = 1.0,
-                 seed: int = 0, num_threads: int | None = 1):
+                 seed: int = 0, num_threads: int | None = 1, unseen_quality: float = 0.0):
         super().__init__(models)
         if dim < 1 or epochs < 1:
             raise ValueError(f"need dim >= 1 and epochs >= 1, got {dim}, {epochs}")
@@ -63,10 +70,12 @@ class MFRouter(Router):
         self.dropout, self.use_suites = float(dropout), bool(use_suites)
         self.add_l2, self.seed = float(add_l2), int(seed)
         self.num_threads = None if num_threads is None else int(num_threads)
+        self.unseen_quality = check_unseen_quality(unseen_quality)
         self.suites: list[str] = []
         self.projection = np.zeros((0, 0), dtype=np.float32)       # W [d, D + S]
         self.model_embeddings = np.zeros((len(self.models), self.dim), dtype=np.float32)   # v [M, d]
         self.model_bias = np.zeros(len(self.models), dtype=np.float32)                     # b [M]
+        self.model_kinds = np.ones((len(self.models), 2), dtype=bool)                      # [M, 2] routers.kinds
 
     # --- inputs -----------------------------------------------------------------------------------------
 
@@ -102,6 +111,7 @@ class MFRouter(Router):
         if not observed.any():
             raise ValueError("no observed score to fit on")
         self.suites = sorted(set(data.suites)) if self.use_suites and len(set(data.suites)) > 1 else []
+        self.model_kinds = labelled_kinds(data.scores, features.has_tools)
         if self.num_threads is None:
             self._seeded_train(data, features, observed)
             return self
@@ -149,7 +159,8 @@ class MFRouter(Router):
         frozen projections h of its labelled prompts; W and the other models are unchanged.
 
         Raises:
-            ValueError: `name` is already a candidate, the router is not fitted, or no labelled prompt.
+            ValueError: `name` is already a candidate, the router is not fitted, no labelled prompt, or
+                features and data disagree on P'.
             KeyError: `data` has no column `name`.
         """
         if name in self.models:
@@ -161,38 +172,44 @@ class MFRouter(Router):
         if not keep.any():
             raise ValueError(f"no labelled prompt for {name!r}")
         h = self.project(features.subset(np.flatnonzero(keep)), [s for s, k in zip(data.suites, keep) if k])
+        kinds = labelled_kinds(y[:, None], features.has_tools)                 # [1, 2]
         coef = logistic_regression(np.hstack([h, np.ones((len(h), 1), dtype=np.float32)]), y[keep],
                                    l2=self.add_l2, penalise_last=False)
         self.models.append(name)
         self.model_embeddings = np.vstack([self.model_embeddings, coef[:-1][None, :].astype(np.float32)])
         self.model_bias = np.append(self.model_bias, np.float32(coef[-1]))
+        self.model_kinds = np.vstack([self.model_kinds, kinds])
 
     # --- prediction -------------------------------------------------------------------------------------
 
     def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
-        """[N, M] float64 predicted probability that each model answers each prompt well."""
+        """[N, M] float64 predicted probability that each model answers each prompt well (`unseen_quality`
+        for a model without labels of the prompt's kind)."""
         if self.projection.size == 0:
             raise RuntimeError("the MF router is not fitted")
         logits = self.project(features, suites).astype(np.float64) @ self.model_embeddings.T.astype(np.float64)
-        return 1.0 / (1.0 + np.exp(-(logits + self.model_bias.astype(np.float64))))
+        quality = 1.0 / (1.0 + np.exp(-(logits + self.model_bias.astype(np.float64))))
+        return apply_evidence_rule(quality, features.has_tools, self.model_kinds, self.unseen_quality)
 
     # --- persistence ------------------------------------------------------------------------------------
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays = {"projection": self.projection, "model_embeddings": self.model_embeddings, "model_bias": self.model_bias}
+        arrays = {"projection": self.projection, "model_embeddings": self.model_embeddings, "model_bias": self.model_bias,
+                  **kinds_state(self.model_kinds)}
         return arrays, {"dim": self.dim, "epochs": self.epochs, "lr": self.lr, "weight_decay": self.weight_decay,
                         "dropout": self.dropout, "use_suites": self.use_suites, "add_l2": self.add_l2,
-                        "seed": self.seed, "suites": list(self.suites)}
+                        "seed": self.seed, "suites": list(self.suites), "unseen_quality": self.unseen_quality}
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> MFRouter:
         router = cls(meta["models"], dim=meta["dim"], epochs=meta["epochs"], lr=meta["lr"],
                      weight_decay=meta["weight_decay"], dropout=meta["dropout"], use_suites=meta["use_suites"],
-                     add_l2=meta["add_l2"], seed=meta["seed"])
+                     add_l2=meta["add_l2"], seed=meta["seed"], unseen_quality=meta.get("unseen_quality", 0.0))
         router.suites = list(meta["suites"])
         router.projection = np.asarray(arrays["projection"], dtype=np.float32)
         router.model_embeddings = np.asarray(arrays["model_embeddings"], dtype=np.float32)
         router.model_bias = np.asarray(arrays["model_bias"], dtype=np.float32)
+        router.model_kinds = kinds_from_state(arrays, len(router.models))
         return router
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from routers.base import load_router, save_router
 from routers.data import RoutingData
-from routers.features import Features
+from routers.features import HAS_TOOLS, TEXT_FEATURE_NAMES, Features
 from routers.lgbm import LGBMRouter
 
 FAST = {"num_rounds": 60, "params": {"learning_rate": 0.2, "min_data_in_leaf": 5}}
@@ -95,3 +95,60 @@ def test_errors():
     train, train_f = planted(50, seed=7)
     with pytest.raises(ValueError, match="already"):
         LGBMRouter(train.models, **FAST).fit(train, train_f).add_model("long", train, train_f)
+
+
+def of_kind(features: Features, tools: int) -> Features:
+    """`features` with the text widened to `TEXT_FEATURE_NAMES`' columns and has_tools set to `tools`."""
+    text = np.zeros((features.num_rows, len(TEXT_FEATURE_NAMES)), dtype=np.float32)
+    text[:, :features.text.shape[1]] = features.text
+    text[:, HAS_TOOLS] = tools
+    return Features(features.embeddings, text)
+
+
+def tool_added(layout: str):
+    """"short" and "either" fitted on plain prompts; "long" added from tool prompts only; unseen quality 0.05.
+    Returns (router, its predictions before the add on plain test prompts, test data, test features)."""
+    train, train_f = planted(400, seed=9)
+    old = ["short", "either"]
+    router = LGBMRouter(old, layout=layout, num_components=4, unseen_quality=0.05, **FAST)
+    router.fit(train.select_models(old), of_kind(train_f, 0))
+    test, test_f = planted(200, seed=10)
+    before = router.predict(of_kind(test_f, 0), test.suites)
+    # no model has tool labels yet: tool prompts are predicted as they are
+    np.testing.assert_array_equal(router.predict(of_kind(test_f, 1), test.suites), before)
+    labelled = np.arange(300)
+    router.add_model("long", train.subset(labelled).select_models(["long"]), of_kind(train_f.subset(labelled), 1))
+    return router, before, test, test_f
+
+
+@pytest.mark.parametrize("layout", ["per-model", "shared"])
+def test_a_model_added_from_tool_prompts_gets_the_unseen_quality_on_plain_prompts(layout):
+    router, before, test, test_f = tool_added(layout)
+    np.testing.assert_array_equal(router.model_kinds, [[True, False], [True, False], [False, True]])
+    plain = router.predict(of_kind(test_f, 0), test.suites)
+    np.testing.assert_array_equal(plain[:, :2], before)                 # the fit-time models as before the add
+    np.testing.assert_array_equal(plain[:, 2], 0.05)                    # no plain evidence for "long"
+    tools = router.predict(of_kind(test_f, 1), test.suites)
+    np.testing.assert_array_equal(tools[:, :2], 0.05)                   # no tool evidence for "short", "either"
+    assert ((tools[:, 2] > 0.5) == (test.scores[:, 1] > 0.5)).mean() > 0.95    # "long" is learned on tool prompts
+
+
+def test_the_evidence_rule_survives_saving_and_old_files_predict_as_before(tmp_path):
+    router, _, test, test_f = tool_added("per-model")
+    plain, tools = of_kind(test_f, 0), of_kind(test_f, 1)
+    loaded = load_router(save_router(router, tmp_path / "lgbm.safetensors")).router
+    assert loaded.unseen_quality == 0.05
+    np.testing.assert_array_equal(loaded.model_kinds, router.model_kinds)
+    for query in (plain, tools):
+        np.testing.assert_allclose(loaded.predict(query, test.suites), router.predict(query, test.suites))
+    # a state written before the kinds existed: every model counts as labelled on both kinds, so each model
+    # gets its booster's prediction, the added one on [the base models' quality, suite one-hot]
+    arrays, meta = router.state()
+    del arrays["model_kinds"], meta["unseen_quality"]
+    old = LGBMRouter.from_state(arrays, {**meta, "models": router.models})
+    assert old.unseen_quality == 0.0 and old.model_kinds.all()
+    for query in (plain, tools):
+        x = router._inputs(query, test.suites)
+        base = np.stack([router.boosters[m].predict(x) for m in ["short", "either"]], axis=1)
+        added = router.added["long"].predict(np.hstack([base, router._onehot(len(x), test.suites)]))
+        np.testing.assert_allclose(old.predict(query, test.suites), np.hstack([base, added[:, None]]))

@@ -7,7 +7,7 @@ import pytest
 
 from routers.base import load_router, save_router
 from routers.data import RoutingData
-from routers.features import Features
+from routers.features import HAS_TOOLS, TEXT_FEATURE_NAMES, Featurizer, Features
 from routers.mf import MFRouter, logistic_regression
 
 D, RANK, NUM_MODELS = 24, 3, 5
@@ -37,7 +37,8 @@ MODELS = [f"m{j}" for j in range(NUM_MODELS)]
 def fitted():
     x, prob = planted(800, seed=1)
     data, feats = data_of(x, prob, MODELS)
-    return MFRouter(MODELS, dim=8, epochs=600, lr=0.02, weight_decay=1e-5, dropout=0.0).fit(data, feats)
+    return MFRouter(MODELS, dim=8, epochs=600, lr=0.02, weight_decay=1e-5, dropout=0.0, unseen_quality=0.05).fit(
+        data, feats)
 
 
 def test_recovers_a_planted_low_rank_matrix(fitted):
@@ -108,3 +109,78 @@ def test_errors():
     with pytest.raises(ValueError, match="fit the MF router"):
         MFRouter(["a"]).add_model("b", RoutingData(["p"], [""], ["s"], ["b"], [[1.0]], [[0.0]]),
                                   Features(np.zeros((1, 4)), np.zeros((1, 1))))
+
+
+def of_kind(x: np.ndarray, tools: int) -> Features:
+    """Embeddings x with `TEXT_FEATURE_NAMES`' columns, has_tools set to `tools`."""
+    text = np.zeros((len(x), len(TEXT_FEATURE_NAMES)), dtype=np.float32)
+    text[:, HAS_TOOLS] = tools
+    return Features(x, text)
+
+
+@pytest.fixture(scope="module")
+def tool_added(fitted):
+    """`fitted` (m0..m4 labelled on plain prompts) plus "new" added from 300 tool prompts only."""
+    import copy
+
+    router = copy.deepcopy(fitted)
+    x, prob = planted(300, seed=3, num_models=NUM_MODELS + 1)
+    labelled = RoutingData([f"q{i}" for i in range(300)], [""] * 300, ["s"] * 300, ["new"], prob[:, -1:],
+                           np.zeros((300, 1)))
+    router.add_model("new", labelled, of_kind(x, 1))
+    return router
+
+
+def test_a_model_added_from_tool_prompts_gets_the_unseen_quality_on_plain_prompts(fitted, tool_added):
+    xt, prob_t = planted(400, seed=4, num_models=NUM_MODELS + 1)
+    before = fitted.predict(of_kind(xt, 0))
+    np.testing.assert_array_equal(fitted.predict(of_kind(xt, 1)), before)     # no model had tool labels
+    assert tool_added.model_kinds.tolist() == [[True, False]] * NUM_MODELS + [[False, True]]
+    plain, tools = tool_added.predict(of_kind(xt, 0)), tool_added.predict(of_kind(xt, 1))
+    np.testing.assert_array_equal(plain[:, :NUM_MODELS], before)               # the others as before the add
+    np.testing.assert_array_equal(plain[:, -1], 0.05)                          # no plain evidence for "new"
+    np.testing.assert_array_equal(tools[:, :NUM_MODELS], 0.05)                 # no tool evidence for m0..m4
+    assert np.abs(tools[:, -1] - prob_t[:, -1]).mean() < 0.05                  # "new" learned on tool prompts
+
+
+class TableEmbedder:
+    """A fake embedder: a fixed vector per text."""
+
+    def __init__(self, vectors: dict[str, np.ndarray]):
+        self.vectors = vectors
+
+    def embed(self, texts):
+        return np.stack([self.vectors[t] for t in texts]).astype(np.float32)
+
+
+def test_score_reads_the_kind_from_the_request(tool_added):
+    import copy
+
+    x, _ = planted(1, seed=8)
+    router = copy.deepcopy(tool_added)
+    router.featurizer = Featurizer(TableEmbedder({"What is 2 + 2?": x[0]}))
+    plain = {"messages": [{"role": "user", "content": "What is 2 + 2?"}]}
+    tools = {**plain, "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]}
+    h = x @ router.projection.T                                                # [1, d]
+    raw = 1 / (1 + np.exp(-(h @ router.model_embeddings.T + router.model_bias)))[0]
+    assert router.score(plain) == pytest.approx({**dict(zip(MODELS, raw[:NUM_MODELS])), "new": 0.05}, rel=1e-6)
+    assert router.score(tools) == pytest.approx({**dict.fromkeys(MODELS, 0.05), "new": raw[-1]}, rel=1e-6)
+
+
+def test_the_evidence_rule_survives_saving_and_old_files_predict_as_before(tmp_path, tool_added):
+    xt, _ = planted(50, seed=9)
+    plain, tools = of_kind(xt, 0), of_kind(xt, 1)
+    loaded = load_router(save_router(tool_added, tmp_path / "mf.safetensors")).router
+    assert loaded.unseen_quality == 0.05
+    np.testing.assert_array_equal(loaded.model_kinds, tool_added.model_kinds)
+    for query in (plain, tools):
+        np.testing.assert_allclose(loaded.predict(query), tool_added.predict(query), rtol=1e-6)
+    # a state written before the kinds existed: every model counts as labelled on both kinds, so every cell is
+    # sigmoid(v_m . W x + b_m)
+    arrays, meta = tool_added.state()
+    del arrays["model_kinds"], meta["unseen_quality"]
+    old = MFRouter.from_state(arrays, {**meta, "models": tool_added.models})
+    assert old.unseen_quality == 0.0 and old.model_kinds.all()
+    raw = 1 / (1 + np.exp(-(xt @ tool_added.projection.T @ tool_added.model_embeddings.T + tool_added.model_bias)))
+    for query in (plain, tools):
+        np.testing.assert_allclose(old.predict(query), raw, rtol=1e-5)
