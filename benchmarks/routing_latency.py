@@ -2,8 +2,7 @@
 
     python benchmarks/routing_latency.py                          # trains a kNN on routerbench:train (temp dir)
     python benchmarks/routing_latency.py --router routers/trained/link-auto.safetensors --json latency.json
-    python benchmarks/routing_latency.py --dtype float32           # the encoder in float32 (default auto: as the gateway)
-    python benchmarks/routing_latency.py --backend auto            # ONNX Runtime in float32 (default torch: as the gateway)
+    python benchmarks/routing_latency.py --encoder auto --encoder onnx-int8 --encoder torch   # each in turn
     python benchmarks/routing_latency.py --check-threads          # also: whose torch thread counts change
 
 Prompts: GSM8K test questions, MMLU test questions with their four choices and AlpacaEval instructions (from
@@ -15,6 +14,11 @@ request: the embedding (one prompt on the embedder's own one-thread OpenMP worke
 rule. Prints p50/p90/p99/mean in milliseconds of the whole decision and of the embedding alone, with the
 machine's load average (other processes slow both), and the decision's CPU time (the deciding and encoding
 threads' own time: what a decision takes on a core nobody else uses).
+
+--encoder (repeatable; default auto, the gateway's) is the router policy's `encoder` option
+(link/policies/router.py). With several, each after the first is also compared with the first on the same
+prompts: the share of the same choices, and the regret, the mean of (the first's objective of its own choice
+- the first's objective of this encoder's choice), in quality points (0 when every choice is the same).
 
 --check-threads shows why the embedder never calls `torch.set_num_threads`: a thread that starts torch work
 while another thread has lowered the count keeps the lowered count for good (in the gateway: a worker thread
@@ -93,14 +97,15 @@ def train_knn(out: Path, data_dir: Path) -> Path:
                           info={"type": "knn", "data": ["routerbench:train"], "for": "benchmarks/routing_latency.py"})
 
 
-def router_policy(path: Path):
-    """The gateway's `router` policy over every model of the file."""
+def router_policy(path: Path, encoder: str = "auto"):
+    """The gateway's `router` policy over every model of the file, with the given `encoder` option."""
     from link.config import PolicyConfig
     from link.policies.base import make_policy
     from routers.base import read_header
 
     models = read_header(path)["models"]
-    return make_policy(PolicyConfig(name="link/auto", type="router", models=models, options={"path": str(path)}), models)
+    return make_policy(PolicyConfig(name="link/auto", type="router", models=models,
+                                    options={"path": str(path), "encoder": encoder}), models)
 
 
 def percentiles(ms: list[float]) -> dict[str, float]:
@@ -109,16 +114,13 @@ def percentiles(ms: list[float]) -> dict[str, float]:
             "mean": float(a.mean()), "max": float(a.max()), "n": int(a.size)}
 
 
-def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int, backend: str = "torch") -> dict:
-    """Decide every prompt once through `RouterPolicy.decide`; time the decisions and their encoder calls."""
+def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> dict:
+    """Decide every prompt once through `RouterPolicy.decide`; time the decisions and their encoder calls.
+    "decisions" holds each prompt's chosen model and objectives, in order."""
     import torch
 
-    from routers.embedding import Embedder
-    from routers.features import Featurizer
-
-    policy = router_policy(path)
+    policy = router_policy(path, encoder)
     loaded = policy.router.get()                               # loads the file and the encoder, as at startup
-    loaded.router.featurizer = Featurizer(Embedder(dtype=dtype, backend=backend))
     embedder = loaded.router.featurizer.embedder
     encode_ms: list[float] = []
     encode = embedder.encode
@@ -146,7 +148,7 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int, backend
         policy.decide({"messages": [{"role": "user", "content": f"warm-up request number {i}"}]}, None, None)
     encode_ms.clear()
     encode_cpu_ms.clear()
-    decision_ms, caller_cpu_ms, chosen = [], [], {}
+    decision_ms, caller_cpu_ms, chosen, decisions = [], [], {}, []
     load_before = os.getloadavg()
     for prompt in prompts:
         body = {"model": policy.name, "messages": [{"role": "user", "content": prompt}]}
@@ -155,6 +157,7 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int, backend
         decision_ms.append((time.perf_counter() - start) * 1000)
         caller_cpu_ms.append((time.thread_time() - start_cpu) * 1000)
         chosen[decision["chosen"]] = chosen.get(decision["chosen"], 0) + 1
+        decisions.append({"chosen": decision["chosen"], "objective": decision.get("objective")})
     if len(encode_ms) != len(prompts):
         raise RuntimeError(f"{len(encode_ms)} encoder calls for {len(prompts)} prompts: some prompt was cached")
     threads = embedder._workers[1].submit(torch.get_num_threads).result() if 1 in embedder._workers else None
@@ -165,10 +168,20 @@ def measure(path: Path, prompts: list[str], dtype: str, num_warmup: int, backend
     return {"decision_ms": percentiles(decision_ms), "embedding_ms": percentiles(encode_ms),
             "decision_cpu_ms": percentiles(cpu_ms.tolist()), "embedding_cpu_ms": percentiles(encode_cpu_ms),
             "router": {"path": str(path), "type": loaded.router.type, "models": loaded.models},
-            "dtype": embedder.dtype, "backend": embedder.backend, "encoder_threads": threads, "torch_threads_elsewhere": torch.get_num_threads(),
+            "encoder": encoder, "dtype": embedder.dtype, "backend": embedder.backend, "encoder_threads": threads, "torch_threads_elsewhere": torch.get_num_threads(),
             "numpy_blas_threads": blas,
             "chosen": dict(sorted(chosen.items(), key=lambda kv: -kv[1])),
-            "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
+            "load_average": {"before": list(load_before), "after": list(os.getloadavg())}, "decisions": decisions}
+
+
+def agreement(first: list[dict], other: list[dict]) -> dict:
+    """The share of prompts where `other` chose what `first` did, and the regret under `first`'s objectives
+    (module docstring); both lists of `measure`'s "decisions", in the same prompt order."""
+    same = [a["chosen"] == b["chosen"] for a, b in zip(first, other)]
+    regret = [a["objective"][a["chosen"]] - a["objective"][b["chosen"]]
+              for a, b in zip(first, other) if a["objective"] is not None]
+    return {"same_choice": float(np.mean(same)), "regret_mean": float(np.mean(regret)) if regret else None,
+            "regret_max": float(np.max(regret)) if regret else None}
 
 
 # --- thread check -----------------------------------------------------------------------------------------
@@ -246,40 +259,54 @@ def write_json(path: Path, result: dict) -> None:
     print(f"wrote {path}")
 
 
+def report(encoder: str, run: dict) -> None:
+    d, e, c = run["decision_ms"], run["embedding_ms"], run["decision_cpu_ms"]
+    print(f"encoder {encoder}: {run['router']['type']} router over {len(run['router']['models'])} models, "
+          f"{run['backend']} {run['dtype']} on {run['encoder_threads']} thread(s), numpy BLAS threads "
+          f"{run['numpy_blas_threads']}, load average {run['load_average']['before'][0]:.2f}")
+    print(f"  decision:  p50 {d['p50']:.2f} ms  p90 {d['p90']:.2f} ms  p99 {d['p99']:.2f} ms  mean {d['mean']:.2f} ms")
+    print(f"  embedding: p50 {e['p50']:.2f} ms  p90 {e['p90']:.2f} ms  p99 {e['p99']:.2f} ms  mean {e['mean']:.2f} ms")
+    print(f"  decision CPU time (what an idle core would take): p50 {c['p50']:.2f} ms  p99 {c['p99']:.2f} ms")
+    for key, value in run.items():
+        if key.startswith("agreement_with_"):
+            regret = "" if value["regret_mean"] is None else (
+                f", regret mean {value['regret_mean']:.5f} max {value['regret_max']:.4f} quality points")
+            print(f"  same choice as {key.removeprefix('agreement_with_')}: {value['same_choice']:.1%}{regret}")
+
+
 def main() -> None:
+    from link.policies.router import ENCODERS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--router", type=Path, help="a router file (default: train a kNN on routerbench:train)")
     parser.add_argument("--num-prompts", type=int, default=NUM_PROMPTS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=20, help="decisions before timing (not in the prompts)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                        help="the encoder's dtype (auto: what the gateway uses, bfloat16 where the CPU has native bf16)")
-    parser.add_argument("--backend", default="torch", choices=("auto", "torch", "onnx"),
-                        help="the encoder's backend (torch: what the gateway uses; auto: ONNX Runtime for float32 where installed)")
+    parser.add_argument("--encoder", action="append", choices=ENCODERS,
+                        help="the router policy's encoder option, repeatable (default: auto, the gateway's)")
     parser.add_argument("--data-dir", type=Path, default=None, help="default: LINK_DATASETS_DIR, else ../shared/data")
     parser.add_argument("--check-threads", action="store_true", help="also run the torch thread-count check")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    encoders = args.encoder or ["auto"]
     data_dir = args.data_dir or default_data_dir()
     prompts, counts = real_prompts(data_dir, args.num_prompts, args.seed)
     with tempfile.TemporaryDirectory(prefix="routing-latency-") as tmp:
         path = args.router or train_knn(Path(tmp) / "knn.safetensors", data_dir)
-        os.environ["LINK_HOME"] = str(Path(tmp) / "home")      # an empty embedding cache from here on
         result = {"command": " ".join(["python", *sys.argv]), "num_prompts": len(prompts), "prompt_sources": counts,
-                  "cpu_count": os.cpu_count(), **measure(path, prompts, args.dtype, args.warmup, args.backend)}
-        if args.router is None:
-            result["router"]["path"] = "knn on routerbench:train (temporary)"
+                  "cpu_count": os.cpu_count(), "encoders": {}}
+        print(f"{len(prompts)} prompts ({', '.join(f'{k} {v}' for k, v in counts.items())}), {os.cpu_count()} CPUs")
+        for encoder in encoders:
+            os.environ["LINK_HOME"] = str(Path(tmp) / f"home-{encoder}")     # an empty embedding cache for each
+            run = measure(path, prompts, encoder, args.warmup)
+            if args.router is None:
+                run["router"]["path"] = "knn on routerbench:train (temporary)"
+            if encoder != encoders[0]:
+                run["agreement_with_" + encoders[0]] = agreement(result["encoders"][encoders[0]]["decisions"], run["decisions"])
+            result["encoders"][encoder] = run
+            report(encoder, run)
         if args.check_threads:
             result["threads"] = check_threads()
-    d, e = result["decision_ms"], result["embedding_ms"]
-    print(f"{len(prompts)} prompts ({', '.join(f'{k} {v}' for k, v in counts.items())}), {result['router']['type']} "
-          f"router over {len(result['router']['models'])} models, encoder {result['dtype']} ({result['backend']}) on "
-          f"{result['encoder_threads']} thread(s), numpy BLAS threads {result['numpy_blas_threads']}, load average {result['load_average']['before'][0]:.2f} on "
-          f"{result['cpu_count']} CPUs")
-    print(f"decision:  p50 {d['p50']:.2f} ms  p90 {d['p90']:.2f} ms  p99 {d['p99']:.2f} ms  mean {d['mean']:.2f} ms")
-    print(f"embedding: p50 {e['p50']:.2f} ms  p90 {e['p90']:.2f} ms  p99 {e['p99']:.2f} ms  mean {e['mean']:.2f} ms")
-    c = result["decision_cpu_ms"]
-    print(f"decision CPU time (what an idle core would take): p50 {c['p50']:.2f} ms  p99 {c['p99']:.2f} ms")
     if "threads" in result:
         print(f"threads: {json.dumps(result['threads'])}")
     if args.json:

@@ -10,8 +10,9 @@ Nothing is loaded at import time.
 
 Backends. `backend="onnx"` runs small batches (a routing decision's prompt) through ONNX Runtime
 (`routers.onnx_encoder`: the same vectors, about half the CPU time on one thread); "auto" picks it for
-float32 where onnxruntime is installed (the gateway still uses "torch": `link.policies.router.ROUTER_BACKEND`).
-Large batches (embedding a recorded set) always run in PyTorch.
+float32 where onnxruntime is installed (the gateway's default: `link.policies.router`). Large batches
+(embedding a recorded set) run in PyTorch. "onnx-int8" runs every text, one at a time, through the int8 graph:
+half the float32 graph's time again, vectors at cosine ~0.995 of the float32 ones, cached apart from them.
 
 Threads. One prompt's forward pass (a routing decision) is too small to split across cores: on the 2-core
 dev machine under load, torch's default 2 OpenMP threads took p50 138 ms and p99 777 ms per prompt, one
@@ -43,7 +44,8 @@ EMBEDDING_DIM = 384
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 PROGRESS_MIN_TEXTS = 1000   # show a progress bar when more texts than this need encoding
 DTYPES = ("float32", "bfloat16", "auto")
-BACKENDS = ("torch", "onnx", "auto")
+BACKENDS = ("torch", "onnx", "onnx-int8", "auto")
+ONNX_BACKENDS = ("onnx", "onnx-int8")
 SMALL_BATCH = 8             # at most this many texts: a request's, encoded on one OpenMP thread (module docstring)
 
 
@@ -145,27 +147,31 @@ class Embedder:
             the caller's thread with torch's settings there; k: every batch on an own thread with k threads.
             Only the embedder's own threads are changed (the module docstring says why).
         backend: "torch"; "onnx" for batches of at most SMALL_BATCH texts through ONNX Runtime (float32 only;
-            the graph is exported to the cache folder on first use and checked against PyTorch); "auto":
-            "onnx" when the dtype is float32 and onnxruntime is installed, else "torch", and PyTorch after a
-            failed export or check (logged).
+            the graph is exported to the cache folder on first use and checked against PyTorch); "onnx-int8"
+            for every text through the int8 graph, one text per run (`routers.onnx_encoder`; its vectors are cached under
+            their own name, "-int8"); "auto": "onnx" when the dtype is float32 and onnxruntime is installed,
+            else "torch", and PyTorch after a failed export or check (logged).
+        fallback_to_torch: after a failed ONNX export or check, log it and encode with PyTorch float32 (the
+            float32 cache) instead of raising. None: True for backend "auto", else False.
     Raises:
-        ValueError: an unknown dtype or backend, or backend "onnx" with bfloat16.
+        ValueError: an unknown dtype or backend, or an ONNX backend with bfloat16.
     """
 
     dim = EMBEDDING_DIM
 
     def __init__(self, model_dir: Path | None = None, cache_dir: Path | None = None, device: str = "cpu", *,
                  batch_size: int = 64, use_cache: bool = True, dtype: str = "float32", num_threads: int | None = None,
-                 backend: str = "torch"):
+                 backend: str = "torch", fallback_to_torch: bool | None = None):
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if dtype == "auto":
             dtype = native_bf16_dtype()
-        if backend == "onnx" and dtype != "float32":
-            raise ValueError(f"the onnx backend runs float32 only, got dtype {dtype!r}")
+        if backend in ONNX_BACKENDS and dtype != "float32":
+            raise ValueError(f"the {backend} backend runs float32 weights only, got dtype {dtype!r}")
         self.requested_backend = backend
+        self.fallback_to_torch = backend == "auto" if fallback_to_torch is None else fallback_to_torch
         if backend == "auto":
             backend = "onnx" if dtype == "float32" and _has_onnxruntime() else "torch"
         self.backend = backend
@@ -185,11 +191,15 @@ class Embedder:
     @property
     def model_name(self) -> str:
         """DEFAULT_MODEL_NAME for the packaged model, else a short hash of the model folder's path; "-bf16"
-        appended for bfloat16 (the cache file's name)."""
-        suffix = "" if self.dtype == "float32" else "-bf16"
+        appended for bfloat16, "-int8" for the int8 graph (the cache file's name)."""
+        suffix = "-int8" if self.backend == "onnx-int8" else "" if self.dtype == "float32" else "-bf16"
+        return self._folder_name + suffix
+
+    @property
+    def _folder_name(self) -> str:
         if self.model_dir is None:
-            return DEFAULT_MODEL_NAME + suffix
-        return "model-" + hashlib.sha256(str(self.model_dir.resolve()).encode()).hexdigest()[:12] + suffix
+            return DEFAULT_MODEL_NAME
+        return "model-" + hashlib.sha256(str(self.model_dir.resolve()).encode()).hexdigest()[:12]
 
     def _cache_folder(self) -> Path:
         if self.cache_dir is None:
@@ -209,7 +219,8 @@ class Embedder:
         """Where the exported ONNX graph of the encoder is kept (beside the embedding cache)."""
         from routers.onnx_encoder import OPSET
 
-        return self._cache_folder() / f"{self.model_name}-opset{OPSET}.onnx"
+        quantized = "-int8" if self.backend == "onnx-int8" else ""
+        return self._cache_folder() / f"{self._folder_name}-opset{OPSET}{quantized}.onnx"
 
     def model(self):
         """The loaded SentenceTransformer (loaded on first use, offline)."""
@@ -226,14 +237,15 @@ class Embedder:
                     import torch
 
                     model.to(torch.bfloat16)
-                if self.backend == "onnx":
-                    self._onnx = self._load_onnx(model)
+                if self.backend in ONNX_BACKENDS:
+                    self._onnx = self._load_onnx(model, folder)
                 self._model = model
             return self._model
 
-    def _load_onnx(self, model):
-        """The ONNX Runtime encoder (exported and checked on first use); None, with the backend set back to
-        "torch", when that fails under backend "auto". Raises what `OnnxEncoder.load` raises under "onnx"."""
+    def _load_onnx(self, model, folder: Path):
+        """The ONNX Runtime encoder (exported from `folder` and checked on first use); None, with the backend
+        set back to "torch", when that fails and `fallback_to_torch`. Otherwise raises what `OnnxEncoder.load`
+        raises."""
         from routers.onnx_encoder import OnnxEncoder
 
         def reference(texts):
@@ -241,12 +253,14 @@ class Embedder:
 
         try:
             with quiet_loading():
-                return OnnxEncoder.load(model[0].auto_model, self.onnx_path, model.tokenizer, reference)
+                return OnnxEncoder.load(folder, self.onnx_path, model.tokenizer, reference,
+                                        quantized=self.backend == "onnx-int8")
         except Exception:
-            if self.requested_backend == "onnx":
+            if not self.fallback_to_torch:
                 raise
             logger.warning("embedder: the ONNX Runtime encoder is unavailable, encoding with PyTorch", exc_info=True)
             self.backend = "torch"
+            self._cache = None          # reopened under the float32 name (model_name)
             return None
 
 
@@ -276,11 +290,31 @@ class Embedder:
         return self._worker(num_threads).submit(self._encode, model, texts).result()
 
     def _encode(self, model, texts: list[str]) -> np.ndarray:
-        if self._onnx is not None and len(texts) <= SMALL_BATCH:
-            return self._onnx.encode(model.tokenizer, texts, model.max_seq_length)
+        if self._onnx is not None:
+            def onnx_batch(chunk: list[str]) -> np.ndarray:
+                return self._onnx.encode(model.tokenizer, chunk, model.max_seq_length)
+
+            if self.backend == "onnx-int8":
+                # one text per run: activations are quantized with one scale per run, so a text's int8
+                # vector would otherwise depend on the texts beside it (and its cached vector on its batch)
+                return self._batched(texts, onnx_batch, chunk=1)
+            if len(texts) <= SMALL_BATCH:
+                return onnx_batch(texts)
+
+        def torch_batch(chunk: list[str]) -> np.ndarray:
+            vectors = np.asarray(model.encode(chunk, batch_size=self.batch_size, convert_to_numpy=True,
+                                              normalize_embeddings=True, show_progress_bar=False), dtype=np.float32)
+            if self.dtype != "float32":   # normalised in bfloat16: norms within ~1e-3 of 1
+                vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            return vectors
+        return self._batched(texts, torch_batch, chunk=max(self.batch_size * 4, 256))
+
+    def _batched(self, texts: list[str], encode_batch, chunk: int | None = None) -> np.ndarray:
+        """`encode_batch` over `texts` sorted by length in chunks of `chunk` (default batch_size) texts, with a
+        progress bar over PROGRESS_MIN_TEXTS; rows back in the input order."""
+        chunk = chunk or self.batch_size
         order = np.argsort([len(t) for t in texts], kind="stable")   # similar lengths share a batch: less padding
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        chunk = max(self.batch_size * 4, 256)
         progress = None
         if len(texts) > PROGRESS_MIN_TEXTS:
             from rich.console import Console
@@ -292,12 +326,7 @@ class Embedder:
         try:
             for start in range(0, len(texts), chunk):
                 idx = order[start:start + chunk]
-                vectors = model.encode([texts[i] for i in idx], batch_size=self.batch_size, convert_to_numpy=True,
-                                       normalize_embeddings=True, show_progress_bar=False)
-                vectors = np.asarray(vectors, dtype=np.float32)
-                if self.dtype != "float32":   # normalised in bfloat16: norms within ~1e-3 of 1
-                    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-                out[idx] = vectors
+                out[idx] = encode_batch([texts[i] for i in idx])
                 if progress is not None:
                     progress.advance(task, len(idx))
         finally:

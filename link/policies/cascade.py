@@ -11,6 +11,7 @@
         judge: gemma-3-270m     # scorer judge: the judge model (default: the last model)
         judge_logprobs: true    # scorer judge: read P(yes) from the judge's top logprobs when it returns them
         path: routers/trained/link-auto.safetensors   # scorer router: a router file trained on these models
+        encoder: auto        # optional, scorer router: the prompt encoder, as a router policy's (link/policies/router.py)
 
 Only the final answer reaches the client: intermediate steps run whole, and an accepted one is streamed as
 chunks made from it (routers/cascade.py). Each step's score, acceptance or error goes into the request
@@ -26,9 +27,9 @@ from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.config import PolicyConfig
 from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
 from link.policies.options import bool_option, check_options, number_value, str_option
-from link.policies.router import LazyRouter, router_path
+from link.policies.router import LazyRouter, encoder_option, router_path
 
-OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path")
+OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder")
 JUDGE_TOKENS = 256  # a bound on the judge's instruction and framing around the request and the answer
 SCORERS = ("judge", "router")
 
@@ -109,7 +110,7 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
                               param="options.judge")
         scorer, router = JudgeScorer(judge, use_logprobs=bool_option(options, "judge_logprobs", True)), None
     else:
-        router = LazyRouter(router_path(config))
+        router = LazyRouter(router_path(config), encoder_option(options))
         outside = [m for m in config.models[:-1] if m not in router.models]
         if outside:
             raise PolicyError(f"step model(s) {outside} are not among the router's models {router.models}", param="models")

@@ -6,6 +6,7 @@ against cost.
       models: [smollm2-135m-instruct, gemma-3-270m]   # the single-model candidates
       options:
         path: routers/trained/link-auto.safetensors   # a router over these models (and maybe the MoA's column)
+        encoder: auto        # optional: the prompt encoder, as a router policy's (link/policies/router.py)
         moa: {models: [smollm2-135m-instruct, gemma-3-270m], aggregator: smollm2-135m-instruct}   # a moa policy's options
         moa_column: link/moa     # optional: the router's column that predicts the MoA's quality (trained on
                                  #   outcomes of the moa policy); default "link/moa" when the router has it
@@ -31,9 +32,9 @@ from link.config import PolicyConfig
 from link.policies.base import CostBound, Plan, Policy, PolicyError, PolicyRequest
 from link.policies.moa import MoAExecutor, build_moa, moa_cost_bound
 from link.policies.options import number_option, str_option
-from link.policies.router import LazyRouter, knob_options, request_overrides, router_path
+from link.policies.router import LazyRouter, encoder_option, knob_options, request_overrides, router_path
 
-OPTIONS = ("path", "moa", "moa_column", "moa_gain", "cost_penalty", "max_cost_usd")
+OPTIONS = ("path", "moa", "moa_column", "moa_gain", "cost_penalty", "max_cost_usd", "encoder")
 DEFAULT_MOA_COLUMN = "link/moa"
 MOA = "moa"  # the MoA option's name in the decision
 
@@ -72,7 +73,7 @@ class HybridPolicy(Policy):
     def _parts(cls, config: PolicyConfig, model_names: tuple[str, ...] | None):
         options = config.options
         knob_options(options)
-        router = LazyRouter(router_path(config))
+        router = LazyRouter(router_path(config), encoder_option(options))
         outside = [m for m in config.models if m not in router.models]
         if outside:
             raise PolicyError(f"model(s) {outside} are not among the router's models {router.models}", param="models")

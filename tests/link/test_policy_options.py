@@ -60,6 +60,16 @@ def test_router_and_hybrid_options(router_file):
     assert refused("hybrid", ["small", "big"], {"path": router_file, "moa_gain": 1.5}).param == "options.moa_gain"
 
 
+def test_the_encoder_option_of_policies_that_read_a_router(router_file):
+    for type_, models, extra in (("router", ["small"], {}), ("hybrid", ["small", "big"], {}),
+                                 ("cascade", ["small", "big"], {"scorer": "router", "threshold": 0.5})):
+        error = refused(type_, models, {"path": router_file, "encoder": "tensorrt", **extra})
+        assert error.param == "options.encoder" and "('auto', 'onnx', 'onnx-int8', 'torch')" in error.message
+        assert refused(type_, models, {"path": router_file, "encoder": 8, **extra}).param == "options.encoder"
+        for encoder in ("auto", "onnx", "onnx-int8", "torch"):
+            check(type_, models, {"path": router_file, "encoder": encoder, **extra})
+
+
 @pytest.mark.parametrize("options,param", [
     ({"layers": 1e308}, "options.layers"), ({"layers": 10**30}, "options.layers"), ({"layers": 0}, "options.layers"),
     ({"layers": 2.0}, "options.layers"), ({"deadline_s": float("nan")}, "options.deadline_s"),

@@ -66,7 +66,93 @@ def test_a_bad_graph_is_refused_and_auto_falls_back_to_pytorch(tmp_path, embedde
 def test_backend_arguments_are_checked():
     with pytest.raises(ValueError, match="backend must be one of"):
         Embedder(backend="tensorrt")
-    with pytest.raises(ValueError, match="float32 only"):
-        Embedder(backend="onnx", dtype="bfloat16")
+    for backend in ("onnx", "onnx-int8"):
+        with pytest.raises(ValueError, match=f"the {backend} backend runs float32 weights only"):
+            Embedder(backend=backend, dtype="bfloat16")
     assert Embedder(backend="auto", dtype="bfloat16").backend == "torch"
     assert Embedder(backend="auto", dtype="float32").backend == "onnx"
+
+
+def test_int8_vectors_are_near_pytorch_cached_apart_and_independent_of_their_batch(embedders):
+    import onnx as onnx_lib
+
+    from routers.onnx_encoder import OnnxEncoder, OnnxExportMismatch, float32_path
+
+    torch_, _ = embedders
+    int8 = Embedder(cache_dir=torch_.cache_dir, use_cache=False, num_threads=1, backend="onnx-int8")
+    assert int8.model_name == "all-MiniLM-L6-v2-int8" and int8.onnx_path.name == "all-MiniLM-L6-v2-opset17-int8.onnx"
+    expected = torch_.encode(TEXTS)
+    got = int8.encode(TEXTS)
+    cosine = (got * expected).sum(axis=1)
+    assert cosine.min() >= 0.97, cosine                                  # near the float32 vectors
+    assert np.abs(got - expected).max() > 1e-3                           # and not them: a quantized graph ran
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    # a text's vector is the same alone and beside others, in a batch under or over SMALL_BATCH
+    many = TEXTS + [f"filler prompt {i}" for i in range(SMALL_BATCH)]
+    np.testing.assert_allclose(int8.encode(many)[:len(TEXTS)], got, atol=1e-6)
+    np.testing.assert_allclose(int8.encode([TEXTS[1]])[0], got[1], atol=1e-6)
+    # the weight products are int8 (6 per layer, 6 layers), the two attention products per layer float32
+    ops = [node.op_type for node in onnx_lib.load(str(int8.onnx_path)).graph.node]
+    assert ops.count("MatMulInteger") == 36 and ops.count("MatMul") == 12
+    assert float32_path(int8.onnx_path).is_file()                       # quantized from the float32 graph, kept
+    model = torch_.model()
+
+    def opposite(texts):
+        return -np.asarray(torch_.encode(texts))
+
+    with pytest.raises(OnnxExportMismatch, match="int8 encoder's probe vector is at cosine"):
+        OnnxEncoder.load(torch_.model_dir, int8.onnx_path, model.tokenizer, opposite, quantized=True)
+
+
+def test_a_failed_export_says_why(tmp_path):
+    from routers.onnx_encoder import export_in_subprocess
+
+    with pytest.raises(RuntimeError, match=r"exporting .* to ONNX failed \(exit 1\):\n(.|\n)*Error"):
+        export_in_subprocess(tmp_path / "no-model-here", tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_the_gateway_default_falls_back_from_a_broken_int8_graph_to_pytorch(tmp_path, embedders):
+    from link.policies.router import gateway_embedder
+
+    default = gateway_embedder()
+    assert (default.backend, default.dtype, default.fallback_to_torch) == ("onnx-int8", "float32", True)
+    assert (gateway_embedder("onnx").backend, gateway_embedder("onnx").fallback_to_torch) == ("onnx", False)
+    torch_, _ = embedders
+    (tmp_path / "all-MiniLM-L6-v2-opset17-int8.onnx").write_bytes(b"not an onnx graph")
+    with pytest.raises(Exception, match="(?i)protobuf|parse"):                  # onnxruntime's own error
+        Embedder(cache_dir=tmp_path, use_cache=False, num_threads=1, backend="onnx-int8").encode(["x"])
+    fallback = Embedder(cache_dir=tmp_path, num_threads=1, backend="onnx-int8", fallback_to_torch=True)
+    np.testing.assert_allclose(fallback.embed(TEXTS[:2]), torch_.encode(TEXTS[:2]), atol=1e-5)
+    assert fallback.backend == "torch" and fallback.model_name == "all-MiniLM-L6-v2"
+    assert len(fallback.cache) == 2 and fallback.cache.path.name == "all-MiniLM-L6-v2.sqlite"   # the float32 cache
+
+
+
+def test_exports_into_one_folder_wait_for_each_other(tmp_path):
+    # two routers of one gateway start together; unserialised, the second int8 quantization failed on the
+    # first one's shape-inferred copy of the float32 graph (a fixed name beside it)
+    import fcntl
+    import threading
+
+    from routers.embedding import default_model_dir
+    from routers.onnx_encoder import export_in_subprocess
+
+    export_in_subprocess(default_model_dir(), tmp_path / "m-opset17.onnx")
+    out, errors = tmp_path / "m-opset17-int8.onnx", []
+
+    def quantize():
+        try:
+            export_in_subprocess(default_model_dir(), out, quantized=True)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with open(tmp_path / ".onnx-export.lock", "w") as held:       # another export is running
+        fcntl.flock(held, fcntl.LOCK_EX)
+        worker = threading.Thread(target=quantize)
+        worker.start()
+        worker.join(timeout=15)                                      # quantizing alone takes ~3 s
+        assert worker.is_alive() and not out.exists()
+    worker.join()
+    assert errors == [] and out.is_file()
+    assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*inferred*"))
