@@ -262,7 +262,8 @@ def write_json(path: Path, result: dict) -> None:
 def report(encoder: str, run: dict) -> None:
     d, e, c = run["decision_ms"], run["embedding_ms"], run["decision_cpu_ms"]
     print(f"encoder {encoder}: {run['router']['type']} router over {len(run['router']['models'])} models, "
-          f"{run['backend']} {run['dtype']} on {run['encoder_threads']} thread(s), numpy BLAS threads "
+          f"{run['backend']}{'' if run['backend'] == 'onnx-int8' else ' ' + run['dtype']} on {run['encoder_threads']} "
+          f"thread(s), numpy BLAS threads "
           f"{run['numpy_blas_threads']}, load average {run['load_average']['before'][0]:.2f}")
     print(f"  decision:  p50 {d['p50']:.2f} ms  p90 {d['p90']:.2f} ms  p99 {d['p99']:.2f} ms  mean {d['mean']:.2f} ms")
     print(f"  embedding: p50 {e['p50']:.2f} ms  p90 {e['p90']:.2f} ms  p99 {e['p99']:.2f} ms  mean {e['mean']:.2f} ms")
