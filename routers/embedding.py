@@ -10,9 +10,10 @@ Nothing is loaded at import time.
 
 Backends. `backend="onnx"` runs small batches (a routing decision's prompt) through ONNX Runtime
 (`routers.onnx_encoder`: the same vectors, about half the CPU time on one thread); "auto" picks it for
-float32 where onnxruntime is installed (the gateway's default: `link.policies.router`). Large batches
-(embedding a recorded set) run in PyTorch. "onnx-int8" runs every text, one at a time, through the int8 graph:
-half the float32 graph's time again, vectors at cosine ~0.995 of the float32 ones, cached apart from them.
+float32 where onnxruntime is installed. Large batches (embedding a recorded set) run in PyTorch.
+"onnx-int8" runs every text, one at a time, through the int8 graph: half the float32 graph's time again,
+vectors at cosine ~0.995 of the float32 ones, cached apart from them; with `fallback_to_torch` it is the
+gateway's default (`link.policies.router.gateway_embedder`).
 
 Threads. One prompt's forward pass (a routing decision) is too small to split across cores: on the 2-core
 dev machine under load, torch's default 2 OpenMP threads took p50 138 ms and p99 777 ms per prompt, one
@@ -148,8 +149,8 @@ class Embedder:
             Only the embedder's own threads are changed (the module docstring says why).
         backend: "torch"; "onnx" for batches of at most SMALL_BATCH texts through ONNX Runtime (float32 only;
             the graph is exported to the cache folder on first use and checked against PyTorch); "onnx-int8"
-            for every text through the int8 graph, one text per run (`routers.onnx_encoder`; its vectors are cached under
-            their own name, "-int8"); "auto": "onnx" when the dtype is float32 and onnxruntime is installed,
+            for every text through the int8 graph, one text per run (`routers.onnx_encoder`; its vectors are
+            cached under their own name, "-int8"); "auto": "onnx" when the dtype is float32 and onnxruntime is installed,
             else "torch", and PyTorch after a failed export or check (logged).
         fallback_to_torch: after a failed ONNX export or check, log it and encode with PyTorch float32 (the
             float32 cache) instead of raising. None: True for backend "auto", else False.
