@@ -12,6 +12,19 @@ symmetric; int4 per group of G input features, asymmetric). The kernels:
   computing x @ ((q - 8) * scale + zero).T; G in (32, 64, 128, 256), K % G == 0, N % 16 == 0; the
   scales and zeros in x's dtype.
 
+The "_a16" variants (W8A16, W4A16) take float32 activations, round them to bfloat16 for the kernel and
+return float32: torch 2.13's int8/int4 CPU kernels run float32 activations through a scalar loop, 5-30x
+slower than the dense float32 matmul, and bfloat16 ones through vectorized code, 2-6x faster than it at
+one row (`benchmarks/bench_quant_linear.py`). The rest of a float32 model (norms, attention, residuals,
+logits) stays float32.
+
+Int4 groups of 32 (`INT4_GROUP_SIZE`) are GGUF's Q4_1 blocks: Q4_1 stores, per 32 consecutive input
+features, q in [0, 15] with w = d * q + m, and its quantizer maps each block's smallest value to 0 and its
+largest to 15, so the min/max quantizer here recovers the file's codes from the dequantized weight
+(SmolLM2-135M-Instruct's Q4_1 layers: every weight packed back exactly, max error 0). On such a model the
+int4 variants compute with the GGUF file's own weights, as llama.cpp does; only the activations' rounding
+differs from the float32 engine.
+
 Why a cache and not a prepare step: the dispatch contract passes the float weight on every call
 (`dispatch("linear", x, self.qkv_proj)`), so the tuner can install these variants over any model with no
 change to the model. Each variant keeps a `PackCache` from weight tensor to its packed form: packed once
@@ -38,7 +51,7 @@ from kernels import ref
 from kernels.ref_quant import quantize_int4, quantize_int8
 from kernels.variants import Variant
 
-INT4_GROUP_SIZE = 64  # divides every in-features of SmolLM2-135M (576, 1536) and Gemma 3 270M (640, 2048)
+INT4_GROUP_SIZE = 32  # GGUF Q4_1's block; divides every in-features of SmolLM2-135M (576, 1536) and Gemma 3 270M (640, 2048)
 _INNER_K_TILES = 2  # the CPU packing gives the same results for 1, 2, 4 and 8 (checked in torch 2.13)
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -197,7 +210,7 @@ def int4_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     """The "linear" contract with the weight quantized to int4 in groups of `INT4_GROUP_SIZE` (packed once, cached).
 
     x: [..., K] float32/bfloat16/float16; weight: [N, K]; bias: [N] or None. Returns [..., N] in x's dtype.
-    Raises ValueError for another activation dtype, or when K % 64 or N % 16 is not 0.
+    Raises ValueError for another activation dtype, or when K % INT4_GROUP_SIZE or N % 16 is not 0.
     """
     return int4_linear(x, INT4_PACKS.get(weight), bias)
 
@@ -211,30 +224,67 @@ def gated_mlp_with(linear: Callable) -> Callable:
     return gated_mlp
 
 
+def bf16_activations(linear: Callable) -> Callable:
+    """`linear` (the "linear" contract) with float32 activations rounded to bfloat16 for the kernel and the
+    result returned in float32, the bias added in float32 (W8A16 / W4A16); other dtypes pass through."""
+
+    def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return linear(x, weight, bias)
+        out = linear(x.to(torch.bfloat16), weight).to(torch.float32)
+        return out if bias is None else out + bias.to(torch.float32)
+
+    run.__name__ = f"{linear.__name__}_a16"
+    run.__doc__ = (f"`{linear.__name__}` with float32 activations computed in bfloat16 (`bf16_activations`). "
+                   "x: [..., K]; weight: [N, K]; bias: [N] or None. Returns [..., N] in x's dtype.")
+    return run
+
+
+int8_weight_linear_a16 = bf16_activations(int8_weight_linear)
+int4_weight_linear_a16 = bf16_activations(int4_weight_linear)
 int8_weight_gated_mlp = gated_mlp_with(int8_weight_linear)
 int4_weight_gated_mlp = gated_mlp_with(int4_weight_linear)
+int8_weight_gated_mlp_a16 = gated_mlp_with(int8_weight_linear_a16)
+int4_weight_gated_mlp_a16 = gated_mlp_with(int4_weight_linear_a16)
 
 # (atol, rtol) against the float32 reference, for the tuner's check inputs (`kernels/tuner_inputs.py`:
 # x ~ N(0, 1), weights ~ N(0, 1 / K), so outputs ~ N(0, 1)); the quantization error is absolute (it
 # scales with |x| and the weight's step, not with |y|). Measured on SmolLM2-135M's linear shapes (qkv, o,
-# gate_up, down, lm_head) at batch 1 and 16, fp32 and bf16, at rtol 0.02: the largest atol needed was
-# 0.038 for int8 and 0.43 for int4 (0.033 and 0.47 for gated_mlp, SwiGLU and GeGLU); deliberately wrong
-# variants needed 0.76-2.2 (int8 with each row's scale taken from the next row) and 0.73-1.17 at batch 16
-# (int4 with the zero off by one step; 0.41-0.79 at batch 1, so a single-row check may miss it).
-# On SmolLM2-135M-Instruct's real weights the relative RMS error ||y_q - y|| / ||y|| is 0.8-1.6% (int8)
-# and 8-15% (int4) (`benchmarks/bench_quant_linear.py --sections accuracy`).
+# gate_up, down, lm_head) at batch 1 and 16, fp32, bf16 and W*A16, at rtol 0.02: the largest atol needed
+# was 0.038 for int8 and 0.39 for int4 in groups of 32 (gated_mlp, SwiGLU and GeGLU on SmolLM2's and
+# Gemma 3's shapes: 0.033 and 0.40); deliberately wrong variants needed 0.76-2.2 (int8 with each row's scale
+# taken from the next row) and 0.62 or more at batch 16 (int4 with the zero off by one step; a single row
+# can need less than 0.5, so a one-row check may miss it).
+# On SmolLM2-135M-Instruct's real weights, which are GGUF Q4_1, int4 in groups of 32 is exact (module
+# docstring); its Q8_0 embedding, the tied LM head, packs with a relative RMS error of 1.2-1.6% (int8)
+# and 8-13% (int4) (`benchmarks/bench_quant_linear.py --sections accuracy`).
 INT8_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {torch.float32: (0.1, 0.02), torch.bfloat16: (0.1, 0.02)}
-INT4_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {torch.float32: (0.6, 0.02), torch.bfloat16: (0.6, 0.02)}
-INT4_MLP_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {torch.float32: (0.8, 0.02), torch.bfloat16: (0.8, 0.02)}
+INT4_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {torch.float32: (0.5, 0.02), torch.bfloat16: (0.5, 0.02)}
+INT4_MLP_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {torch.float32: (0.55, 0.02), torch.bfloat16: (0.55, 0.02)}
 
 
 def cpu_quant_variants() -> list[Variant]:
-    """The weight-only int8 and int4 variants of "linear" and "gated_mlp" (not registered; pass each to
-    `kernels.variants.register_variant`)."""
+    """The weight-only int8 and int4 variants of "linear" and "gated_mlp", with activations in the input dtype
+    and, for float32 inputs, in bfloat16 ("_a16"), and the decode steps with W4A16 projections
+    (`kernels.compiled.quantized_step_variants`). Not registered; pass each to
+    `kernels.variants.register_variant`."""
+    from kernels.compiled import quantized_step_variants
+
     dtypes = (torch.float32, torch.bfloat16)
     int8 = dict(name="int8_weight", devices=("cpu",), dtypes=dtypes, tolerance=dict(INT8_TOLERANCE))
     int4 = dict(name="int4_weight", devices=("cpu",), dtypes=dtypes, tolerance=dict(INT4_TOLERANCE))
+    int8_a16 = dict(int8, name="int8_weight_a16", dtypes=(torch.float32,))
+    int4_a16 = dict(int4, name="int4_weight_a16", dtypes=(torch.float32,))
     return [
+        Variant(op="linear", fn=int8_weight_linear_a16, **int8_a16,
+                description="weight-only int8 per output channel, activations in bfloat16 (W8A16)"),
+        Variant(op="linear", fn=int4_weight_linear_a16, **int4_a16,
+                description=f"weight-only int4, groups of {INT4_GROUP_SIZE}, activations in bfloat16 (W4A16)"),
+        Variant(op="gated_mlp", fn=int8_weight_gated_mlp_a16, **int8_a16,
+                description="gate/up and down projections as W8A16 linears"),
+        Variant(op="gated_mlp", fn=int4_weight_gated_mlp_a16, **{**int4_a16, "tolerance": dict(INT4_MLP_TOLERANCE)},
+                description=f"gate/up and down projections as W4A16 linears, groups of {INT4_GROUP_SIZE}"),
+        *quantized_step_variants(),
         Variant(op="linear", fn=int8_weight_linear, **int8,
                 description="weight-only int8 per output channel (aten._weight_int8pack_mm)"),
         Variant(op="linear", fn=int4_weight_linear, **int4,

@@ -9,7 +9,11 @@ would also admit real errors in small logits. A step variant passes when, for ev
 1. max_v |logits_v - ref_v| <= atol + rtol * max_v |ref_v|: the error is bounded relative to the
    row's scale, which is where the rounding comes from (`STEP_TOLERANCE`);
 2. argmax(logits) == argmax(ref): the greedy token is the reference's. A variant that changes any
-   greedy token is rejected even inside the tolerance, so greedy outputs stay unchanged.
+   greedy token is rejected even inside the tolerance, so greedy outputs stay unchanged. For a lossy
+   variant (weight-only quantized, bfloat16 activations: `near_ties=True`) a changed token passes when
+   the reference ranks it within the row's bound of its best (a near-tie that the stated tolerance
+   already admits: on 16 real prompts a bfloat16-rounded SmolLM2 step flipped one whose logits were
+   31.001 and 30.928).
 
     error, max_error = check_step_logits(expected, got, *STEP_TOLERANCE[torch.float32])
 """
@@ -31,12 +35,15 @@ STEP_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
-def check_step_logits(expected: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> tuple[str | None, float]:
+def check_step_logits(expected: torch.Tensor, got: torch.Tensor, atol: float, rtol: float,
+                      near_ties: bool = False) -> tuple[str | None, float]:
     """Compare a step variant's logits with the reference's.
 
     Args:
         expected, got: [B, V] logits (any float dtype; compared in float32).
         atol, rtol: the bound per row, atol + rtol * max |expected row|.
+        near_ties: accept a changed greedy token whose reference logit is within the row's bound of the
+            reference's largest (lossy variants; see the module docstring).
     Returns:
         (None, max abs error) when every row is within its bound and keeps its greedy token, else
         (what differed: the first such row, its tokens and logits; max abs error).
@@ -56,7 +63,11 @@ def check_step_logits(expected: torch.Tensor, got: torch.Tensor, atol: float, rt
                 f"(atol {atol:g} + rtol {rtol:g} x max |logit| {float(expected[row].abs().max()):.3g}); "
                 f"{len(over)} of {len(error)} rows over"), max_error
     ref_tokens, tokens = expected.argmax(dim=-1), got.argmax(dim=-1)
-    flipped = (ref_tokens != tokens).nonzero().flatten().tolist()
+    changed = ref_tokens != tokens
+    if near_ties:
+        gap = expected.amax(dim=-1) - expected.gather(-1, tokens[:, None])[:, 0]
+        changed &= gap > bound
+    flipped = changed.nonzero().flatten().tolist()
     if flipped:
         row = flipped[0]
         a, b = int(ref_tokens[row]), int(tokens[row])

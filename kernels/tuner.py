@@ -55,17 +55,20 @@ class Tuner:
         min_speedup: a variant is installed only when default time / its time reaches this.
         repeats, warmup: timed and untimed calls per candidate.
         min_share: buckets below this share of all recorded calls of their op are not hot.
-        allow_lossy: also try op variants whose stated tolerance is looser than the registry's default
-            for the dtype (weight-only quantized matmuls); off by default, so fp32 results stay equal to
-            the reference within float rounding.
+        prompts: token id lists the decode-step variants are checked on (`tuner_inputs.step_cases`: each
+            prefilled, then its next token decoded); None: random cached K/V and tokens.
+        allow_lossy: also try lossy variants (`Variant.lossy`, and op variants whose stated tolerance is
+            looser than the registry's default for the dtype: weight-only quantized matmuls and steps);
+            off by default, so fp32 results stay equal to the reference within float rounding.
     """
 
     def __init__(self, table: WinnerTable, model_name: str, *, model=None, device: str = "cpu", min_speedup: float = 1.05,
-                 repeats: int = 7, warmup: int = 2, min_share: float = 0.02, allow_lossy: bool = False):
+                 repeats: int = 7, warmup: int = 2, min_share: float = 0.02, allow_lossy: bool = False,
+                 prompts: list[list[int]] | None = None):
         self.table, self.model, self.device = table, model, device
         self.env = Environment.current(model_name, device)
         self.min_speedup, self.repeats, self.warmup, self.min_share = min_speedup, repeats, warmup, min_share
-        self.allow_lossy = allow_lossy
+        self.allow_lossy, self.prompts = allow_lossy, prompts
 
     def candidates(self, op: str, dtype: torch.dtype) -> list[Variant]:
         """The registered variants of `op` that run here on `dtype` (lossy ones only with `allow_lossy`)."""
@@ -73,7 +76,7 @@ class Tuner:
 
         def lossy(v: Variant) -> bool:
             atol, rtol = v.tolerance.get(dtype, exact)
-            return op not in STEP_OPS and (atol > exact[0] or rtol > exact[1])
+            return v.lossy or (op not in STEP_OPS and (atol > exact[0] or rtol > exact[1]))
 
         return [v for v in variants(op) if v.runs_on(self.device, dtype) and (self.allow_lossy or not lossy(v))]
 
@@ -127,7 +130,7 @@ class Tuner:
         """Verify and time every candidate of one bucket, store the verdicts, stage the winner."""
         dtype = DTYPES[bucket.dtype]
         candidates = self.candidates(bucket.op, dtype)
-        cases = bucket_cases(bucket, self.model)  # the first one is timed
+        cases = bucket_cases(bucket, self.model, self.prompts)  # the first one is timed
         threads = torch.get_num_threads()
         baseline = self._time(self._default(bucket), cases[0])
         results, timed = [], []
@@ -190,7 +193,7 @@ class Tuner:
             expected, got = _first_tensor(expected), _first_tensor(got)
             if step:
                 expected, got = self.model.compute_logits(expected), self.model.compute_logits(got)
-                error, max_error = check_step_logits(expected, got, atol, rtol)
+                error, max_error = check_step_logits(expected, got, atol, rtol, near_ties=variant.lossy)
                 worst = max(worst, max_error)
                 if error is not None:
                     return error, worst

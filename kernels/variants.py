@@ -37,6 +37,9 @@ class Variant:
             For a step op, against the eager step's logits, rtol scaled by each row's largest |logit|,
             and every greedy token must match (`kernels.step_check`).
         exact: True when its float32 results equal the reference's bit for bit (greedy outputs unchanged).
+        lossy: True when it computes with approximated weights (a weight-only quantized step): the tuner
+            tries it only when lossy variants are allowed. An op variant whose tolerance is looser than
+            `DEFAULT_TOLERANCE` counts as lossy too.
         available: returns False where the variant cannot run here (say, Triton is not installed).
         description: one line for `link compile status`.
     """
@@ -48,6 +51,7 @@ class Variant:
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
     tolerance: dict[torch.dtype, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
     exact: bool = False
+    lossy: bool = False
     available: Callable[[], bool] = lambda: True
     description: str = ""
 

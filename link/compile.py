@@ -91,6 +91,7 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
     loaded = load_model(default_registry().get(model), dtype)
     outcome = TuneOutcome(model, {})
     start = time.monotonic()
+    prompts = None
     if workload == "recorded":
         outcome.counts = table.counts(model)
         if not outcome.counts:
@@ -105,7 +106,7 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
         outcome.counts = record_workload(engine, prompts, concurrencies, max_tokens)
         table.add_counts(model, outcome.counts)
     outcome.record_s = time.monotonic() - start
-    tuner = Tuner(table, model, model=loaded.model, allow_lossy=allow_lossy)
+    tuner = Tuner(table, model, model=loaded.model, allow_lossy=allow_lossy, prompts=prompts)
     start = time.monotonic()
     outcome.results = tuner.tune(outcome.counts, budget_s,
                                  progress=lambda b, done, total: progress(f"{b.op} {b.label} {b.dtype}", done, total))

@@ -82,3 +82,60 @@ def test_compiled_rotary_warmed_up_serves_the_engine_layout_without_compiling():
         out = kernels.dispatch("rotary", q_k, cos, sin)
     torch.testing.assert_close(out, ref.ref_rotary(q_k, cos, sin), atol=1e-5, rtol=1e-5)
     assert counters["stats"]["unique_graphs"] == graphs
+
+
+def _prompt_ids(loaded, prompts: list[str]) -> list[list[int]]:
+    return [loaded.tokenizer.encode(loaded.chat_format.render([{"role": "user", "content": p}])) for p in prompts]
+
+
+def test_step_cases_on_prompts_decode_from_the_eager_prefill(smollm2_fp32, real_prompts):
+    """A decode-step case built on real prompts holds the eager model's K/V of each prompt and decodes its
+    greedy next token: the step's logits are the last row of the whole sequence's own forward pass."""
+    from kernels.tuner_inputs import step_cases
+
+    model = smollm2_fp32.model
+    prompts = _prompt_ids(smollm2_fp32, real_prompts[:3])
+    (args, _), *_ = step_cases(model, 3, prompts=prompts)
+    _, token_ids, batch, cache = args
+    with torch.inference_mode():
+        logits = model.compute_logits(model(token_ids, batch, cache))
+        for b, prompt in enumerate(prompts):
+            whole = model.prefill_logits(prompt + [int(token_ids[b])])
+            assert int(token_ids[b]) == int(model.prefill_logits(prompt)[-1].argmax())
+            torch.testing.assert_close(logits[b], whole[-1], atol=2e-4, rtol=1e-4)
+
+
+def test_w4a16_decode_step_packs_the_q4_1_file_exactly_and_stays_within_its_tolerance(smollm2_fp32, real_prompts):
+    """SmolLM2's projections come from GGUF Q4_1 (blocks of 32): packed to int4 in groups of 32 they are the
+    file's weights exactly, so the W4A16 step differs from the float32 step only by bfloat16 activations.
+    Run without compiling (its regions' eager form: same math, no compile time) on real prompts."""
+    from kernels.compiled import W4A16_STEP_TOLERANCE, CompiledDecodeStep, quantized_step_variants
+    from kernels.quant_cpu import INT4_GROUP_SIZE
+    from kernels.ref_quant import quantize_int4
+    from kernels.step_check import check_step_logits
+    from kernels.tuner_inputs import step_cases
+
+    model = smollm2_fp32.model
+    layer = model.layers[7]
+    for weight in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        q, scale, zero = quantize_int4(weight, INT4_GROUP_SIZE)
+        restored = (q.float() - 8) * scale.repeat_interleave(INT4_GROUP_SIZE, 1) + zero.repeat_interleave(INT4_GROUP_SIZE, 1)
+        assert torch.equal(restored, weight)
+    assert all(v.lossy for v in quantized_step_variants())
+    step = CompiledDecodeStep(model, torch.get_num_threads(), weights="w4a16")
+    atol, rtol = W4A16_STEP_TOLERANCE[torch.float32]
+    for (args, _) in step_cases(model, 4, prompts=_prompt_ids(smollm2_fp32, real_prompts)):
+        m, token_ids, batch, cache = args
+        with torch.inference_mode():
+            expected = model.compute_logits(m(token_ids, batch, _clone(cache)))
+            got = model.compute_logits(step.run(m, token_ids, batch, _clone(cache)))
+        error, max_error = check_step_logits(expected, got, atol, rtol, near_ties=True)
+        assert error is None
+        relative = ((got - expected).abs().amax(-1) / expected.abs().amax(-1)).max()
+        assert 1e-4 < relative < 0.02  # bfloat16 activations move the logits (by ~0.4-1.2% measured), int4 no further
+
+
+def _clone(cache):
+    from kernels.tuner import _clone_cache
+
+    return _clone_cache(cache)

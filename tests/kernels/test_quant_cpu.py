@@ -198,14 +198,19 @@ def test_quantized_gated_mlp_matches_reference(activation):
 
 
 def test_cpu_quant_variants_are_not_registered_at_import():
+    from kernels.compiled import thread_candidates
     from kernels.variants import variants
 
     found = quant_cpu.cpu_quant_variants()
     assert all(isinstance(v, Variant) and v.devices == ("cpu",) for v in found)
-    assert {(v.op, v.name) for v in found} == {
-        ("linear", "int8_weight"), ("linear", "int4_weight"), ("gated_mlp", "int8_weight"), ("gated_mlp", "int4_weight")}
+    kinds = ("int8_weight", "int4_weight", "int8_weight_a16", "int4_weight_a16")
+    assert {(v.op, v.name) for v in found if v.op != "decode_step"} == {(op, k) for op in ("linear", "gated_mlp") for k in kinds}
+    assert {v.name for v in found if v.op == "decode_step"} == {f"compile-w4a16-t{n}" for n in thread_candidates()}
+    assert all(v.lossy for v in found if v.op == "decode_step")
+    assert all(v.dtypes == (torch.float32,) for v in found if v.name.endswith("_a16"))
     assert all(set(v.tolerance) >= set(v.dtypes) for v in found)
-    assert not any(v.name.endswith("_weight") for op in ("linear", "gated_mlp") for v in variants(op))
+    assert not any("_weight" in v.name for op in ("linear", "gated_mlp") for v in variants(op))
+    assert not any("w4a16" in v.name for v in variants("decode_step"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -215,10 +220,47 @@ def test_stated_tolerances_accept_the_variants_and_reject_a_wrong_scale(dtype):
     w, x = torch.randn(960, 576, generator=gen) * 576**-0.5, torch.randn(16, 576, generator=gen)
     expected = F.linear(x, w)
     for fn, tolerance in ((quant_cpu.int8_weight_linear, quant_cpu.INT8_TOLERANCE),
-                          (quant_cpu.int4_weight_linear, quant_cpu.INT4_TOLERANCE)):
+                          (quant_cpu.int4_weight_linear, quant_cpu.INT4_TOLERANCE),
+                          (quant_cpu.int8_weight_linear_a16, quant_cpu.INT8_TOLERANCE),
+                          (quant_cpu.int4_weight_linear_a16, quant_cpu.INT4_TOLERANCE)):
         atol, rtol = tolerance[dtype]
         torch.testing.assert_close(fn(x.to(dtype), w.to(dtype)).float(), expected, atol=atol, rtol=rtol)
     pack = quant_cpu.pack_int8(w)
     wrong = quant_cpu.int8_linear(x.to(dtype), quant_cpu.Int8Pack(pack.q, pack.scale.roll(1))).float()
     atol, rtol = quant_cpu.INT8_TOLERANCE[dtype]
     assert not torch.allclose(wrong, expected, atol=atol, rtol=rtol)
+    pack4 = quant_cpu.pack_int4(w)  # every zero one step too high
+    scale, zero = pack4.scale_and_zero.unbind(-1)
+    off = quant_cpu.Int4Pack(pack4.packed, torch.stack((scale, zero + scale), -1).contiguous(), pack4.group_size)
+    atol, rtol = quant_cpu.INT4_TOLERANCE[dtype]
+    assert not torch.allclose(quant_cpu.int4_linear(x.to(dtype), off).float(), expected, atol=atol, rtol=rtol)
+
+
+def test_a16_linears_compute_the_float32_call_in_bfloat16():
+    """W8A16 / W4A16 on float32 input: the 16-bit kernel on the input rounded to bfloat16, returned in
+    float32 with the bias added there; equal to the plain variant called on bfloat16 input."""
+    gen = torch.Generator().manual_seed(6)
+    w, x, bias = torch.randn(64, 96, generator=gen) * 0.1, torch.randn(3, 96, generator=gen), torch.randn(64, generator=gen)
+    for a16, plain in ((quant_cpu.int8_weight_linear_a16, quant_cpu.int8_weight_linear),
+                       (quant_cpu.int4_weight_linear_a16, quant_cpu.int4_weight_linear)):
+        out = a16(x, w, bias)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, plain(x.bfloat16(), w).float() + bias, atol=0, rtol=0)
+        assert a16(x.bfloat16(), w).dtype == torch.bfloat16  # other dtypes pass through
+
+
+def test_int4_groups_of_32_recover_gguf_q4_1_blocks():
+    """GGUF Q4_1 (w = d * q + m per block of 32, the block's min at q = 0 and max at q = 15, d and m float16),
+    written by hand with the format's own quantizer, dequantized, then packed: the same codes and weights."""
+    gen = torch.Generator().manual_seed(7)
+    original = torch.randn(16, 96, generator=gen)
+    blocks = original.reshape(16, 3, 32)
+    lo, hi = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+    d = ((hi - lo) / 15).half().float()
+    m = lo.half().float()
+    codes = torch.round((blocks - m) / d).clamp(0, 15)
+    file_weight = (d * codes + m).reshape(16, 96)        # what the GGUF reader gives the engine
+    q, scale, zero = ref_quant.quantize_int4(file_weight, quant_cpu.INT4_GROUP_SIZE)
+    assert quant_cpu.INT4_GROUP_SIZE == 32
+    assert torch.equal(q.reshape(16, 3, 32).float(), codes)
+    torch.testing.assert_close(ref_quant.dequantize_int4(q, scale, zero), file_weight, atol=1e-6, rtol=0)

@@ -122,3 +122,34 @@ def test_tuner_rejects_and_logs_step_variants_that_change_greedy_tokens_or_excee
     assert any("rejected variant scaled for decode_step 4" in m for m in logged)
     stored = {r.variant: r.status for r in tuner.table.results(tuner.env)}
     assert stored["flipped"] == stored["scaled"] == "rejected"
+
+
+def test_near_ties_admit_a_flip_inside_the_bound_and_no_other():
+    """A lossy variant (`near_ties=True`) may change a greedy token whose reference logit is within the row's
+    bound b of the best; one ranked 1.5 b below is still rejected, though every logit moved by only 0.9 b."""
+    expected = FakeModel().table[:5]
+    flipped = _flipped(lambda *args: expected, None, None, None)  # the runner-up, MARGIN below, now on top
+    assert check_step_logits(expected, flipped, ATOL, RTOL)[0] is not None
+    assert check_step_logits(expected, flipped, ATOL, RTOL, near_ties=True)[0] is None
+    row = expected[:1].clone()
+    bound = ATOL + RTOL * float(row.abs().max())
+    best = int(row.argmax())
+    other = int(row.topk(2).indices[0, 1])  # the runner-up, moved to 1.5 b below the best
+    row[0, other] = row[0, best] - 1.5 * bound
+    got = row.clone()
+    got[0, best] -= 0.9 * bound
+    got[0, other] += 0.9 * bound
+    assert int(got.argmax()) == other
+    error, max_error = check_step_logits(row, got, ATOL, RTOL, near_ties=True)
+    assert max_error == pytest.approx(0.9 * bound, rel=1e-4)
+    assert error is not None and error.startswith("row 0: greedy token changed")
+
+
+def test_a_lossy_step_variant_is_a_candidate_only_when_allowed(tmp_path, monkeypatch):
+    lossy = Variant("decode_step", "lossy", _shifted, tolerance=dict(STEP_TOLERANCE), lossy=True)
+    monkeypatch.setattr(tuner_module, "variants", lambda op: [*FAKES, lossy] if op == "decode_step" else [])
+    table = WinnerTable(tmp_path / "winners.sqlite")
+    strict = Tuner(table, MODEL, model=FakeModel())
+    allowed = Tuner(table, MODEL, model=FakeModel(), allow_lossy=True)
+    assert [v.name for v in strict.candidates("decode_step", torch.float32)] == ["shifted", "flipped", "scaled"]
+    assert [v.name for v in allowed.candidates("decode_step", torch.float32)] == ["shifted", "flipped", "scaled", "lossy"]
