@@ -1,10 +1,11 @@
 """Which variant providers the tuner may choose from, registered on demand.
 
-    register_candidates(("compiled", "triton"))   # the defaults: results equal the fp32 reference within
-                                                  # float rounding (greedy fp32 outputs unchanged)
-    register_candidates(("compiled", "quantized"))  # adds lossy weight-only int8/int4 linears (opt-in)
+    register_candidates(("cpu", "compiled", "triton"))  # the defaults: results equal the fp32 reference
+                                                        # within float rounding (greedy fp32 outputs unchanged)
+    register_candidates(("cpu", "compiled", "quantized"))  # adds lossy weight-only int8/int4 variants (opt-in)
 
-Providers: "compiled" (`kernels.compiled`: torch.compile and thread counts), "triton"
+Providers: "cpu" (`kernels.cpu.cpu_variants`: plain PyTorch, e.g. decode attention as batched matmuls),
+"compiled" (`kernels.compiled`: torch.compile and thread counts), "triton"
 (`kernels.triton.triton_variants`, CUDA only), "quantized" (`kernels.quant_cpu.cpu_quant_variants`).
 A provider whose module is missing or fails to import is skipped with a log line.
 """
@@ -19,11 +20,12 @@ from kernels.variants import Variant, register_variant
 logger = logging.getLogger(__name__)
 
 PROVIDERS = {
+    "cpu": ("kernels.cpu", "cpu_variants"),
     "compiled": ("kernels.compiled", "register_compiled_variants"),
     "triton": ("kernels.triton", "triton_variants"),
     "quantized": ("kernels.quant_cpu", "cpu_quant_variants"),
 }
-DEFAULT_PROVIDERS = ("compiled", "triton")
+DEFAULT_PROVIDERS = ("cpu", "compiled", "triton")
 
 
 def register_candidates(providers=DEFAULT_PROVIDERS) -> list[Variant]:

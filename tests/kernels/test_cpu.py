@@ -64,16 +64,17 @@ BATCHES = [
 ]
 
 
+@pytest.mark.parametrize("paged", [cpu.sdpa_paged_attention, cpu.bmm_paged_attention], ids=["sdpa", "bmm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 7, 20])
 @pytest.mark.parametrize("seq_lens,query_lens", BATCHES)
-def test_sdpa_paged_attention_matches_reference(dtype, window, seq_lens, query_lens):
+def test_paged_attention_matches_reference(paged, dtype, window, seq_lens, query_lens):
     block_size, heads, kv_heads, dim = 8, 6, 2, 12
     q, k_cache, v_cache, tables, contiguous = _paged_batch(
         seq_lens, query_lens, block_size=block_size, kv_heads=kv_heads, heads=heads, dim=dim, dtype=dtype, seed=len(seq_lens)
     )
     args = dict(scale=dim**-0.5, sliding_window=window)
-    out = cpu.sdpa_paged_attention(q, k_cache, v_cache, tables, seq_lens, query_lens, **args)
+    out = paged(q, k_cache, v_cache, tables, seq_lens, query_lens, **args)
     expected = ref.ref_paged_attention(q.float(), k_cache.float(), v_cache.float(), tables, seq_lens, query_lens, **args)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
@@ -83,6 +84,13 @@ def test_sdpa_paged_attention_matches_reference(dtype, window, seq_lens, query_l
         alone = ref.ref_attention(q[start : start + n].float(), k.float(), v.float(), scale=dim**-0.5, q_start=s - n, sliding_window=window)
         torch.testing.assert_close(expected[start : start + n], alone, atol=1e-5, rtol=1e-5)
         start += n
+
+
+def test_bmm_decode_is_a_tuner_candidate_not_the_default():
+    found = {(v.op, v.name): v for v in cpu.cpu_variants()}
+    assert found[("paged_attention", "bmm-decode")].fn is cpu.bmm_paged_attention
+    assert not found[("paged_attention", "bmm-decode")].lossy
+    assert kernels.registered("paged_attention") is cpu.sdpa_paged_attention
 
 
 def test_defaults_are_the_cpu_variants_and_references_can_be_installed():
