@@ -14,8 +14,10 @@ Three sections, each row carrying the 1-minute load average (`os.getloadavg`) wh
   "gated_mlp") swapped to each variant via `kernels.dispatch.register`, measured as in
   `bench_generate.py`; and how many of the first 64 greedy tokens on 5 prompts match fp32.
 - gsm8k: accuracy on `--gsm8k-items` test items drawn with seed 0 (0-shot chat, greedy, 320 tokens, graded
-  as `evals.suites.gsm8k` grades) of fp32, "int8 linear+mlp", "int4 linear+mlp" and a bfloat16 engine, with each
-  one's agreement with fp32 (same extracted answer, same reply); needs `LINK_DATASETS_DIR`.
+  as `evals.suites.gsm8k` grades) of fp32, "W8A16 linear+mlp", "W4A16 linear+mlp" (every projection and the
+  LM head), a bfloat16 engine and, with `--winners FILE`, an engine serving that `link compile tune` table's
+  winners (what a tuned server runs), with each one's agreement with fp32 (same extracted answer, same
+  reply); needs `LINK_DATASETS_DIR`.
 
 Run from the repository root (about 6 minutes on an idle 2-core CPU):
 
@@ -65,7 +67,10 @@ VARIANTS = {
     "int4 linear": {"linear": quant_cpu.int4_weight_linear},
     "int8 linear+mlp": {"linear": quant_cpu.int8_weight_linear, "gated_mlp": quant_cpu.int8_weight_gated_mlp},
     "int4 linear+mlp": {"linear": quant_cpu.int4_weight_linear, "gated_mlp": quant_cpu.int4_weight_gated_mlp},
+    "W8A16 linear+mlp": {"linear": quant_cpu.int8_weight_linear_a16, "gated_mlp": quant_cpu.int8_weight_gated_mlp_a16},
+    "W4A16 linear+mlp": {"linear": quant_cpu.int4_weight_linear_a16, "gated_mlp": quant_cpu.int4_weight_gated_mlp_a16},
 }
+GSM8K_VARIANTS = ("fp32", "W8A16 linear+mlp", "W4A16 linear+mlp")
 
 
 def load_average() -> float:
@@ -178,7 +183,7 @@ def bench_decode(llm, num_tokens: int, repeats: int) -> list[dict]:
     return rows
 
 
-def bench_gsm8k(llm, num_items: int) -> list[dict]:
+def bench_gsm8k(llm, num_items: int, winners: Path | None = None) -> list[dict]:
     """GSM8K accuracy of fp32, int8 and int4 weight-only linears (swapped into `llm`) and of a bfloat16 engine, with
     each variant's agreement with fp32: the share of items whose extracted answer, and whose whole reply, equals
     fp32's (SmolLM2 scores near zero on GSM8K, so agreement is the more telling number)."""
@@ -187,16 +192,18 @@ def bench_gsm8k(llm, num_items: int) -> list[dict]:
     from evals.graders import extract_number, numbers_equal
     from evals.suites.gsm8k import GSM8K
     from serving import LLM, SamplingParams
+    from serving.llm_engine import EngineConfig
 
     suite = GSM8K(Path(os.environ.get("LINK_DATASETS_DIR", "~/.link/datasets")).expanduser())
     items = random.Random(0).sample(suite.load("test"), num_items)
     conversations = [suite.request(item)[1]["messages"] for item in items]
     params = SamplingParams(**suite.sampling)
 
-    def run(engine, name: str, swaps: dict) -> tuple[dict, list[str]]:
-        reset()
-        for op, fn in swaps.items():
-            register(op, fn)
+    def run(engine, name: str, swaps: dict | None) -> tuple[dict, list[str]]:
+        if swaps is not None:  # None: keep the engine's own installed winners
+            reset()
+            for op, fn in swaps.items():
+                register(op, fn)
         start = time.perf_counter()
         try:
             outputs = engine.chat(conversations, params)
@@ -208,12 +215,19 @@ def bench_gsm8k(llm, num_items: int) -> list[dict]:
                  "seconds": time.perf_counter() - start, "load_average": load_average()}, texts)
 
     rows, replies = [], {}
-    for name in ("fp32", "int8 linear+mlp", "int4 linear+mlp"):
+    for name in GSM8K_VARIANTS:
         row, replies[name] = run(llm, name, VARIANTS[name])
         rows.append(row)
-    bf16 = LLM(MODEL, dtype="bfloat16")
+    bf16 = LLM(MODEL, dtype="bfloat16", engine_config=EngineConfig(tuned_kernels=False))
     row, replies["bf16 engine"] = run(bf16, "bf16 engine", {})
     rows.append(row)
+    if winners is not None:
+        reset()
+        os.environ["LINK_COMPILE_DB"] = str(winners)
+        tuned = LLM(MODEL, engine_config=EngineConfig(tuned_kernels=True))  # installs the table's winners
+        name = f"tuned winners ({winners.name})"
+        row, replies[name] = run(tuned, name, None)
+        rows.append(row)
     reference = replies["fp32"]
     for row in rows:
         texts = replies[row["variant"]]
@@ -246,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per kernel (median kept)")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generations per length (fastest kept)")
     parser.add_argument("--num-tokens", type=int, default=64, help="decode tokens timed")
+    parser.add_argument("--winners", type=Path, help="gsm8k: also an engine serving this `link compile tune` table")
     parser.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     result = {}
@@ -254,13 +269,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if {"accuracy", "decode", "gsm8k"} & set(args.sections):
         from serving import LLM
 
-        llm = LLM(MODEL, dtype="float32")
+        from serving.llm_engine import EngineConfig
+
+        llm = LLM(MODEL, dtype="float32", engine_config=EngineConfig(tuned_kernels=False))
         if "accuracy" in args.sections:
             result["accuracy"] = bench_accuracy(llm.loaded.model)
         if "decode" in args.sections:
             result["decode"] = bench_decode(llm, args.num_tokens, args.decode_repeats)
         if "gsm8k" in args.sections:
-            result["gsm8k"] = bench_gsm8k(llm, args.gsm8k_items)
+            result["gsm8k"] = bench_gsm8k(llm, args.gsm8k_items, args.winners)
     show_and_save(render(result), result, args.json)
     return result
 
