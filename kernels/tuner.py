@@ -97,14 +97,16 @@ class Tuner:
         return count
 
     def hot_buckets(self, counts: dict[Bucket, int]) -> list[tuple[Bucket, int]]:
-        """The tunable buckets holding at least `min_share` of their op's calls: step buckets first (a
-        decode step is worth dozens of op calls), then the most called."""
-        per_op: dict[str, int] = {}
+        """The tunable buckets holding at least `min_share` of the calls of their site (op and weight shape:
+        a model's LM head is one call per step beside 60 of the layers' projections, and still the largest
+        matmul of a decode step): step buckets first (a decode step is worth dozens of op calls), then the
+        most work (calls x `_work`)."""
+        per_site: dict[tuple, int] = {}
         for bucket, n in counts.items():
-            per_op[bucket.op] = per_op.get(bucket.op, 0) + n
-        hot = [(b, n) for b, n in counts.items() if b.op in TUNABLE_OPS and n >= self.min_share * per_op[b.op]
+            per_site[_site(bucket)] = per_site.get(_site(bucket), 0) + n
+        hot = [(b, n) for b, n in counts.items() if b.op in TUNABLE_OPS and n >= self.min_share * per_site[_site(b)]
                and (b.op not in STEP_OPS or b.model == self.env.model)]
-        return sorted(hot, key=lambda item: (item[0].op not in STEP_OPS, -item[1], item[0].op, item[0].label))
+        return sorted(hot, key=lambda item: (item[0].op not in STEP_OPS, -item[1] * _work(item[0]), item[0].op, item[0].label))
 
     def tune(self, counts: dict[Bucket, int], budget_s: float = 300.0,
              progress: Callable[[Bucket, int, int], None] | None = None) -> list[Result]:
@@ -219,6 +221,21 @@ class Tuner:
             fn(*args, **kwargs)
             times.append((time.perf_counter() - start) * 1e3)
         return statistics.median(times)
+
+
+def _site(bucket: Bucket) -> tuple:
+    """Where calls of a bucket come from: the op and every shape after the first (a matmul's weight)."""
+    return bucket.op, bucket.shapes[1:]
+
+
+def _work(bucket: Bucket) -> int:
+    """Arithmetic of one call, up to a constant per op: a matmul's M x N x K, else the first input's size."""
+    size = 1
+    for d in bucket.shapes[0]:
+        size *= d
+    if bucket.op in ("linear", "gated_mlp") and len(bucket.shapes) > 1:
+        size *= bucket.shapes[1][0]
+    return size
 
 
 def _upcast(args: tuple) -> tuple:

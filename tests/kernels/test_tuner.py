@@ -127,3 +127,16 @@ def test_background_round_saves_counts_and_tunes_the_recorded_shift(table):
         assert table.counts(MODEL) == {HOT: 5, SHIFTED: 5}
     finally:
         kernels.attach_recorder(None)
+
+
+def test_hotness_is_per_weight_shape_and_order_by_work(table):
+    """A decode step calls the LM head once beside 60 layer projections: 1.6% of the linear calls, yet a
+    bucket of its own site (weight shape), and the most work (M x N x K) of them all."""
+    qkv = Bucket("linear", ((1, 576), (960, 576)), "float32")
+    o_proj = Bucket("linear", ((1, 576), (576, 576)), "float32")
+    lm_head = Bucket("linear", ((1, 576), (49152, 576)), "float32")
+    rare = Bucket("linear", ((512, 576), (960, 576)), "float32")  # a prefill chunk now and then
+    counts = {qkv: 3000, o_proj: 3000, lm_head: 100, rare: 30}
+    tuner = Tuner(table, MODEL, min_share=0.02)
+    assert [b for b, _ in tuner.hot_buckets(counts)] == [lm_head, qkv, o_proj]  # 2.8e9, 1.7e9, 1.0e9 MACs
+    assert [b for b, _ in Tuner(table, MODEL, min_share=0.005).hot_buckets(counts)] == [rare, lm_head, qkv, o_proj]  # rare: 8.5e9
