@@ -34,7 +34,7 @@ import torch
 from kernels.dispatch import _REFERENCES, registered
 from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder
 from kernels.step_check import check_step_logits
-from kernels.tuner_inputs import DTYPES, bucket_cases
+from kernels.tuner_inputs import DTYPES, bucket_cases, model_weight_cases
 from kernels.variants import DEFAULT_TOLERANCE, Variant, variants
 from kernels.warmup import install_warm
 from kernels.winners import Environment, Result, WinnerTable
@@ -139,7 +139,7 @@ class Tuner:
         for variant in candidates:
             max_error = None
             try:
-                error, max_error = self._verify(variant, cases, dtype)
+                error, max_error = self._verify(variant, cases, dtype, bucket)
                 atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
                 if error is not None:
                     raise AssertionError(error)
@@ -178,12 +178,17 @@ class Tuner:
         return _REFERENCES[bucket_op]
 
     @torch.inference_mode()
-    def _verify(self, variant: Variant, cases: list[tuple[tuple, dict]], dtype: torch.dtype) -> tuple[str | None, float]:
+    def _verify(self, variant: Variant, cases: list[tuple[tuple, dict]], dtype: torch.dtype,
+                bucket: Bucket | None = None) -> tuple[str | None, float]:
         """(None, max abs error) when every case is within tolerance, else (what differed, max abs error).
 
         Kernel ops: element-wise `allclose` against the reference run in float32. Step ops: the logits of
         the step's hidden states (`model.compute_logits`) against the eager forward's, within the bound
         relative to each row's scale and with every greedy token unchanged (`kernels.step_check`).
+        A variant with `max_relative_error` (a quantized matmul) is also run on the model's own weights of
+        the bucket's shape, when the tuner has the model (`tuner_inputs.model_weight_cases`): its relative
+        RMS error there must stay within that bound. Random weights pack alike whatever the model, while a
+        model's weights may pack exactly (GGUF Q4_1 into int4) or lose 8-13% (a Q8_0 embedding into int4).
         """
         atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
         reference = self._reference(variant.op)
@@ -207,6 +212,14 @@ class Tuner:
             worst = max(worst, max_error)
             if not torch.allclose(got, expected, atol=atol, rtol=rtol):
                 return f"max abs error {max_error:.3g} outside atol {atol:g} / rtol {rtol:g}", worst
+        if variant.max_relative_error is not None and self.model is not None and bucket is not None:
+            for args, kwargs in model_weight_cases(bucket, self.model):
+                expected = reference(*_upcast(args), **kwargs).float()
+                got = variant.fn(*args, **kwargs).float()
+                relative = float((got - expected).norm() / expected.norm().clamp_min(1e-30))
+                if relative > variant.max_relative_error:
+                    return (f"relative error {relative:.3g} on the model's own weights {tuple(args[1].shape)}, over "
+                            f"{variant.max_relative_error:g}"), worst
         return None, worst
 
     @torch.inference_mode()

@@ -51,6 +51,28 @@ def warmup_cases(bucket: Bucket, model=None) -> list[tuple[tuple, dict]]:
     return cases + op_cases(smallest, DTYPES[bucket.dtype])
 
 
+def model_weight_cases(bucket: Bucket, model) -> list[tuple[tuple, dict]]:
+    """A "linear" or "gated_mlp" bucket's call on `model`'s own weights of the bucket's shapes (the first
+    parameters that fit: a tied LM head is the embedding), x ~ N(0, 1) in the bucket's dtype; [] when the
+    model has none (or for another op). The weights are the parameters themselves, so a pack cached while
+    checking is the one the model's calls use."""
+    dtype = DTYPES[bucket.dtype]
+    gen = torch.Generator().manual_seed(_SEED)
+    (rows, *_), weight_shape = bucket.shapes[0], tuple(bucket.shapes[1])
+    if bucket.op == "linear":
+        found = next((p for p in model.parameters() if tuple(p.shape) == weight_shape and p.dtype == dtype), None)
+        if found is None:
+            return []
+        return [((torch.randn(rows, weight_shape[1], generator=gen).to(dtype), found), {})]
+    if bucket.op == "gated_mlp":
+        for module in model.modules():
+            gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+            if isinstance(gate_up, torch.Tensor) and tuple(gate_up.shape) == weight_shape and gate_up.dtype == dtype:
+                x = torch.randn(rows, weight_shape[1], generator=gen).to(dtype)
+                return [((x, gate_up, down, module.activation), {})]
+    return []
+
+
 def op_cases(bucket: Bucket, dtype: torch.dtype) -> list[tuple[tuple, dict]]:
     """(args, kwargs) cases of one op bucket. Raises ValueError for an op the tuner does not tune."""
     gen = torch.Generator().manual_seed(_SEED)

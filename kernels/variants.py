@@ -37,6 +37,8 @@ class Variant:
             For a step op, against the eager step's logits, rtol scaled by each row's largest |logit|,
             and every greedy token must match (`kernels.step_check`).
         exact: True when its float32 results equal the reference's bit for bit (greedy outputs unchanged).
+        max_relative_error: for a quantized matmul, the largest relative RMS error ||y - y_ref|| / ||y_ref||
+            allowed on the model's own weights (checked by the tuner when it has the model); None: unchecked.
         lossy: True when it computes with approximated weights (a weight-only quantized step): the tuner
             tries it only when lossy variants are allowed. An op variant whose tolerance is looser than
             `DEFAULT_TOLERANCE` counts as lossy too.
@@ -52,6 +54,7 @@ class Variant:
     tolerance: dict[torch.dtype, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_TOLERANCE))
     exact: bool = False
     lossy: bool = False
+    max_relative_error: float | None = None
     available: Callable[[], bool] = lambda: True
     description: str = ""
 

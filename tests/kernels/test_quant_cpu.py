@@ -264,3 +264,33 @@ def test_int4_groups_of_32_recover_gguf_q4_1_blocks():
     assert quant_cpu.INT4_GROUP_SIZE == 32
     assert torch.equal(q.reshape(16, 3, 32).float(), codes)
     torch.testing.assert_close(ref_quant.dequantize_int4(q, scale, zero), file_weight, atol=1e-6, rtol=0)
+
+
+def test_tuner_checks_quantized_variants_on_the_models_own_weights(tmp_path, monkeypatch):
+    """Random check weights pack alike; a model's own may not. The same int4 variant passes on a model whose
+    weight is a Q4_1-style block grid (0.3% error from the bfloat16 activations) and is rejected, logged with
+    its relative error, on one with Gaussian weights (about 9%), over `MAX_RELATIVE_ERROR`."""
+    import kernels
+    import kernels.tuner as tuner_module
+    from kernels.recorder import Bucket
+    from kernels.tuner import Tuner
+    from kernels.winners import WinnerTable
+
+    int4 = next(v for v in quant_cpu.cpu_quant_variants() if (v.op, v.name) == ("linear", "int4_weight_a16"))
+    monkeypatch.setattr(tuner_module, "variants", lambda op: [int4] if op == "linear" else [])
+    gen = torch.Generator().manual_seed(8)
+    gaussian = torch.randn(64, 96, generator=gen) * 0.05
+    blocks = gaussian.reshape(64, 3, 32)
+    lo, step = blocks.amin(-1, keepdim=True), (blocks.amax(-1, keepdim=True) - blocks.amin(-1, keepdim=True)) / 15
+    on_grid = (lo + step * torch.round((blocks - lo) / step)).reshape(64, 96)
+    bucket = Bucket("linear", ((4, 96), (64, 96)), "float32")
+    verdicts = {}
+    for name, weight in (("grid", on_grid), ("gaussian", gaussian)):
+        model = torch.nn.Linear(96, 64, bias=False)
+        model.weight = torch.nn.Parameter(weight, requires_grad=False)
+        tuner = Tuner(WinnerTable(tmp_path / f"{name}.sqlite"), "m", model=model, allow_lossy=True, repeats=1, warmup=0)
+        verdicts[name] = {r.variant: r for r in tuner.tune_bucket(bucket)}["int4_weight_a16"]
+        kernels.reset()
+    assert verdicts["grid"].status in ("passed", "winner")
+    assert verdicts["gaussian"].status == "rejected" and "relative error" in verdicts["gaussian"].message
+    assert float(verdicts["gaussian"].message.split()[2]) > quant_cpu.MAX_RELATIVE_ERROR
