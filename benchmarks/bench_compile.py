@@ -16,7 +16,8 @@
    the graphs Dynamo compiled during that generation counted (0 expected: the winners are compiled when
    installed, `kernels.warmup`);
 5. with `--llama-cpp`: llama-cpp-python on the same GGUF file at concurrency 1 (`link bench serving`'s
-   llama-cpp worker, same prompts and token counts), and the tuned engine's c=1 decode rate against it.
+   llama-cpp worker, same prompts and token counts), and against it the tuned engine measured the same
+   way (`link-engine`: in-process, one request at a time, no HTTP) as well as through its server.
 Prints decode tokens/s per request and output tokens/s per level, the ratios, the winners and the
 load average before and after (the machine may be shared: the numbers are only as quiet as it is).
 """
@@ -40,7 +41,7 @@ def serve_levels(model: str, db: Path, prompts_c1: int, prompts_c16: int, max_to
 
     os.environ["LINK_COMPILE_DB"] = str(db)
     out = {}
-    levels = ((1, prompts_c1),) if system == "llama-cpp" else ((1, prompts_c1), (16, prompts_c16))
+    levels = ((1, prompts_c1),) if system in ("llama-cpp", "link-engine") else ((1, prompts_c1), (16, prompts_c16))
     for concurrency, num_prompts in levels:
         result = run_serving_benchmark(model, [concurrency], num_prompts, max_tokens, [system],
                                        progress=lambda message: print("  ", message, flush=True))
@@ -116,6 +117,8 @@ def main() -> None:
     if args.llama_cpp:
         print("llama-cpp-python, same GGUF file:", flush=True)
         report["llama_cpp"] = serve_levels(args.model, empty, args.prompts_c1, 0, args.max_tokens, system="llama-cpp")
+        print("our engine measured as llama.cpp is (in-process, one request at a time), tuned:", flush=True)
+        report["engine_inprocess"] = serve_levels(args.model, tuned, args.prompts_c1, 0, args.max_tokens, system="link-engine")
     report["load_after"] = os.getloadavg()
     for c in (1, 16):
         b, a = report["before"][c], report["after"][c]
@@ -127,9 +130,13 @@ def main() -> None:
     if "llama_cpp" in report:
         key = "decode_tokens_per_s"
         ours, theirs = report["after"][1].get(key), report["llama_cpp"][1].get(key)
+        engine = report["engine_inprocess"][1].get(key)
         if ours and theirs:
             report["c1_decode_vs_llama_cpp"] = ours / theirs
-            print(f"c=1 decode, tuned engine / llama-cpp-python: {ours:.2f} / {theirs:.2f} = {ours / theirs:.2f}x")
+            print(f"c=1 decode, tuned server (HTTP, client on the same cores) / llama-cpp-python: {ours:.2f} / {theirs:.2f} = {ours / theirs:.2f}x")
+        if engine and theirs:
+            report["c1_engine_decode_vs_llama_cpp"] = engine / theirs
+            print(f"c=1 decode, tuned engine in-process / llama-cpp-python in-process: {engine:.2f} / {theirs:.2f} = {engine / theirs:.2f}x")
     print(f"graphs compiled inside engine steps with the winners installed (0: all warmed up): {report['graphs_compiled_in_steps']}")
     print(f"load average after: {report['load_after']}")
     if args.json_path:

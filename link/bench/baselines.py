@@ -1,8 +1,10 @@
 """The serving benchmark's baselines, each run in a spawned worker that times itself:
-`transformers` (static batches through `generate`) and llama.cpp (one request at a time).
+`transformers` (static batches through `generate`), llama.cpp (one request at a time), and our own
+engine measured the way llama.cpp is (`link-engine`: in-process, one request at a time, no HTTP).
 
     levels = in_worker(transformers_worker, gguf_path, "float32", warmup_ids, slices, [1, 4], 64)
     levels = in_worker(llama_cpp_worker, gguf_path, warmup_ids, prompts, 64, 0)
+    levels = in_worker(engine_worker, "smollm2-135m-instruct", "float32", warmup_ids, prompts, 64)
 Each returns one (records, wall seconds, peak RSS MiB) tuple per concurrency level.
 """
 
@@ -76,6 +78,33 @@ def llama_cpp_worker(path: str, warmup: list[int], prompts: list[list[int]], max
             times.append(time.perf_counter())
             if len(times) == num_tokens:
                 break
+        return record_from_times(len(ids), len(times), start, times[0], times[-1])
+
+    run(warmup, min(4, max_tokens))
+    start = time.perf_counter()
+    records = [run(p, max_tokens) for p in prompts]
+    return [(records, time.perf_counter() - start, self_peak_rss_mb())]
+
+
+def engine_worker(model: str, dtype: str, warmup: list[int], prompts: list[list[int]], max_tokens: int) -> list[tuple]:
+    """Our `LLMEngine` in this process, greedy, one request at a time (a single level), timed as
+    `llama_cpp_worker` times llama.cpp: each token when the step that made it returns. The engine installs
+    the stored kernel winners of `model` (`LINK_COMPILE_DB`), as `link engine serve` does."""
+    from serving.llm_engine import EngineConfig, LLMEngine
+    from serving.model_loader import load_model
+    from serving.registry import default_registry
+    from serving.sampling_params import SamplingParams
+
+    engine = LLMEngine(load_model(default_registry().get(model), dtype), EngineConfig(tuned_kernels=True))
+
+    def run(ids: list[int], num_tokens: int) -> RequestRecord:
+        request_id = f"bench-{time.monotonic_ns()}"
+        start, times = time.perf_counter(), []
+        engine.add_request(request_id, ids, SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True))
+        while engine.has_unfinished_requests:
+            for output in engine.step():
+                now = time.perf_counter()
+                times.extend([now] * (len(output.outputs[0].token_ids) - len(times)))
         return record_from_times(len(ids), len(times), start, times[0], times[-1])
 
     run(warmup, min(4, max_tokens))

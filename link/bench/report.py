@@ -63,6 +63,9 @@ def compute_ratios(rows: list[dict]) -> dict[str, float]:
         ratios[f"link c={top} tok/s / {base} c=1 tok/s"] = by[("link", top)]["output_tokens_per_s"] / b1["output_tokens_per_s"]
         if ("link", 1) in by and by[("link", 1)]["decode_tokens_per_s"] and b1["decode_tokens_per_s"]:
             ratios[f"link c=1 decode tok/s / {base} c=1 decode tok/s"] = by[("link", 1)]["decode_tokens_per_s"] / b1["decode_tokens_per_s"]
+    engine, llama = by.get(("link-engine", 1)), by.get(("llama-cpp", 1))
+    if engine and llama and engine["decode_tokens_per_s"] and llama["decode_tokens_per_s"]:
+        ratios["link-engine c=1 decode tok/s / llama-cpp c=1 decode tok/s"] = engine["decode_tokens_per_s"] / llama["decode_tokens_per_s"]
     for c in link_levels:
         if c > 1 and ("transformers", c) in by:
             ratios[f"link c={c} tok/s / transformers c={c} (static batch) tok/s"] = (

@@ -22,6 +22,9 @@ Systems, one after another (never overlapping), each in a process of its own:
   runs after every decode step.
 - `llama-cpp`: llama-cpp-python (`pip install 'togetherlink[bench]'`), one request at a time on the same
   GGUF, reported at concurrency 1 only; skipped with a message when `llama_cpp` does not import.
+- `link-engine`: our `LLMEngine` measured as llama-cpp is (a spawned worker, one request at a time, no
+  HTTP, concurrency 1 only; stored kernel winners installed), for an engine-to-engine comparison: `link`
+  also pays the server, the SSE stream and a client process on the same cores.
 
 Workloads (`workload`, link/bench/workloads.py): "default" (above), "repetitive" (HumanEval code edits
 and MT-Bench quote-summaries, whose answers repeat their prompt; closed loops like the default) and
@@ -47,14 +50,15 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from link.bench.baselines import llama_cpp_worker, transformers_worker
+from link.bench.baselines import engine_worker, llama_cpp_worker, transformers_worker
 from link.bench.processes import ServerProcess, free_port, in_worker, peak_rss_mb_of
 from link.bench.report import compute_ratios, summarize
 from link.bench.timing import RequestRecord, record_from_times
 from link.bench.workload import WARMUP_MESSAGE, default_data_dir, render_prompts
 from link.bench.workloads import MAX_BURST, burst_plan, records_to_mix, workload_texts
 
-SYSTEMS = ("link", "transformers", "llama-cpp")
+SYSTEMS = ("link", "transformers", "llama-cpp", "link-engine")
+ONE_AT_A_TIME = ("llama-cpp", "link-engine")  # systems measured at concurrency 1 only
 
 
 def start_engine_server(model: str, dtype: str, kv_cache_mb: int, max_num_seqs: int) -> ServerProcess:
@@ -191,13 +195,15 @@ def run_serving_benchmark(
                 result["skipped"][system] = "llama_cpp is not installed (pip install 'togetherlink[bench]')"
                 progress(f"skipping {system}: {result['skipped'][system]}")
                 continue
-            levels = [1] if system == "llama-cpp" else concurrencies
+            levels = [1] if system in ONE_AT_A_TIME else concurrencies
             progress(f"{system}: concurrency {', '.join(map(str, levels))}")
             try:
                 if system == "link":
                     measured = _bench_link(server, model, warmup, slices, levels, max_tokens, bursts)
                 elif system == "transformers":
                     measured = in_worker(transformers_worker, str(path), dtype, warmup, slices, levels, max_tokens)
+                elif system == "link-engine":
+                    measured = in_worker(engine_worker, model, dtype, warmup, slices[0], max_tokens)
                 else:
                     measured = in_worker(llama_cpp_worker, str(path), warmup, slices[0], max_tokens, seed)
             except Exception as exc:
