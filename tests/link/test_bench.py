@@ -84,6 +84,21 @@ def test_llama_cpp_runs_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     assert result["rows"][0]["ttft_p50_s"] >= 0.01 and result["rows"][0]["itl_p50_s"] >= 0.002
 
 
+def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
+    """Our engine measured as llama.cpp is: a worker, one level at concurrency 1, exactly max_tokens tokens
+    per request (EOS ignored); with a fake llama.cpp beside it the engine-to-engine ratio is reported."""
+    (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LINK_COMPILE_DB", str(tmp_path / "none.sqlite"))  # no stored winners
+    result = run_serving_benchmark(concurrencies=(1, 4), num_prompts=2, max_tokens=4, systems=("link-engine", "llama-cpp"),
+                                   data_dir=data_dir)
+    assert result["errors"] == {} and result["skipped"] == {}
+    assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("link-engine", 1), ("llama-cpp", 1)]
+    _check_row(result["rows"][0], max_tokens=4, num_prompts=2, min_rss_mb=1)
+    engine, llama = (r["decode_tokens_per_s"] for r in result["rows"])
+    assert result["ratios"]["link-engine c=1 decode tok/s / llama-cpp c=1 decode tok/s"] == pytest.approx(engine / llama)
+
+
 def test_bench_serving_command_writes_json(data_dir, tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "serving", "--system", "link", "--concurrency", "1", "--num-prompts", "2",
