@@ -139,6 +139,8 @@ def engine_serve(
     speculative_adaptive: bool = typer.Option(True, help="Adapt k to each request's acceptance rate and back off at large batches."),
     speculative_disable_by_batch_size: int = typer.Option(
         4, help="No speculation in a step that starts with this many running sequences or more (1 = never)."),
+    speculative_step_cost: bool = typer.Option(
+        True, help="With --speculative-adaptive: draft only in steps whose measured cost the expected accepted drafts repay."),
 ) -> None:
     """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
     import uvicorn
@@ -154,7 +156,8 @@ def engine_serve(
     try:
         spec = None if speculative is None else SpeculativeConfig(
             method=speculative, draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
-            adaptive=speculative_adaptive, disable_by_batch_size=speculative_disable_by_batch_size)
+            adaptive=speculative_adaptive, disable_by_batch_size=speculative_disable_by_batch_size,
+            step_cost=speculative_step_cost)
     except ValueError as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -21,8 +21,12 @@ class SpeculativeConfig:
             running sequences (`serving.spec_decode.policy`); False drafts k_max whenever a draft exists,
             below `disable_by_batch_size` running sequences.
         step_cost: with `adaptive`, draft only in steps whose measured cost the expected accepted drafts
-            repay (`serving.spec_decode.step_cost`). Off by default: it times the engine's steps, and on a
-            shared, noisy CPU those timings can switch speculation off where it pays.
+            repay (`serving.spec_decode.step_cost`). On by default: without it, bursts of non-repetitive
+            requests ran at 0.80x the speed of no speculation (8 requests; drafts resume in the burst's
+            tail, below the batch threshold, and are mostly rejected); with it the worst burst size was
+            0.99x and the mean 1.10x (`benchmarks/bench_spec_decode.py --repeats 5`, SmolLM2, issue 10).
+            Its timings are the engine's own steps, so on a noisy shared CPU they can switch speculation
+            off where it would pay; a probe step every 32 decisions corrects that.
         ngram_max, ngram_min: the n-gram lengths tried, longest first.
         disable_by_batch_size: no speculation in a step that starts with this many running sequences or
             more (vLLM's `speculative_disable_by_batch_size`); 1 never speculates. A verify step with
@@ -42,7 +46,7 @@ class SpeculativeConfig:
     ngram_max: int = 4
     ngram_min: int = 1
     disable_by_batch_size: int = 4
-    step_cost: bool = False
+    step_cost: bool = True
     ema_alpha: float = 0.5
 
     def __post_init__(self) -> None:

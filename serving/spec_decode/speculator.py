@@ -3,7 +3,7 @@
 Each engine step with speculation on:
 1. `propose`: the decoding sequences get draft tokens (`Sequence.draft_token_ids`), as many as the
    lookahead policy allows (`policy.py`) and the request can still use, when the step is expected to
-   pay (with `step_cost`: `step_cost.py`, from the engine's timing of its decode-only steps, `begin_step` /
+   pay (with `step_cost`, the default: `step_cost.py`, from the engine's timing of its decode-only steps, `begin_step` /
    `end_step`). When it is not, a cheap drafter (n-gram) still proposes one token per sequence, which
    the next `propose` checks against the token the target emitted: the requests' acceptance rates stay
    current while nobody drafts, and speculation returns when the text turns repetitive.

@@ -201,7 +201,9 @@ def test_speculator_times_decode_only_steps_and_skips_drafts_that_do_not_pay():
     speculator.end_step(1.0)
     assert (speculator.cost.spec_seconds, speculator.cost.plain_seconds) == ({1: 0.060}, {1: 0.010})
     fixed = Speculator(SpeculativeConfig(num_speculative_tokens=4, adaptive=False, step_cost=True), loaded=None)
-    assert fixed.cost is None and Speculator(SpeculativeConfig(), loaded=None).cost is None  # opt-in
+    assert fixed.cost is None  # only with adaptive lookahead
+    assert Speculator(SpeculativeConfig(), loaded=None).cost is not None  # on by default
+    assert Speculator(SpeculativeConfig(step_cost=False), loaded=None).cost is None
 
 
 def test_a_step_without_drafts_still_checks_the_n_gram_proposal():
