@@ -5,7 +5,11 @@
     one = featurizer.transform_request(body)        # an OpenAI chat/completion body -> Features with N = 1
 
 The embeddings are all-MiniLM-L6-v2's (`routers.embedding.Embedder`: offline, cached on disk by text hash);
-the text features are cheap counts and flags (`TEXT_FEATURE_NAMES`). Nothing is loaded at import time.
+the text features are cheap counts and flags (`TEXT_FEATURE_NAMES`): the base columns (`BASE_FEATURE_NAMES`),
+then the structure of a word problem (numerals, operation words, units; `WORD_PROBLEM_FEATURE_NAMES`) and of a
+multiple-choice question (stem and choice lengths, negated stems; `CHOICE_FEATURE_NAMES`). Columns are only
+ever appended, so a router fitted on fewer reads its first F (`LGBMRouter.num_text_features`). Nothing is
+loaded at import time.
 """
 
 from __future__ import annotations
@@ -17,18 +21,43 @@ import numpy as np
 
 from routers.embedding import Embedder
 
-TEXT_FEATURE_NAMES = ("log_chars", "log_words", "log_lines", "digit_fraction", "non_ascii_fraction",
+BASE_FEATURE_NAMES = ("log_chars", "log_words", "log_lines", "digit_fraction", "non_ascii_fraction",
                       "log_code_markers", "log_math_markers", "has_choices", "has_question", "num_turns",
                       "has_tools")
+# what a prompt asks for, beyond its length (issue 6: the difficulty of GSM8K word problems and MMLU questions)
+WORD_PROBLEM_FEATURE_NAMES = ("log_numbers", "log_number_words", "log_sentences", "log_operation_words",
+                              "has_percent", "log_fractions", "log_units", "has_money", "log10_max_number",
+                              "has_decimal", "log_words_per_sentence", "log_last_sentence_words")
+CHOICE_FEATURE_NAMES = ("log_stem_chars", "log_mean_choice_chars", "log_max_choice_chars", "choice_digit_fraction",
+                        "log_stem_numbers", "log_stem_math_markers", "has_negation", "has_statements",
+                        "log_combined_choices")
+TEXT_FEATURE_NAMES = BASE_FEATURE_NAMES + WORD_PROBLEM_FEATURE_NAMES + CHOICE_FEATURE_NAMES
 
 _CODE = re.compile(r"```|\bdef |\breturn\b|\bimport |\bclass |#include|[{};]|==|\bfunction\b|=>|\bprint\(")
 _MATH = re.compile(r"\d\s*[-+*/^=]\s*\d|\$|\\frac|\\sqrt|\\\(|\bsolve\b|\bequation\b|\bcalculate\b|%|\d+\.\d+")
 _CHOICES = re.compile(r"(^|\n)\s*\(?[A-Da-d][).:]\s+\S.*\n\s*\(?[B-Eb-e][).:]\s")
+_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?")
+_NUMBER_WORD = re.compile(r"\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|thirty|"
+                          r"forty|fifty|hundred|thousand|million|half|twice|double|triple|third|quarter|dozen)\b", re.I)
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
+_OPERATION = re.compile(r"\b(?:each|per|every|times|total|more|less|fewer|than|remaining|left|rest|after|before|costs?|"
+                        r"spen[dt]|earns?|pays?|paid|buys?|sells?|sold|split|shared?|average|ratio|percent(?:age)?|"
+                        r"increases?|decreases?|discount|profit|rate|faster|slower|how many|how much|how long)\b", re.I)
+_PERCENT = re.compile(r"%|\bpercent", re.I)
+_FRACTION = re.compile(r"\b\d+/\d+\b|\b(?:half|third|quarter|fourth|fifth)s?\b", re.I)
+_UNIT = re.compile(r"\b(?:hours?|minutes?|seconds?|days?|weeks?|months?|years?|miles?|km|kilometers?|meters?|feet|foot|"
+                   r"inches?|pounds?|kg|kilograms?|grams?|liters?|gallons?|ounces?|cups?|mph)\b", re.I)
+_MONEY = re.compile(r"\$|\bdollars?\b|\bcents?\b", re.I)
+_CHOICE_LABEL = re.compile(r"\n\(?[A-E][.)]\s")
+_NEGATION = re.compile(r"\b(?:NOT|EXCEPT|LEAST|not true|false|incorrect|never)\b")
+_STATEMENTS = re.compile(r"Statement 1|Statement 2|\bI\.|\bII\.|\bIII\b")
+_COMBINED = re.compile(r"\b(?:Both|Neither|All of the above|None of the above|True, True|False, False|True, False|"
+                       r"False, True|I and II|I only|II only)\b", re.I)
 
 
 # --- cheap text features ------------------------------------------------------------------------------
 
-def _text_row(text: str, num_turns: float = 1.0, has_tools: float = 0.0) -> list[float]:
+def _base_row(text: str, num_turns: float, has_tools: float) -> list[float]:
     n = max(len(text), 1)
     return [np.log1p(len(text)), np.log1p(len(text.split())), np.log1p(text.count("\n")),
             sum(c.isdigit() for c in text) / n, sum(ord(c) > 127 for c in text) / n,
@@ -36,9 +65,51 @@ def _text_row(text: str, num_turns: float = 1.0, has_tools: float = 0.0) -> list
             float(bool(_CHOICES.search(text))), float("?" in text), num_turns, has_tools]
 
 
+def _word_problem_row(text: str) -> list[float]:
+    """`WORD_PROBLEM_FEATURE_NAMES`: numerals (count, largest as log10(1 + x), any decimal), number words,
+    sentences, operation words ("each", "per", "how many", ...), percentages, fractions, units, money."""
+    numbers = _NUMBER.findall(text)
+    values = [float(x.replace(",", "")) for x in numbers if x.replace(",", "").replace(".", "", 1).isdigit()]
+    num_sentences = max(len(_SENTENCE_END.findall(text)), 1)
+    last = re.split(r"(?<=[.!?])\s+", text.strip())[-1]
+    return [np.log1p(len(numbers)), np.log1p(len(_NUMBER_WORD.findall(text))), np.log1p(num_sentences),
+            np.log1p(len(_OPERATION.findall(text))), float(bool(_PERCENT.search(text))),
+            np.log1p(len(_FRACTION.findall(text))), np.log1p(len(_UNIT.findall(text))),
+            float(bool(_MONEY.search(text))), np.log10(1 + max(values)) if values else 0.0,
+            float(any(v != int(v) for v in values)), np.log1p(len(text.split()) / num_sentences),
+            np.log1p(len(last.split()))]
+
+
+def split_choices(text: str) -> tuple[str, list[str]]:
+    """(stem, [choices]) of a multiple-choice prompt laid out as MMLU's ("stem\nA. ...\nB. ...\nAnswer:");
+    (text, []) when no "\nA. " style label follows the stem."""
+    first = _CHOICE_LABEL.search(text)
+    if first is None:
+        return text, []
+    rest = re.sub(r"\n\s*Answer:\s*$", "", text[first.start():])
+    return text[:first.start()], [c for c in _CHOICE_LABEL.split(rest) if c.strip()]
+
+
+def _choice_row(text: str) -> list[float]:
+    """`CHOICE_FEATURE_NAMES`: the stem's length, numerals and math markers; the choices' lengths and digit
+    share; negated stems ("NOT", "EXCEPT"), numbered statements, combined choices ("Both", "True, False")."""
+    stem, choices = split_choices(text)
+    lengths = [len(c) for c in choices] or [0]
+    digits = sum(ch.isdigit() for c in choices for ch in c)
+    return [np.log1p(len(stem)), np.log1p(np.mean(lengths)), np.log1p(max(lengths)), digits / max(sum(lengths), 1),
+            np.log1p(len(_NUMBER.findall(stem))), np.log1p(len(_MATH.findall(stem))),
+            float(bool(_NEGATION.search(stem))), float(bool(_STATEMENTS.search(stem))),
+            np.log1p(sum(bool(_COMBINED.search(c)) for c in choices))]
+
+
+def _text_row(text: str, num_turns: float = 1.0, has_tools: float = 0.0) -> list[float]:
+    return [*_base_row(text, num_turns, has_tools), *_word_problem_row(text), *_choice_row(text)]
+
+
 def text_features(texts: list[str], has_tools=None) -> np.ndarray:
     """[N, F] float32 cheap features of plain prompts, columns `TEXT_FEATURE_NAMES` (lengths as log1p
-    counts, character fractions, code/math marker counts, multiple-choice and question marks; one turn).
+    counts, character fractions, code/math marker counts, multiple-choice and question marks, one turn; then
+    the word-problem and multiple-choice structure columns).
 
     Args:
         has_tools: [N] bool, whether each prompt's request offered tools (None: none did).

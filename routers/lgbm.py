@@ -34,7 +34,7 @@ import numpy as np
 
 from routers.base import Router
 from routers.data import RoutingData
-from routers.features import Features
+from routers.features import BASE_FEATURE_NAMES, Features
 from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
                            labelled_kinds)
 from routers.knn import KNNRouter
@@ -48,6 +48,7 @@ DEFAULT_PARAMS: dict[str, Any] = {"objective": "cross_entropy", "learning_rate":
                                   "bagging_freq": 1, "lambda_l2": 10.0, "verbose": -1, "num_threads": 1, "seed": 0}
 DEFAULT_ADD_PARAMS: dict[str, Any] = {"num_leaves": 4, "min_data_in_leaf": 30, "feature_fraction": 1.0}
 NUM_STACKING_FOLDS = 5
+LEGACY_NUM_TEXT_FEATURES = len(BASE_FEATURE_NAMES)   # the text columns of files saved before F was recorded
 
 
 class LGBMRouter(Router):
@@ -95,6 +96,7 @@ class LGBMRouter(Router):
         self.suites: list[str] = []
         self.pca_mean = np.zeros(0, dtype=np.float32)                  # [D]
         self.pca_components = np.zeros((0, 0), dtype=np.float32)       # [C, D]
+        self.num_text_features: int | None = None   # F, the text columns read (set by fit; see _inputs)
         self.boosters: dict[str, Any] = {}      # base model (or SHARED) -> lightgbm.Booster
         self.added: dict[str, Any] = {}         # added model -> lightgbm.Booster
 
@@ -116,7 +118,9 @@ class LGBMRouter(Router):
         e = np.asarray(features.embeddings, dtype=np.float32)
         if self.num_components:
             e = (e - self.pca_mean) @ self.pca_components.T
-        parts = [e, np.asarray(features.text, dtype=np.float32), self._onehot(len(e), suites)]
+        # the first F text columns: newer featurizers append columns, a router fitted before them reads its own
+        text = np.asarray(features.text, dtype=np.float32)[:, :self.num_text_features]
+        parts = [e, text, self._onehot(len(e), suites)]
         if self.knn is not None:
             parts += self.knn.neighbour_means(features, suites, self.neighbours, exclude=exclude)
         return np.hstack(parts).astype(np.float32)
@@ -174,6 +178,7 @@ class LGBMRouter(Router):
         self.base_models, self.added, self.knn = list(self.models), {}, None
         self.model_kinds = labelled_kinds(data.scores, features.has_tools)
         self.suites = sorted(set(data.suites)) if self.use_suites and len(set(data.suites)) > 1 else []
+        self.num_text_features = features.text.shape[1]
         if self.num_components:
             self._fit_pca(features.embeddings)
         x = self._inputs(features, data.suites)
@@ -250,7 +255,7 @@ class LGBMRouter(Router):
                          "params": self.params, "use_suites": self.use_suites, "suites": self.suites,
                          "neighbours": self.neighbours, "neighbour_prior": self.neighbour_prior, "knn": knn_meta,
                          "add_rounds": self.add_rounds, "add_params": self.add_params, "base_models": self.base_models,
-                         "unseen_quality": self.unseen_quality,
+                         "unseen_quality": self.unseen_quality, "num_text_features": self.num_text_features,
                          "boosters": {k: b.model_to_string() for k, b in self.boosters.items()},
                          "added": {k: b.model_to_string() for k, b in self.added.items()}})
 
@@ -264,6 +269,7 @@ class LGBMRouter(Router):
                      add_rounds=meta["add_rounds"], add_params=meta["add_params"],
                      unseen_quality=meta.get("unseen_quality", 0.0))
         router.base_models, router.suites = list(meta["base_models"]), list(meta["suites"])
+        router.num_text_features = meta.get("num_text_features", LEGACY_NUM_TEXT_FEATURES)
         router.model_kinds = kinds_from_state(arrays, len(router.models))
         if meta["knn"] is not None:
             knn_arrays = {k.removeprefix("knn."): v for k, v in arrays.items() if k.startswith("knn.")}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from routers.embedding import EmbeddingCache, Embedder, text_key
-from routers.features import TEXT_FEATURE_NAMES, Featurizer, Features, request_text, request_text_features, text_features
+from routers.features import (BASE_FEATURE_NAMES, TEXT_FEATURE_NAMES, Featurizer, Features, request_text,
+                              request_text_features, split_choices, text_features)
 
 
 class CountingModel:
@@ -46,6 +47,41 @@ def test_text_features_by_hand():
     assert code[col["log_code_markers"]] >= np.log1p(3)
     assert f[:, col["num_turns"]].tolist() == [1, 1] and f[:, col["has_tools"]].tolist() == [0, 0]
     assert text_features([]).shape == (0, len(TEXT_FEATURE_NAMES))
+
+
+def test_word_problem_and_choice_features_by_hand():
+    problem = "Janet has 16 eggs. She sells 25% of them for $2 each. How many dollars does she make per day?"
+    question = "Which is NOT a prime?\nA. 2\nB. 3\nC. 4\nD. Both A and B\nAnswer:"
+    f = text_features([problem, question])
+    col = {n: i for i, n in enumerate(TEXT_FEATURE_NAMES)}
+    assert TEXT_FEATURE_NAMES[:len(BASE_FEATURE_NAMES)] == BASE_FEATURE_NAMES    # new columns come after the old
+    expected = {                                        # counted by hand
+        "log_numbers": np.log1p(3),                     # 16, 25, 2
+        "log_number_words": 0.0,
+        "log_sentences": np.log1p(3),
+        "log_operation_words": np.log1p(4),             # sells, each, how many, per
+        "has_percent": 1.0, "log_fractions": 0.0,
+        "log_units": np.log1p(1),                       # day
+        "has_money": 1.0,
+        "log10_max_number": np.log10(26), "has_decimal": 0.0,
+        "log_words_per_sentence": np.log1p(20 / 3),     # 20 words, 3 sentences
+        "log_last_sentence_words": np.log1p(8),         # "How many dollars does she make per day?"
+        "log_stem_chars": np.log1p(len(problem)),       # no choices: the whole prompt is the stem
+        "log_mean_choice_chars": 0.0, "has_negation": 0.0, "log_combined_choices": 0.0,
+    }
+    for name, value in expected.items():
+        assert f[0, col[name]] == pytest.approx(value, abs=1e-6), name
+    assert split_choices(question) == ("Which is NOT a prime?", ["2", "3", "4", "Both A and B"])
+    expected = {"log_stem_chars": np.log1p(21), "log_mean_choice_chars": np.log1p(15 / 4),
+                "log_max_choice_chars": np.log1p(12), "choice_digit_fraction": 3 / 15, "log_stem_numbers": 0.0,
+                "has_negation": 1.0, "has_statements": 0.0, "log_combined_choices": np.log1p(1)}
+    for name, value in expected.items():
+        assert f[1, col[name]] == pytest.approx(value, abs=1e-6), name
+    statements = text_features(["Statement 1 | Every group is abelian. Statement 2 | 7 is prime.\n"
+                                "A. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer:"])[0]
+    assert statements[col["has_statements"]] == 1 and statements[col["log_combined_choices"]] == pytest.approx(np.log1p(4))
+    assert text_features(["3.5 km and 1/2 hour"])[0, col["has_decimal"]] == 1
+    assert text_features(["3.5 km and 1/2 hour"])[0, col["log_fractions"]] == pytest.approx(np.log1p(1))
 
 
 def test_request_text_reads_the_last_user_turn_and_completion_prompts():

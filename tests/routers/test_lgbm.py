@@ -7,7 +7,7 @@ import pytest
 
 from routers.base import load_router, save_router
 from routers.data import RoutingData
-from routers.features import HAS_TOOLS, TEXT_FEATURE_NAMES, Features
+from routers.features import BASE_FEATURE_NAMES, HAS_TOOLS, TEXT_FEATURE_NAMES, Features
 from routers.lgbm import LGBMRouter
 
 FAST = {"num_rounds": 60, "params": {"learning_rate": 0.2, "min_data_in_leaf": 5}}
@@ -77,6 +77,21 @@ def test_save_load_round_trip_keeps_boosters_as_text(tmp_path):
     assert loaded.layout == "per-model" and loaded.neighbours == [3] and loaded.knn is not None
     assert loaded.models == train.models and list(loaded.added) == ["either"]
     assert b"tree" in path.read_bytes()        # LightGBM's text model format, inside the JSON header
+
+
+def test_a_router_reads_the_text_columns_it_was_fitted_on(tmp_path):
+    """Featurizers append text columns (issue 6's word-problem and choice features); a router fitted on fewer
+    reads its first F, and a file saved before F was recorded reads the base columns."""
+    train, train_f = planted(200, seed=11)
+    router = LGBMRouter(train.models, num_components=4, neighbours=(5,), **FAST).fit(train, train_f)
+    assert router.num_text_features == 4
+    wider = Features(train_f.embeddings, np.hstack([train_f.text, np.full((200, 7), 9.0, dtype=np.float32)]))
+    np.testing.assert_array_equal(router.predict(wider, train.suites), router.predict(train_f, train.suites))
+    arrays, meta = router.state()
+    assert meta["num_text_features"] == 4
+    del meta["num_text_features"]
+    old = LGBMRouter.from_state(arrays, {**meta, "models": router.models})
+    assert old.num_text_features == len(BASE_FEATURE_NAMES) == 11
 
 
 def test_raw_embeddings_without_neighbours(tmp_path):
