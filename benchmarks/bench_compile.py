@@ -113,7 +113,8 @@ def main() -> None:
     before, _ = greedy_outputs(args.model, None, prompts, args.max_tokens)
     after, report["graphs_compiled_in_steps"] = greedy_outputs(args.model, tuned, prompts, args.max_tokens)
     report["greedy_equal"] = [a == b for a, b in zip(before, after)]
-    report["greedy_agreement"] = sum(_common_prefix(a, b) for a, b in zip(before, after)) / sum(map(len, before))
+    shared = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) for a, b in zip(before, after)]
+    report["greedy_agreement"] = sum(shared) / sum(map(len, before))  # tokens before each output's first difference
     if args.llama_cpp:
         print("llama-cpp-python, same GGUF file:", flush=True)
         report["llama_cpp"] = serve_levels(args.model, empty, args.prompts_c1, 0, args.max_tokens, system="llama-cpp")
@@ -141,16 +142,6 @@ def main() -> None:
     print(f"load average after: {report['load_after']}")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(report, indent=2, default=str))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """How many tokens two greedy outputs share before their first difference."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 if __name__ == "__main__":
