@@ -214,9 +214,91 @@ def bmm_paged_attention(
     return out.reshape(num_seqs, num_heads, head_dim).to(q.dtype)
 
 
+# --- linear layers for a few rows ---------------------------------------------------------------------
+#
+# `F.linear(x, W)` with W [N, K] (the layout of every checkpoint) runs MKL's sgemm on W transposed. For
+# 1-3 rows that is a matrix-vector product at memory speed; from 4 rows on (a decode batch of 4-16, a
+# speculative verify step of k + 1 rows per sequence) it becomes a GEMM that repacks W on every call and
+# costs about twice as much as the same product on a [K, N] copy of W. Measured on SmolLM2-135M's layer
+# shapes (qkv 960x576, o 576x576, gate/up 3072x576, down 576x1536), float32, two threads: one layer's four
+# linears 605 / 901 / 1476 us at 4 / 8 / 16 rows with F.linear against 320 / 449 / 647 us on the [K, N]
+# copy, and 276 against 243 us at one row. MKL's packed GEMM (the weight packed once for sgemm_compute,
+# what Inductor's CPU freezing uses) does as well or better on the wider matrices. Both keep the packed
+# copy beside the float weight (a `PackCache` per variant: one more copy of each weight they serve).
+
+
+def _transposed(weight: torch.Tensor) -> torch.Tensor:
+    return weight.detach().t().contiguous()
+
+
+def _mkl_packed(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+    # the batch size argument only steers MKL's packing heuristics; the packed weight serves any row count
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), 16), 16
+
+
+def _packs():
+    from kernels.quant_cpu import PackCache
+
+    global _KN_PACKS, _MKL_PACKS
+    if _KN_PACKS is None:
+        _KN_PACKS, _MKL_PACKS = PackCache(_transposed), PackCache(_mkl_packed)
+    return _KN_PACKS, _MKL_PACKS
+
+
+_KN_PACKS = _MKL_PACKS = None
+
+
+def kn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The "linear" contract (`ref.ref_linear`: x [..., K], weight [N, K] -> [..., N]) as x @ W^T with W^T
+    a cached contiguous [K, N] copy (same products, another summation order)."""
+    out = torch.matmul(x, _packs()[0].get(weight))
+    return out if bias is None else out + bias
+
+
+def mkl_packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The "linear" contract through MKL's packed sgemm, the weight packed once (float32 only).
+
+    Raises:
+        TypeError: x or weight not float32 (MKL's packed GEMM is single precision).
+    """
+    if x.dtype != torch.float32 or weight.dtype != torch.float32:
+        raise TypeError(f"MKL packed linear is float32 only, got x {x.dtype} and weight {weight.dtype}")
+    packed, batch = _packs()[1].get(weight)
+    matrix = x.reshape(-1, x.shape[-1])
+    out = torch.ops.mkl._mkl_linear(matrix, packed, weight, bias, batch)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def kn_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
+    """The "gated_mlp" contract (`ref.ref_gated_mlp`: x [T, E], gate_up [2F, E], down [E, F] -> [T, E]) with
+    both projections as `kn_linear`."""
+    from kernels.ref import ref_gated_activation
+
+    return kn_linear(ref_gated_activation(kn_linear(x, gate_up), activation), down)
+
+
+def mkl_packed_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
+    """The "gated_mlp" contract with both projections as `mkl_packed_linear` (float32 only; TypeError else)."""
+    from kernels.ref import ref_gated_activation
+
+    return mkl_packed_linear(ref_gated_activation(mkl_packed_linear(x, gate_up), activation), down)
+
+
+def _has_mkl() -> bool:
+    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
 def cpu_variants() -> list:
     """The plain-PyTorch variants the tuner may pick per bucket (not registered; `kernels.candidates`)."""
     from kernels.variants import Variant
 
     return [Variant("paged_attention", "bmm-decode", bmm_paged_attention,
-                    description="decode batches as batched matmuls and a float32 softmax (no SDPA call setup)")]
+                    description="decode batches as batched matmuls and a float32 softmax (no SDPA call setup)"),
+            Variant("linear", "kn", kn_linear,
+                    description="x @ W^T on a cached [K, N] copy of the weight (no per-call repacking from 4 rows on)"),
+            Variant("linear", "mkl-packed", mkl_packed_linear, dtypes=(torch.float32,), available=_has_mkl,
+                    description="MKL's packed sgemm, the weight packed once (float32)"),
+            Variant("gated_mlp", "kn", kn_gated_mlp,
+                    description="both projections on cached [K, N] copies of their weights"),
+            Variant("gated_mlp", "mkl-packed", mkl_packed_gated_mlp, dtypes=(torch.float32,), available=_has_mkl,
+                    description="both projections through MKL's packed sgemm (float32)")]

@@ -115,3 +115,61 @@ def test_fused_rms_norm_matches_reference(dtype, offset, shape):
     expected = ref.ref_rms_norm(x, weight, 1e-6, offset=offset)
     assert out.dtype == dtype and out.shape == x.shape
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 16, 33])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kn_linear_matches_reference(dtype, rows, bias):
+    torch.manual_seed(rows)
+    weight = (torch.randn(97, 45) * 0.1).to(dtype)
+    b = torch.randn(97).to(dtype) if bias else None
+    x = torch.randn(2, rows, 45).to(dtype)   # leading dimensions kept
+    expected = ref.ref_linear(x.float(), weight.float(), None if b is None else b.float())
+    out = cpu.kn_linear(x, weight, b)
+    assert out.dtype == dtype and out.shape == (2, rows, 97)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.skipif(not cpu._has_mkl(), reason="this torch build has no MKL")
+@pytest.mark.parametrize("rows", [1, 4, 7, 16, 33])
+def test_mkl_packed_linear_matches_reference_and_packs_once(rows):
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(97, 45) * 0.1, torch.randn(97)
+    x = torch.randn(rows, 45)
+    packs = cpu._packs()[1]
+    out = cpu.mkl_packed_linear(x, weight, bias)
+    torch.testing.assert_close(out, ref.ref_linear(x, weight, bias), atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
+    before = packs.num_packs
+    cpu.mkl_packed_linear(x[:1], weight)
+    assert packs.num_packs == before   # the same weight object: packed once, for any row count
+    with torch.no_grad():
+        weight.mul_(2.0)                # an in-place change is repacked
+    torch.testing.assert_close(cpu.mkl_packed_linear(x, weight, bias), ref.ref_linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+    assert packs.num_packs == before + 1
+    with pytest.raises(TypeError, match="float32 only"):
+        cpu.mkl_packed_linear(x.bfloat16(), weight.bfloat16())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_gated_mlp_variants_match_reference(dtype, activation, rows):
+    torch.manual_seed(rows)
+    gate_up, down = (torch.randn(2 * 37, 45) * 0.1).to(dtype), (torch.randn(45, 37) * 0.1).to(dtype)
+    x = torch.randn(rows, 45).to(dtype)
+    expected = ref.ref_gated_mlp(x.float(), gate_up.float(), down.float(), activation)
+    fns = [cpu.kn_gated_mlp] + ([cpu.mkl_packed_gated_mlp] if dtype == torch.float32 and cpu._has_mkl() else [])
+    for fn in fns:
+        out = fn(x, gate_up, down, activation)
+        assert out.dtype == dtype and out.shape == (rows, 45)
+        torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+def test_linear_variants_are_tuner_candidates_not_the_default():
+    found = {(v.op, v.name): v for v in cpu.cpu_variants()}
+    assert found[("linear", "kn")].fn is cpu.kn_linear and not found[("linear", "kn")].lossy
+    assert found[("linear", "mkl-packed")].dtypes == (torch.float32,)
+    assert found[("gated_mlp", "kn")].fn is cpu.kn_gated_mlp
+    assert found[("gated_mlp", "mkl-packed")].dtypes == (torch.float32,)
+    assert kernels.registered("linear") is ref.ref_linear and kernels.registered("gated_mlp") is ref.ref_gated_mlp
