@@ -15,9 +15,13 @@ Decode tokens/s counts a request's tokens after its first over the time from its
 last (prefill excluded). Acceptance rate = accepted / drafted tokens; mean draft length = drafted tokens
 per verification step; speedup = decode tokens/s over the "off" row's.
 
+With `--winners FILE` (a `link compile tune` table) every configuration runs with that table's kernel
+winners installed, as a tuned server does (they are process-wide, so off and adaptive share them):
+speculation on a tuned engine, where a verify step's k + 1 rows per sequence take the tuned linears.
+
 Run from the repository root (a few minutes on a 2-core CPU at the defaults):
 
-    python benchmarks/bench_spec_decode.py [--num-prompts 6] [--max-tokens 96] [--bursts 1 4 16] [--repeats 3] [--json out.json]
+    python benchmarks/bench_spec_decode.py [--num-prompts 6] [--max-tokens 96] [--bursts 1 4 16] [--repeats 3] [--winners FILE] [--json out.json]
 """
 
 from __future__ import annotations
@@ -109,11 +113,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each burst per configuration (median kept)")
     parser.add_argument("--no-step-cost", action="store_true", help="adaptive without SpeculativeConfig.step_cost (on by default)")
     parser.add_argument("--data-dir", default=os.environ.get("LINK_DATASETS_DIR", "../shared/data"))
+    parser.add_argument("--winners", type=Path, help="a `link compile tune` table whose winners every configuration runs with")
     parser.add_argument("--json", dest="json_path", help="also write the results here")
     args = parser.parse_args(argv)
 
     console = Console()
-    llm = LLM(args.model, engine_config=EngineConfig(tuned_kernels=False))
+    if args.winners is not None:
+        if not args.winners.is_file():
+            parser.error(f"--winners {args.winners}: no such file (write one with `link compile tune`)")
+        os.environ["LINK_COMPILE_DB"] = str(args.winners)
+    llm = LLM(args.model, engine_config=EngineConfig(tuned_kernels=args.winners is not None))  # installs the winners
     specs = configs(args.k, args.disable_by_batch_size, not args.no_step_cost)
     engines = {name: LLMEngine(llm.loaded, EngineConfig(tuned_kernels=False, speculative=spec)) for name, spec in specs.items()}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     for col in ("config", "decode tok/s", "speedup", "acceptance", "mean draft len", "same tokens"):
         table.add_column(col, justify="right")
     base = c1["off"]
-    result = {"concurrency_1": {}, "bursts": {}}
+    result = {"concurrency_1": {}, "bursts": {}, "winners": None if args.winners is None else str(args.winners)}
     for name, t in c1.items():
         rate = t.accepted / t.drafted if t.drafted else None
         mean = t.drafted / t.draft_steps if t.draft_steps else None

@@ -36,7 +36,6 @@ from serving.sampling_params import SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
 from serving.sliding_block_manager import SlidingBlockManager
-from serving.spec_decode.policy import AcceptanceState
 from serving.stop import StopResult, check_stop
 
 
@@ -227,7 +226,7 @@ class LLMEngine:
         detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, params.skip_special_tokens)
         request.seqs.append(seq)
         guide = self._guide(params, sampler)
-        spec = AcceptanceState() if self.speculator is not None and guide is None else None
+        spec = self.speculator.policy.new_state() if self.speculator is not None and guide is None else None
         request.states[seq.seq_id] = SeqState(index, sampler, detokenizer, logprobs=[] if params.logprobs is not None else None,
                                               guide=guide, spec=spec)
         self._seq_to_request[seq.seq_id] = request

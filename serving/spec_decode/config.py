@@ -23,8 +23,10 @@ class SpeculativeConfig:
         step_cost: with `adaptive`, draft only in steps whose measured cost the expected accepted drafts
             repay (`serving.spec_decode.step_cost`). On by default: without it, bursts of non-repetitive
             requests ran at 0.80x the speed of no speculation (8 requests; drafts resume in the burst's
-            tail, below the batch threshold, and are mostly rejected); with it the worst burst size was
-            0.99x and the mean 1.10x (`benchmarks/bench_spec_decode.py --repeats 5`, SmolLM2, issue 10).
+            tail, below the batch threshold, and are mostly rejected); with it, its calibration, the
+            engine-wide prior of new requests and probe backoff, the worst burst size was 0.93x and the
+            geometric mean 0.99x, the repetitive workload 1.64x (`benchmarks/bench_spec_decode.py
+            --repeats 5`, SmolLM2 on a 2-core Xeon, issue 10).
             Its timings are the engine's own steps, so on a noisy shared CPU they can switch speculation
             off where it would pay; a probe step every 32 decisions corrects that.
         ngram_max, ngram_min: the n-gram lengths tried, longest first.

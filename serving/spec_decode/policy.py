@@ -5,7 +5,11 @@ the third only with `step_cost`):
 
 1. Per request, k follows the request's acceptance rate. After each verification step with d > 0
    drafts of which a were accepted, the exponential moving average r <- (1 - alpha) r + alpha (a / d)
-   (alpha = `ema_alpha`, r starts at 1). The next draft length is
+   (alpha = `ema_alpha`). A new request starts from the engine's recent rate, R, a slower average
+   (weight `PRIOR_ALPHA`) over every verification step of every request, itself starting at 1: on
+   text where drafts keep failing, new requests no longer spend their first steps on drafts that an
+   optimistic r = 1 would justify (bursts of 2-3 short non-repetitive requests ran at 0.84x the speed
+   of no speculation with r starting at 1, issue 10). The next draft length is
    k = k_min + round(r (k_max - k_min)): all drafts accepted drives k to k_max, none to k_min.
    A sequence with no n-gram match drafts nothing that step and costs nothing.
 2. Across the engine, speculation backs off as the batch grows. With b sequences running when the step
@@ -18,7 +22,10 @@ the third only with `step_cost`):
    when the load falls.
 3. A step drafts only when it is expected to pay: the expected accepted drafts, sum of r k over the
    drafting sequences, against the measured cost of a verify step relative to a plain one at this b
-   (`step_cost.StepCostModel`, from the engine's timing of its decode-only steps).
+   (`step_cost.StepCostModel`, from the engine's timing of its decode-only steps, which also corrects
+   r k by what drafted steps really kept). Not r + r^2 + ... + r^k, the mean if each draft token were
+   kept independently with probability r: prompt-lookup drafts are kept all or none more often than
+   that (a copied span either continues or does not); the calibration absorbs what bias remains.
 
 With `adaptive` off, every sequence with a match drafts k_max tokens while b < T.
 """
@@ -59,11 +66,23 @@ def summarize(records: Iterable[AcceptanceState]) -> SpeculativeStats:
     return total
 
 
+PRIOR_ALPHA = 0.1  # weight of the newest verification step in the engine-wide rate R, new requests' prior
+
+
 class LookaheadPolicy:
-    """The draft length of each sequence (see the module docstring)."""
+    """The draft length of each sequence (see the module docstring).
+
+    Attributes:
+        engine_acceptance: R, the engine-wide acceptance average that new requests start from, in [0, 1].
+    """
 
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
+        self.engine_acceptance = 1.0
+
+    def new_state(self) -> AcceptanceState:
+        """A new sequence's record, its acceptance average starting at the engine's recent rate."""
+        return AcceptanceState(acceptance_ema=self.engine_acceptance)
 
     def batch_cap(self, num_running: int) -> int:
         """Most drafts per sequence in a step that starts with `num_running` running sequences (0 = none)."""
@@ -86,8 +105,9 @@ class LookaheadPolicy:
 
     def observe(self, state: AcceptanceState, num_drafted: int, num_accepted: int) -> None:
         """Move the acceptance average only (a draft checked without running it, see `Speculator`)."""
-        alpha = self.config.ema_alpha
-        state.acceptance_ema = (1 - alpha) * state.acceptance_ema + alpha * num_accepted / num_drafted
+        alpha, rate = self.config.ema_alpha, num_accepted / num_drafted
+        state.acceptance_ema = (1 - alpha) * state.acceptance_ema + alpha * rate
+        self.engine_acceptance = (1 - PRIOR_ALPHA) * self.engine_acceptance + PRIOR_ALPHA * rate
 
     def update(self, state: AcceptanceState, num_drafted: int, num_accepted: int) -> None:
         """Record one verification step (num_drafted >= 1 drafts, num_accepted of them kept)."""

@@ -43,6 +43,8 @@ class Speculator:
         self._num_running = 0
         self._step_has_drafts: bool | None = None  # the running step: decode-only with / without drafts; None: other
         self._unsent: dict[int, tuple[int, int]] = {}  # seq_id -> (position, token) proposed in a step that did not draft
+        self._step_predicted = 0.0   # the drafting step's predicted accepted drafts, as `propose` decided (uncalibrated)
+        self._step_accepted = 0      # and what `verify` kept of them
 
     def propose(self, candidates: list[tuple[Sequence, AcceptanceState, int | None]], num_running: int,
                 max_model_len: int) -> None:
@@ -60,7 +62,7 @@ class Speculator:
         cap = self.policy.batch_cap(num_running)
         if cap == 0:
             return
-        wanted, expected_accepted = [], 0.0
+        wanted, expected = [], 0.0
         for seq, state, max_tokens in candidates:
             if seq.num_computed_tokens != seq.num_tokens - 1:
                 continue
@@ -69,16 +71,17 @@ class Speculator:
                 limit = min(limit, max_tokens - seq.num_output_tokens - 1)
             k = min(limit, self.policy.num_draft(state, cap))
             if k > 0:
-                wanted.append((seq, k))
-                expected_accepted += state.acceptance_ema * k
+                wanted.append((seq, state, k))
+                expected += state.acceptance_ema * k
         if not wanted:
             return
-        if self.cost is not None and not self.cost.pays(num_running, expected_accepted):
+        if self.cost is not None and not self.cost.pays(num_running, expected):
             if self.drafter.is_cheap:
-                firsts = self.drafter.propose([(seq, 1) for seq, _ in wanted])
-                self._unsent.update({seq.seq_id: (seq.num_tokens, d[0]) for (seq, _), d in zip(wanted, firsts) if d})
+                firsts = self.drafter.propose([(seq, 1) for seq, _, _ in wanted])
+                self._unsent.update({seq.seq_id: (seq.num_tokens, d[0]) for (seq, _, _), d in zip(wanted, firsts) if d})
             return
-        for (seq, _), drafts in zip(wanted, self.drafter.propose(wanted)):
+        self._step_predicted = expected  # what the decision assumed: calibrated against what verify keeps
+        for (seq, _, _), drafts in zip(wanted, self.drafter.propose([(seq, k) for seq, _, k in wanted])):
             seq.draft_token_ids = list(drafts)
 
     def release(self, seq_id: int) -> None:
@@ -105,7 +108,11 @@ class Speculator:
         """The step noted by `begin_step` took `seconds` from `propose` to its last token."""
         if self.cost is not None and self._step_has_drafts is not None:
             self.cost.record(self._num_running, self._step_has_drafts, seconds)
+            if self._step_has_drafts:
+                self.cost.observe_accepted(self._step_predicted, self._step_accepted)
+                self.cost.observe_probe(self._num_running, self._step_accepted, seconds)
         self._step_has_drafts = None
+        self._step_predicted, self._step_accepted = 0.0, 0
 
     def verify(self, sampler: Sampler, seq: Sequence, rows: torch.Tensor, state: AcceptanceState) -> list[int]:
         """The tokens `seq` emits this step: its accepted drafts, then the target's own next token.
@@ -126,4 +133,5 @@ class Speculator:
             dists = [sampler.distribution(rows[i], prompt, output + drafts[:i]) for i in range(len(drafts) + 1)]
             tokens = rejection_sample(drafts, dists, sampler.generator)
         self.policy.update(state, len(drafts), len(tokens) - 1)
+        self._step_accepted += len(tokens) - 1
         return tokens

@@ -14,7 +14,9 @@ from scipy.stats import chisquare
 from serving.sequence import Sequence
 from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.ngram import propose_ngram
-from serving.spec_decode.policy import AcceptanceState, LookaheadPolicy, summarize
+from serving.sampler import Sampler
+from serving.sampling_params import SamplingParams
+from serving.spec_decode.policy import PRIOR_ALPHA, AcceptanceState, LookaheadPolicy, summarize
 from serving.spec_decode.rejection import num_greedy_accepted, rejection_sample
 from serving.spec_decode.speculator import Speculator
 from serving.spec_decode.step_cost import StepCostModel
@@ -181,6 +183,71 @@ def test_step_cost_model_drafts_when_tokens_per_second_are_higher():
     assert averaged.plain_seconds == {1: pytest.approx(0.020)} and averaged.spec_seconds == {}
 
 
+def test_step_cost_calibration_scales_predictions_by_what_drafted_steps_kept():
+    cost = StepCostModel(ema_alpha=0.5, probe_every=100)
+    assert cost.calibration == 1.0
+    cost.record(2, True, 0.030)
+    cost.record(2, False, 0.020)
+    assert cost.pays(2, 1.2)                     # uncalibrated: drafts pay when A > 1
+    cost.observe_accepted(2.0, 0)                # first drafted step, from the prior (2, 2): kept 0.5 * 2 + 0.5 * 0
+    assert cost.calibration == 0.5
+    assert not cost.pays(2, 1.9) and cost.pays(2, 2.1)   # now when 0.5 A > 1
+    cost.observe_accepted(4.0, 0)                # averages: predicted 0.5 * 2 + 0.5 * 4 = 3, kept 0.5
+    assert cost.calibration == pytest.approx(0.5 / 3)
+    cost.observe_accepted(0.0, 3)                # nothing was predicted: no evidence either way
+    assert cost.calibration == pytest.approx(0.5 / 3)
+    slow = StepCostModel(ema_alpha=0.2)
+    slow.observe_accepted(5.0, 0)                # one failed step moves c by alpha, not to 0
+    assert slow.calibration == pytest.approx(0.8)
+
+
+def test_drafting_probes_that_lose_back_off_and_one_that_wins_resets():
+    cost = StepCostModel(ema_alpha=1.0, probe_every=4, max_probe_every=16)
+    cost.record(2, True, 0.030)
+    cost.record(2, False, 0.020)          # drafts pay when A > 1 (2 tokens / 20 ms against (2 + A) / 30 ms)
+
+    def decisions(n):
+        return [cost.pays(2, 0.2) for _ in range(n)]
+
+    assert decisions(4) == [False, False, False, True]      # the 4th decision probes with drafts
+    cost.observe_probe(2, accepted=0, seconds=0.030)         # (2 + 0) / 30 ms < 2 / 20 ms: lost
+    assert cost.probe_interval[2] == 8
+    assert decisions(8) == [False] * 7 + [True]
+    cost.observe_probe(2, accepted=1, seconds=0.030)         # 3 / 30 ms = 2 / 20 ms: not a win, lost
+    assert cost.probe_interval[2] == 16
+    assert decisions(16)[-1] and cost.probe_interval[2] == 16
+    cost.observe_probe(2, accepted=0, seconds=0.030)
+    assert cost.probe_interval[2] == 16                      # capped at max_probe_every
+    assert decisions(16)[-1]
+    cost.observe_probe(2, accepted=3, seconds=0.030)         # 5 / 30 ms > 2 / 20 ms: the text turned repetitive
+    assert cost.probe_interval[2] == 4
+    cost.observe_probe(2, accepted=0, seconds=0.030)         # not after a probe: ignored
+    assert cost.probe_interval[2] == 4
+    assert decisions(4) == [False, False, False, True]
+    cost.observe_probe(3, accepted=0, seconds=0.030)         # another batch size: not that probe
+    assert cost.probe_interval == {2: 4}
+    with pytest.raises(ValueError):
+        StepCostModel(probe_every=8, max_probe_every=4)
+
+
+def test_speculator_calibrates_on_the_drafts_verify_keeps():
+    speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, step_cost=True), loaded=None)
+    seq, state = _decoding(0, REPEATING), AcceptanceState(acceptance_ema=0.5)
+    speculator.propose([(seq, state, None)], num_running=1, max_model_len=100)   # nothing timed: drafts
+    k = len(seq.draft_token_ids)
+    assert seq.draft_token_ids == [3, 4, 1, 2][:k] and k == 1 + round(0.5 * 3)
+    speculator.begin_step([(seq, 1 + k)])
+    rows = torch.full((k + 1, 8), -1.0)
+    rows[0, 3], rows[1, 4], rows[2, 7] = 1.0, 1.0, 1.0   # the target agrees with "3 4", then says 7
+    tokens = speculator.verify(Sampler(SamplingParams(temperature=0)), seq, rows, state)
+    assert tokens == [3, 4, 7]
+    speculator.end_step(0.050)
+    predicted, a = 0.5 * k, speculator.cost.ema_alpha   # r k, what the decision assumed
+    assert speculator.cost.predicted_ema == pytest.approx(predicted)
+    assert speculator.cost.accepted_ema == pytest.approx((1 - a) * predicted + a * 2)   # from the prior c = 1
+    assert speculator.cost.calibration == pytest.approx(1 - a + a * 2 / predicted)
+
+
 def test_speculator_times_decode_only_steps_and_skips_drafts_that_do_not_pay():
     speculator = Speculator(SpeculativeConfig(num_speculative_tokens=4, step_cost=True), loaded=None)
     seq = _decoding(0, REPEATING)
@@ -225,6 +292,25 @@ def test_a_step_without_drafts_still_checks_the_n_gram_proposal():
     assert state.acceptance_ema == 0.375
     speculator.release(seq.seq_id)
     assert speculator._unsent == {}
+
+
+def test_a_new_request_starts_from_the_engine_wide_acceptance_rate():
+    # R <- 0.9 R + 0.1 (a / d) over every verification step and unsent check of every request, from 1.
+    policy = LookaheadPolicy(SpeculativeConfig(num_speculative_tokens=5, min_speculative_tokens=1, ema_alpha=0.5))
+    assert PRIOR_ALPHA == 0.1 and policy.new_state().acceptance_ema == 1.0  # the first request: optimistic
+    first, second = policy.new_state(), policy.new_state()
+    policy.update(first, 5, 0)        # R = 0.9
+    policy.update(second, 4, 1)       # R = 0.9 * 0.9 + 0.1 * 0.25 = 0.835
+    policy.observe(first, 1, 0)       # an unsent check counts too: R = 0.7515
+    assert policy.engine_acceptance == pytest.approx(0.7515)
+    late = policy.new_state()
+    assert late.acceptance_ema == pytest.approx(0.7515) and late.num_draft_tokens == 0
+    assert policy.num_draft(late, cap=5) == 1 + round(0.7515 * 4)  # 4, where a fresh r = 1 would draft 5
+    policy.update(first, 2, 0)        # a sequence's own average moves at its own rate
+    assert first.acceptance_ema == pytest.approx(0.5 * (0.5 * 0.5 * 1.0))
+    for _ in range(60):               # text where drafts keep failing: new requests start near 0
+        policy.update(first, 3, 0)
+    assert policy.new_state().acceptance_ema < 0.002 and policy.num_draft(policy.new_state(), cap=5) == 1
 
 
 def test_draft_length_follows_the_acceptance_rate():
