@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.quant_cpu import PackCache
+from kernels.ref import ref_gated_activation
+
 SHORT_QUERY = 16   # query tokens up to which a sequence joins the batched paged-attention call
 
 
@@ -231,27 +234,21 @@ def _transposed(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().t().contiguous()
 
 
-def _mkl_packed(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
-    # the batch size argument only steers MKL's packing heuristics; the packed weight serves any row count
-    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), 16), 16
+MKL_PACK_ROWS = 16  # only steers MKL's packing heuristics: the packed weight serves any row count
 
 
-def _packs():
-    from kernels.quant_cpu import PackCache
-
-    global _KN_PACKS, _MKL_PACKS
-    if _KN_PACKS is None:
-        _KN_PACKS, _MKL_PACKS = PackCache(_transposed), PackCache(_mkl_packed)
-    return _KN_PACKS, _MKL_PACKS
+def _mkl_packed(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
 
 
-_KN_PACKS = _MKL_PACKS = None
+KN_PACKS = PackCache(_transposed)
+MKL_PACKS = PackCache(_mkl_packed)
 
 
 def kn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The "linear" contract (`ref.ref_linear`: x [..., K], weight [N, K] -> [..., N]) as x @ W^T with W^T
     a cached contiguous [K, N] copy (same products, another summation order)."""
-    out = torch.matmul(x, _packs()[0].get(weight))
+    out = torch.matmul(x, KN_PACKS.get(weight))
     return out if bias is None else out + bias
 
 
@@ -263,24 +260,19 @@ def mkl_packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     """
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         raise TypeError(f"MKL packed linear is float32 only, got x {x.dtype} and weight {weight.dtype}")
-    packed, batch = _packs()[1].get(weight)
     matrix = x.reshape(-1, x.shape[-1])
-    out = torch.ops.mkl._mkl_linear(matrix, packed, weight, bias, batch)
+    out = torch.ops.mkl._mkl_linear(matrix, MKL_PACKS.get(weight), weight, bias, MKL_PACK_ROWS)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def kn_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
     """The "gated_mlp" contract (`ref.ref_gated_mlp`: x [T, E], gate_up [2F, E], down [E, F] -> [T, E]) with
     both projections as `kn_linear`."""
-    from kernels.ref import ref_gated_activation
-
     return kn_linear(ref_gated_activation(kn_linear(x, gate_up), activation), down)
 
 
 def mkl_packed_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
     """The "gated_mlp" contract with both projections as `mkl_packed_linear` (float32 only; TypeError else)."""
-    from kernels.ref import ref_gated_activation
-
     return mkl_packed_linear(ref_gated_activation(mkl_packed_linear(x, gate_up), activation), down)
 
 

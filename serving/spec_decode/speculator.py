@@ -71,17 +71,17 @@ class Speculator:
                 limit = min(limit, max_tokens - seq.num_output_tokens - 1)
             k = min(limit, self.policy.num_draft(state, cap))
             if k > 0:
-                wanted.append((seq, state, k))
+                wanted.append((seq, k))
                 expected += state.acceptance_ema * k
         if not wanted:
             return
         if self.cost is not None and not self.cost.pays(num_running, expected):
             if self.drafter.is_cheap:
-                firsts = self.drafter.propose([(seq, 1) for seq, _, _ in wanted])
-                self._unsent.update({seq.seq_id: (seq.num_tokens, d[0]) for (seq, _, _), d in zip(wanted, firsts) if d})
+                firsts = self.drafter.propose([(seq, 1) for seq, _ in wanted])
+                self._unsent.update({seq.seq_id: (seq.num_tokens, d[0]) for (seq, _), d in zip(wanted, firsts) if d})
             return
         self._step_predicted = expected  # what the decision assumed: calibrated against what verify keeps
-        for (seq, _, _), drafts in zip(wanted, self.drafter.propose([(seq, k) for seq, _, k in wanted])):
+        for (seq, _), drafts in zip(wanted, self.drafter.propose(wanted)):
             seq.draft_token_ids = list(drafts)
 
     def release(self, seq_id: int) -> None:

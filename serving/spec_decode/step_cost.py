@@ -27,7 +27,7 @@ Before both times are known at a batch size, the model tries a speculative step,
 requests' acceptance rates stay current. A probe that drafts against the rule and loses, its realized
 (b + accepted) / seconds below b / t_plain(b), doubles that batch size's interval, up to
 `max_probe_every`; one that wins brings it back to `probe_every`. So where speculation keeps losing,
-probes fall from 1 step in 32 to 1 in 256 (each costs t_spec - t_plain, 40-45 ms of a 50 ms step at
+probes fall from 1 step in 32 to 1 in 256 (each costs t_spec - t_plain, 35-45 ms of a 50 ms step at
 b = 2-3 on a 2-core CPU), and text that turns repetitive is found again by the first probe that wins.
 """
 

@@ -137,7 +137,7 @@ def test_mkl_packed_linear_matches_reference_and_packs_once(rows):
     torch.manual_seed(rows)
     weight, bias = torch.randn(97, 45) * 0.1, torch.randn(97)
     x = torch.randn(rows, 45)
-    packs = cpu._packs()[1]
+    packs = cpu.MKL_PACKS
     out = cpu.mkl_packed_linear(x, weight, bias)
     torch.testing.assert_close(out, ref.ref_linear(x, weight, bias), atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
     before = packs.num_packs
