@@ -5,9 +5,12 @@
 1. record: SmolLM2-135M (float32) behind an in-process `AsyncLLMEngine` with a `TrafficRecorder`
    attached serves two real workloads, and the recorder's shapes become the two mixes:
    - "long-trickle": repetitive prompts (`link/bench/workloads.py`: HumanEval code edits, two problems
-     per prompt, ~400-700 tokens) arriving one at a time, `--trickle-gap-s` apart, 32 output tokens;
-   - "short-bursts": bursts of 12 to 16 concurrent default prompts (AlpacaEval / MT-Bench, ~30-120
-     tokens), a burst when the previous one finished, 16 output tokens.
+     per prompt, ~400-700 tokens) arriving one at a time, `--trickle-gap-s` apart, `--trickle-tokens`
+     output tokens (default 128: long enough for the decode phase, where speculation acts, to matter);
+   - "short-bursts": bursts of `--burst-min` to `--burst-max` concurrent default prompts (AlpacaEval /
+     MT-Bench, ~30-120 tokens), a burst when the previous one finished, `--burst-tokens` output tokens
+     (default 16). Bursts of 40-48, beyond the default batch limit of 32 sequences, are a mix that the
+     default configuration does not serve best; bursts of 12-16 are one it does.
 2. tune: `link.compile_config.tune_config` on each mix (replays on the recorded schedule with the
    workload's own prompt tokens as the pool, coordinate descent over prefill chunk, batch size,
    speculation on/off with lookahead bounds and KV block size, `--budget` replays, then one more
@@ -84,7 +87,11 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=1.0, help="replay arrivals this many times faster")
     parser.add_argument("--trickle", type=int, default=8, help="requests of the long-trickle mix")
     parser.add_argument("--trickle-gap-s", type=float, default=2.5)
+    parser.add_argument("--trickle-tokens", type=int, default=128, help="output tokens per long-trickle request")
     parser.add_argument("--bursts", type=int, default=3, help="bursts of the short-bursts mix")
+    parser.add_argument("--burst-tokens", type=int, default=16, help="output tokens per short-bursts request")
+    parser.add_argument("--burst-min", type=int, default=12, help="fewest requests of a burst")
+    parser.add_argument("--burst-max", type=int, default=16, help="most requests of a burst")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -107,7 +114,7 @@ def main() -> None:
     long_prompts = [code[2 * i] + code[2 * i + 1] for i in range(args.trickle)]
     short_texts = [t for t in load_workload(data_dir, seed=0) if len(t) < 400]
     rng = random.Random(0)
-    sizes = [rng.randint(12, 16) for _ in range(args.bursts)]
+    sizes = [rng.randint(args.burst_min, args.burst_max) for _ in range(args.bursts)]
     _, short = render_prompts(MODEL, short_texts[: sum(sizes)])
     bursts, start = [], 0
     for size in sizes:
@@ -115,11 +122,11 @@ def main() -> None:
         start += size
 
     print(f"recording long-trickle: {args.trickle} prompts of {min(map(len, long_prompts))}-{max(map(len, long_prompts))} tokens", flush=True)
-    trickle_mix = record(loaded, lambda e: _serve(e, [(i * args.trickle_gap_s, p, 32) for i, p in enumerate(long_prompts)]))
+    trickle_mix = record(loaded, lambda e: _serve(e, [(i * args.trickle_gap_s, p, args.trickle_tokens) for i, p in enumerate(long_prompts)]))
     print(f"recording short-bursts: bursts of {sizes}", flush=True)
-    burst_mix = record(loaded, lambda e: _serve_bursts(e, bursts, 16))
+    burst_mix = record(loaded, lambda e: _serve_bursts(e, bursts, args.burst_tokens))
 
-    space = {"max_num_batched_tokens": (128, 512, 2048), "max_num_seqs": (4, 8, 32),
+    space = {"max_num_batched_tokens": (128, 512, 2048), "max_num_seqs": (8, 32, 64),
              "speculative": (None, SpeculativeConfig(num_speculative_tokens=5)), "block_size": (16, 64)}
     table = ConfigWinnerTable(Path(tempfile.mkdtemp()) / "winners.sqlite")
     out = {"model": MODEL, "budget": args.budget, "repeats": args.repeats, "speedup": args.speedup, "space": {k: [describe({k: v}) for v in vs] for k, vs in space.items()},

@@ -7,7 +7,13 @@ For each bucket the `ShapeRecorder` saw most (and the winner table has no verdic
    element with the variant's tolerance for the dtype; for the decode step, the eager model forward's
    logits, relative to their scale, and every row's greedy token: `kernels.step_check`): one that
    fails or raises is logged, stored as "rejected" and never installed;
-3. time the default and every verified variant (warm-up, then the median of repeats);
+3. time the default and every verified variant (warm-up, then the median of repeats; a decode-step
+   bucket on each of its verification batches, the bucket's largest and its smallest size); a matmul op
+   ("linear", "gated_mlp") is timed over copies of its weights totalling `stream_bytes`, one call per
+   copy in turn, as in a decode step, where every layer's weights stream from memory: on one weight
+   the cache holds, a variant can win at 2x and then gain nothing inside a step (SmolLM2's layer
+   linears at 4 rows: a [K, N] copy 0.42 against F.linear's 0.93 ms per layer in cache, 0.97 against
+   1.04 ms streamed; our AVX-512 kernel 0.55 in cache, 0.77 streamed);
 4. store every verdict in the `WinnerTable` and stage the winner, if it beats the default by
    `min_speedup`, warmed up first (`kernels.warmup.install_warm`: compiled now for the bucket's shapes
    and the engine's layouts, never inside a step); the engine applies it between two steps.
@@ -42,6 +48,9 @@ from kernels.winners import Environment, Result, WinnerTable
 logger = logging.getLogger(__name__)
 
 TUNABLE_OPS = ("linear", "gated_mlp", "rms_norm", "rotary", "paged_attention", "decode_step")
+STREAMED_OPS = ("linear", "gated_mlp")  # timed on weights that stream from memory (see the module docstring)
+STREAM_BYTES = 192 * 2**20
+MAX_STREAM_COPIES = 64
 
 
 class Tuner:
@@ -57,6 +66,8 @@ class Tuner:
         min_share: buckets below this share of all recorded calls of their op are not hot.
         prompts: token id lists the decode-step variants are checked on (`tuner_inputs.step_cases`: each
             prefilled, then its next token decoded); None: random cached K/V and tokens.
+        stream_bytes: weight bytes a matmul candidate is timed over (copies of the case's weights, each
+            call on the next; 0: the one weight, cache-resident).
         allow_lossy: also try lossy variants (`Variant.lossy`, and op variants whose stated tolerance is
             looser than the registry's default for the dtype: weight-only quantized matmuls and steps);
             off by default, so fp32 results stay equal to the reference within float rounding.
@@ -64,11 +75,11 @@ class Tuner:
 
     def __init__(self, table: WinnerTable, model_name: str, *, model=None, device: str = "cpu", min_speedup: float = 1.05,
                  repeats: int = 7, warmup: int = 2, min_share: float = 0.02, allow_lossy: bool = False,
-                 prompts: list[list[int]] | None = None):
+                 prompts: list[list[int]] | None = None, stream_bytes: int = STREAM_BYTES):
         self.table, self.model, self.device = table, model, device
         self.env = Environment.current(model_name, device)
         self.min_speedup, self.repeats, self.warmup, self.min_share = min_speedup, repeats, warmup, min_share
-        self.allow_lossy, self.prompts = allow_lossy, prompts
+        self.allow_lossy, self.prompts, self.stream_bytes = allow_lossy, prompts, stream_bytes
 
     def candidates(self, op: str, dtype: torch.dtype) -> list[Variant]:
         """The registered variants of `op` that run here on `dtype` (lossy ones only with `allow_lossy`)."""
@@ -132,9 +143,12 @@ class Tuner:
         """Verify and time every candidate of one bucket, store the verdicts, stage the winner."""
         dtype = DTYPES[bucket.dtype]
         candidates = self.candidates(bucket.op, dtype)
-        cases = bucket_cases(bucket, self.model, self.prompts)  # the first one is timed
+        cases = bucket_cases(bucket, self.model, self.prompts)  # the first one is timed (a step bucket: all)
         threads = torch.get_num_threads()
-        baseline = self._time(self._default(bucket), cases[0])
+        # a step bucket covers several batch sizes (4: 3 and 4): timed on each case's size, their mean,
+        # so a step compiled for the bucket's largest size cannot win while losing at its smaller ones
+        timed_case = cases if bucket.op in STEP_OPS else self._streamed(bucket.op, cases[0])
+        baseline = self._time(self._default(bucket), timed_case)
         results, timed = [], []
         for variant in candidates:
             max_error = None
@@ -143,7 +157,7 @@ class Tuner:
                 atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
                 if error is not None:
                     raise AssertionError(error)
-                median = self._time(variant.fn, cases[0])
+                median = self._time(variant.fn, timed_case)
             except Exception as exc:  # a failing candidate is a verdict, not a crash
                 logger.warning("rejected variant %s for %s %s [%s]: %s", variant.name, bucket.op, bucket.label, bucket.dtype, exc)
                 results.append(Result(bucket, variant.name, "rejected", baseline_ms=baseline, max_error=max_error, calls=calls,
@@ -222,17 +236,37 @@ class Tuner:
                             f"{variant.max_relative_error:g}"), worst
         return None, worst
 
-    @torch.inference_mode()
-    def _time(self, fn: Callable, case: tuple[tuple, dict]) -> float:
-        """Median wall time of fn(*case) in milliseconds, after `warmup` calls."""
+    def _streamed(self, op: str, case: tuple[tuple, dict]) -> list[tuple[tuple, dict]]:
+        """The cases one timed call cycles through: for a matmul op, the case with its weight matrices
+        (the 2-d tensor arguments after the input) replaced by copies, as many as `stream_bytes` holds
+        (1 to MAX_STREAM_COPIES); else the case alone."""
         args, kwargs = case
+        weights = [i for i, a in enumerate(args) if i > 0 and isinstance(a, torch.Tensor) and a.dim() == 2]
+        size = sum(args[i].numel() * args[i].element_size() for i in weights)
+        if op not in STREAMED_OPS or not weights or self.stream_bytes <= size:
+            return [case]
+        copies = min(MAX_STREAM_COPIES, self.stream_bytes // size)
+        out = [case]
+        for _ in range(copies - 1):
+            new = list(args)
+            for i in weights:
+                new[i] = args[i].clone()
+            out.append((tuple(new), kwargs))
+        return out
+
+    @torch.inference_mode()
+    def _time(self, fn: Callable, cases: list[tuple[tuple, dict]]) -> float:
+        """Median wall time in milliseconds of one call, a timed repeat calling fn once on each of `cases`
+        in turn (their mean), after `warmup` such passes."""
         for _ in range(self.warmup):
-            fn(*args, **kwargs)
+            for args, kwargs in cases:
+                fn(*args, **kwargs)
         times = []
         for _ in range(self.repeats):
             start = time.perf_counter()
-            fn(*args, **kwargs)
-            times.append((time.perf_counter() - start) * 1e3)
+            for args, kwargs in cases:
+                fn(*args, **kwargs)
+            times.append((time.perf_counter() - start) * 1e3 / len(cases))
         return statistics.median(times)
 
 

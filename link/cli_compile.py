@@ -27,7 +27,9 @@ def tune(
     workload: str = typer.Option("serving", help="serving (record the serving benchmark's prompts) or recorded (saved counts)."),
     budget_s: float = typer.Option(300.0, "--budget-s", help="Seconds of tuning at most (recording not included)."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
-    num_prompts: int = typer.Option(18, help="Serving prompts recorded (2 at concurrency 1, the rest at 16)."),
+    num_prompts: int = typer.Option(None, help="Serving prompts recorded (default: enough for every level, 2 at concurrency 1, c at c > 1)."),
+    concurrency: str = typer.Option("1,16", help="Closed-loop concurrency levels recorded, comma-separated (e.g. 1,2,4,8,16: "
+                                                  "the decode batches and speculative verify steps between 1 and 16 rows)."),
     quantized: bool = typer.Option(False, "--quantized", help="Also try lossy weight-only int8/int4 matmuls."),
     data_dir: str = typer.Option(None, help="Shared data folder (default: $LINK_DATASETS_DIR or ../shared/data)."),
 ) -> None:
@@ -44,8 +46,12 @@ def tune(
             bar.update(task, description=message, completed=done, total=total or None)
 
         try:
+            levels = tuple(int(c) for c in concurrency.split(",") if c.strip()) if all(
+                c.strip().isdigit() for c in concurrency.split(",") if c.strip()) else ()
+            if not levels or min(levels) < 1:
+                raise ValueError(f"--concurrency {concurrency!r}: give positive integers, comma-separated (e.g. 1,16)")
             outcome = tune_model(model, workload, budget_s, dtype=dtype, num_prompts=num_prompts, allow_lossy=quantized,
-                                 data_dir=data_dir, progress=progress)
+                                 concurrencies=levels, data_dir=data_dir, progress=progress)
         except (ServingError, ValueError, FileNotFoundError) as exc:
             err_console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from None

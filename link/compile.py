@@ -68,10 +68,12 @@ def record_workload(engine, prompts: Sequence[list[int]], concurrencies: Sequenc
 
 
 def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", budget_s: float = 300.0, *,
-               dtype: str = "float32", num_prompts: int = 18, max_tokens: int = 16, concurrencies: Sequence[int] = (1, 16),
+               dtype: str = "float32", num_prompts: int | None = None, max_tokens: int = 16, concurrencies: Sequence[int] = (1, 16),
                providers: Sequence[str] | None = None, allow_lossy: bool = False, table: WinnerTable | None = None,
                data_dir=None, progress: Callable[[str, int, int], None] = lambda message, done, total: None) -> TuneOutcome:
     """Record (or load) the shape counts of `model` and tune its hot buckets within `budget_s` seconds.
+
+    `num_prompts` (default: what `concurrencies` use, `record_workload`) serving prompts are recorded.
 
     Raises:
         ValueError: an unknown workload or provider; "recorded" with no saved counts.
@@ -99,6 +101,8 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
     else:
         from link.bench.workload import default_data_dir, load_workload, render_prompts
 
+        if num_prompts is None:
+            num_prompts = sum(max(2, c) for c in concurrencies)
         texts = load_workload(data_dir or default_data_dir())[:num_prompts]
         _, prompts = render_prompts(model, texts)
         progress(f"recording shapes: {len(prompts)} serving prompts at concurrency {', '.join(map(str, concurrencies))}", 0, 0)

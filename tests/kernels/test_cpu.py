@@ -8,6 +8,7 @@ import torch
 
 import kernels
 from kernels import cpu, ref
+from kernels.native import has_avx512
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
@@ -151,6 +152,48 @@ def test_mkl_packed_linear_matches_reference_and_packs_once(rows):
         cpu.mkl_packed_linear(x.bfloat16(), weight.bfloat16())
 
 
+needs_avx512 = pytest.mark.skipif(not has_avx512(), reason="rows_linear needs an AVX-512 CPU")
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
+@pytest.mark.parametrize("n, k", [(1, 1), (3, 15), (4, 16), (5, 17), (97, 45), (130, 577)])
+def test_rows_linear_matches_a_float64_reference(rows, n, k):
+    # N not a multiple of the 4-row weight tile, K not a multiple of the 16-float vector (masked tail)
+    torch.manual_seed(rows * 1000 + n + k)
+    weight, bias, x = torch.randn(n, k), torch.randn(n), torch.randn(rows, k)
+    expected = (x.double() @ weight.double().T + bias.double()).float()
+    out = cpu.rows_linear(x, weight, bias)
+    assert out.dtype == torch.float32 and out.shape == (rows, n)
+    torch.testing.assert_close(out, expected, atol=1e-5 * k ** 0.5, rtol=1e-5)
+
+
+@needs_avx512
+def test_rows_linear_rows_do_not_depend_on_their_batch():
+    # each output element is one dot product in a fixed order: a row alone equals the same row in a batch
+    torch.manual_seed(0)
+    weight, x = torch.randn(203, 577), torch.randn(13, 577)
+    batched = cpu.rows_linear(x, weight)
+    for i in (0, 3, 4, 12):
+        assert torch.equal(cpu.rows_linear(x[i : i + 1], weight), batched[i : i + 1])
+    assert torch.equal(cpu.rows_linear(x[4:9], weight), batched[4:9])
+
+
+@needs_avx512
+def test_rows_linear_shapes_layouts_and_errors():
+    torch.manual_seed(1)
+    weight = torch.randn(97, 45)
+    x = torch.randn(2, 3, 45)                      # leading dimensions kept
+    torch.testing.assert_close(cpu.rows_linear(x, weight), ref.ref_linear(x, weight), atol=1e-5, rtol=1e-5)
+    wide = torch.randn(5, 90)[:, ::2]              # a non-contiguous input
+    torch.testing.assert_close(cpu.rows_linear(wide, weight), ref.ref_linear(wide, weight), atol=1e-5, rtol=1e-5)
+    assert cpu.rows_linear(torch.randn(0, 45), weight).shape == (0, 97)
+    with pytest.raises(TypeError, match="float32 only"):
+        cpu.rows_linear(x.bfloat16(), weight.bfloat16())
+    with pytest.raises(RuntimeError, match="rows_linear needs x"):
+        cpu.rows_linear(torch.randn(3, 44), weight)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("rows", [1, 5, 16])
@@ -160,6 +203,7 @@ def test_gated_mlp_variants_match_reference(dtype, activation, rows):
     x = torch.randn(rows, 45).to(dtype)
     expected = ref.ref_gated_mlp(x.float(), gate_up.float(), down.float(), activation)
     fns = [cpu.kn_gated_mlp] + ([cpu.mkl_packed_gated_mlp] if dtype == torch.float32 and cpu._has_mkl() else [])
+    fns += [cpu.rows_gated_mlp] if dtype == torch.float32 and has_avx512() else []
     for fn in fns:
         out = fn(x, gate_up, down, activation)
         assert out.dtype == dtype and out.shape == (rows, 45)
@@ -172,4 +216,6 @@ def test_linear_variants_are_tuner_candidates_not_the_default():
     assert found[("linear", "mkl-packed")].dtypes == (torch.float32,)
     assert found[("gated_mlp", "kn")].fn is cpu.kn_gated_mlp
     assert found[("gated_mlp", "mkl-packed")].dtypes == (torch.float32,)
+    assert found[("linear", "rows-avx512")].fn is cpu.rows_linear and found[("linear", "rows-avx512")].dtypes == (torch.float32,)
+    assert found[("gated_mlp", "rows-avx512")].fn is cpu.rows_gated_mlp
     assert kernels.registered("linear") is ref.ref_linear and kernels.registered("gated_mlp") is ref.ref_gated_mlp

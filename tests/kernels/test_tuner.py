@@ -140,3 +140,20 @@ def test_hotness_is_per_weight_shape_and_order_by_work(table):
     tuner = Tuner(table, MODEL, min_share=0.02)
     assert [b for b, _ in tuner.hot_buckets(counts)] == [lm_head, qkv, o_proj]  # 2.8e9, 1.7e9, 1.0e9 MACs
     assert [b for b, _ in Tuner(table, MODEL, min_share=0.005).hot_buckets(counts)] == [rare, lm_head, qkv, o_proj]  # rare: 8.5e9
+
+
+def test_matmul_candidates_are_timed_on_streamed_weight_copies(table):
+    # a decode step reads every layer's weights from memory: a linear is timed over copies of its
+    # weight (stream_bytes of them), one call per copy, not on one cache-resident matrix
+    weight = torch.randn(256, 256)   # 256 KiB
+    x = torch.randn(4, 256)
+    tuner = Tuner(table, MODEL, repeats=3, warmup=1, stream_bytes=1 << 20)
+    cases = tuner._streamed("linear", ((x, weight), {}))
+    assert len(cases) == 4
+    assert len({c[0][1].data_ptr() for c in cases}) == 4 and all(torch.equal(c[0][1], weight) for c in cases)
+    assert all(c[0][0] is x for c in cases)   # the input is shared, only the weights stream
+    seen = []
+    tuner._time(lambda x, w: seen.append(w.data_ptr()), cases)
+    assert len(seen) == (1 + 3) * 4 and set(seen) == {c[0][1].data_ptr() for c in cases}
+    assert len(tuner._streamed("rms_norm", ((x, torch.ones(256), 1e-6), {}))) == 1   # not a matmul
+    assert len(Tuner(table, MODEL, stream_bytes=0)._streamed("linear", ((x, weight), {}))) == 1

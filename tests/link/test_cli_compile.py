@@ -53,6 +53,9 @@ def test_tune_refuses_an_unknown_workload_and_missing_counts(table):
     assert bad.exit_code == 2 and "unknown workload" in bad.output
     empty = CliRunner().invoke(app, ["compile", "tune", "--workload", "recorded"])
     assert empty.exit_code == 2 and "no recorded shapes" in empty.output
+    for levels in ("0,16", "", "4,x"):
+        wrong = CliRunner().invoke(app, ["compile", "tune", "--concurrency", levels])
+        assert wrong.exit_code == 2 and "--concurrency" in wrong.output and "Traceback" not in wrong.output, wrong.output
 
 
 def test_metrics_show_recorded_calls_and_winner_speedups(table):

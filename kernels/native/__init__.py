@@ -1,0 +1,72 @@
+"""Our C++ CPU kernels, compiled on first use for the machine they run on (issue 9).
+
+    rows = load_rows_linear()          # the compiled module, or None where it cannot be built here
+    y = rows.rows_linear(x, weight)    # x [M, K], weight [N, K], float32 -> [M, N]
+
+`rows_linear.cpp`: a float32 linear layer for a few rows (a decode batch, a speculative verify step)
+that reads every weight row once per call; see the source for the layout. It is built with
+`torch.utils.cpp_extension.load` (g++ and ninja, flags -O3 -mavx512f -mfma -fopenmp) into torch's
+extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), about 30 s the first time
+on a 2-core CPU and a file check after that. Needs a CPU with AVX-512F (`torch.backends.cpu
+.get_cpu_capability()` reports "AVX512" or better); elsewhere, or when the build fails, the loader
+returns None once, logs why, and callers keep PyTorch's kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent
+FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]
+
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+_why_not: dict[str, str] = {}
+
+
+def has_avx512() -> bool:
+    """Whether PyTorch sees AVX-512 on this CPU (its own dispatch level, "AVX512" or "AMX")."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX")
+
+
+def unavailable_reason(name: str = "rows_linear") -> str | None:
+    """Why `load_rows_linear` returned None (after a call), else None."""
+    return _why_not.get(name)
+
+
+def load_rows_linear() -> ModuleType | None:
+    """The compiled `rows_linear` module (built on the first call, thread-safe), or None where this machine
+    cannot run or build it (no AVX-512, no compiler or ninja, a failed build: the reason is logged once
+    and kept in `unavailable_reason()`)."""
+    name = "rows_linear"
+    if name in _loaded:
+        return _loaded[name]
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        module, reason = None, None
+        if not has_avx512():
+            reason = f"the CPU lacks AVX-512 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})"
+        elif shutil.which("c++") is None and shutil.which("g++") is None:
+            reason = "no C++ compiler (c++ or g++) on PATH"
+        else:
+            try:
+                from torch.utils.cpp_extension import load
+
+                module = load(f"link_{name}", [str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=FLAGS,
+                              extra_ldflags=["-fopenmp"], verbose=False)
+            except Exception as exc:  # a missing ninja or a compiler error: the PyTorch kernels stay
+                reason = f"building {name}.cpp failed: {type(exc).__name__}: {str(exc).strip()[-400:]}"
+        if reason is not None:
+            logger.warning("native kernel %s unavailable: %s", name, reason)
+            _why_not[name] = reason
+        _loaded[name] = module
+        return module
