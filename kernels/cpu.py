@@ -230,10 +230,10 @@ def bmm_paged_attention(
 # what Inductor's CPU freezing uses) does as well or better on the wider matrices. Both keep the packed
 # copy beside the float weight (a `PackCache` per variant: one more copy of each weight they serve).
 # Those timings are on a weight the cache holds. Inside a decode step every layer's weights stream from
-# memory, and there both copies gain little (the four linears of 30 layers, 425 MB: 28.4 ms at 4 rows on
-# the [K, N] copy against 30.2 ms with F.linear, 17 ms at one row); `rows_linear`, our AVX-512 kernel,
-# reads each weight row once for all rows and takes 22.9 ms. The tuner times these ops on streamed
-# weights (`kernels.tuner`, `stream_bytes`).
+# memory, and there both copies gain little (`benchmarks/bench_linear_rows.py`, the four linears of 30
+# layers, 425 MB: 32.7 ms at 4 rows on the [K, N] copy against 35.9 ms with F.linear, 19.2 ms at one
+# row); `rows_linear`, our AVX-512 kernel, reads each weight row once for all rows and takes 26.8 ms.
+# The tuner times these ops on streamed weights (`kernels.tuner`, `stream_bytes`).
 
 
 def _transposed(weight: torch.Tensor) -> torch.Tensor:
@@ -285,8 +285,8 @@ def mkl_packed_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Ten
 def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The "linear" contract (x [..., K], weight [N, K] -> [..., N]) through our AVX-512 kernel for a few rows
     (`kernels/native/rows_linear.cpp`): each weight row is read once per call and meets every input row in
-    registers, so 4-16 rows cost little more than one (SmolLM2's layer linears, weights streamed from
-    memory, 2 threads: 22.9 / 27.0 / 34.0 ms against F.linear's 31.5 / 38.0 / 42.6 ms per step at 4 / 8 / 16
+    registers, so 4-16 rows cost less than F.linear's GEMM (SmolLM2's layer linears, weights streamed from
+    memory, 2 threads: 26.8 / 31.9 / 38.5 ms against F.linear's 35.9 / 41.7 / 47.5 ms per step at 4 / 8 / 16
     rows). A row's result does not depend on the other rows of the call (bit for bit).
 
     Raises:
@@ -307,6 +307,23 @@ def rows_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, a
     return rows_linear(ref_gated_activation(rows_linear(x, gate_up), activation), down)
 
 
+ROWS_FROM = 4  # the row count from which `rows_linear` beats F.linear on streamed weights (bench_linear_rows.py)
+
+
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The tuner candidate "rows-avx512": `rows_linear` from `ROWS_FROM` rows on, `F.linear` below. A shape
+    bucket spans several row counts (bucket 4: 3 and 4 rows), and at 1-3 rows MKL's matrix-vector path is as
+    fast or faster (streamed: 24.6 against 28.4 ms per step at 3 rows, 35.9 against 26.8 at 4).
+    Raises as `rows_linear` from `ROWS_FROM` rows."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return rows_linear(x, weight, bias) if rows >= ROWS_FROM else F.linear(x, weight, bias)
+
+
+def few_rows_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
+    """The "gated_mlp" contract with both projections as `few_rows_linear`."""
+    return few_rows_linear(ref_gated_activation(few_rows_linear(x, gate_up), activation), down)
+
+
 def _has_rows_linear() -> bool:
     return load_rows_linear() is not None
 
@@ -325,11 +342,11 @@ def cpu_variants() -> list:
                     description="x @ W^T on a cached [K, N] copy of the weight (no per-call repacking from 4 rows on)"),
             Variant("linear", "mkl-packed", mkl_packed_linear, dtypes=(torch.float32,), available=_has_mkl,
                     description="MKL's packed sgemm, the weight packed once (float32)"),
-            Variant("linear", "rows-avx512", rows_linear, dtypes=(torch.float32,), available=_has_rows_linear,
-                    description="our AVX-512 kernel: each weight row read once per call for all rows (float32)"),
+            Variant("linear", "rows-avx512", few_rows_linear, dtypes=(torch.float32,), available=_has_rows_linear,
+                    description="from 4 rows, our AVX-512 kernel: each weight row read once per call for all rows (float32)"),
             Variant("gated_mlp", "kn", kn_gated_mlp,
                     description="both projections on cached [K, N] copies of their weights"),
             Variant("gated_mlp", "mkl-packed", mkl_packed_gated_mlp, dtypes=(torch.float32,), available=_has_mkl,
                     description="both projections through MKL's packed sgemm (float32)"),
-            Variant("gated_mlp", "rows-avx512", rows_gated_mlp, dtypes=(torch.float32,), available=_has_rows_linear,
+            Variant("gated_mlp", "rows-avx512", few_rows_gated_mlp, dtypes=(torch.float32,), available=_has_rows_linear,
                     description="both projections through our AVX-512 few-rows kernel (float32)")]

@@ -11,9 +11,9 @@ For each bucket the `ShapeRecorder` saw most (and the winner table has no verdic
    bucket on each of its verification batches, the bucket's largest and its smallest size); a matmul op
    ("linear", "gated_mlp") is timed over copies of its weights totalling `stream_bytes`, one call per
    copy in turn, as in a decode step, where every layer's weights stream from memory: on one weight
-   the cache holds, a variant can win at 2x and then gain nothing inside a step (SmolLM2's layer
-   linears at 4 rows: a [K, N] copy 0.42 against F.linear's 0.93 ms per layer in cache, 0.97 against
-   1.04 ms streamed; our AVX-512 kernel 0.55 in cache, 0.77 streamed);
+   the cache holds, a variant can win at 2x and then gain little inside a step (SmolLM2's layer
+   linears at 4 rows, `benchmarks/bench_linear_rows.py --layers 1` against the default 30: a [K, N]
+   copy about 2x F.linear's speed in cache, 1.10x streamed);
 4. store every verdict in the `WinnerTable` and stage the winner, if it beats the default by
    `min_speedup`, warmed up first (`kernels.warmup.install_warm`: compiled now for the bucket's shapes
    and the engine's layouts, never inside a step); the engine applies it between two steps.

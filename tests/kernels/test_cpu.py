@@ -180,6 +180,21 @@ def test_rows_linear_rows_do_not_depend_on_their_batch():
 
 
 @needs_avx512
+def test_the_rows_candidate_is_f_linear_below_four_rows_and_rows_linear_from_four():
+    torch.manual_seed(2)
+    weight, bias = torch.randn(203, 577), torch.randn(203)
+    for rows in (1, 2, 3):   # a bucket spans 3 and 4 rows: MKL's matrix-vector path below 4
+        x = torch.randn(rows, 577)
+        assert torch.equal(cpu.few_rows_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+    for rows in (4, 9):
+        x = torch.randn(2, rows, 577)
+        assert torch.equal(cpu.few_rows_linear(x, weight, bias), cpu.rows_linear(x, weight, bias))
+    gate_up, down, x = torch.randn(2 * 37, 45), torch.randn(45, 37), torch.randn(6, 45)
+    torch.testing.assert_close(cpu.few_rows_gated_mlp(x, gate_up, down, "silu"), ref.ref_gated_mlp(x, gate_up, down, "silu"),
+                               atol=1e-4, rtol=1e-5)
+
+
+@needs_avx512
 def test_rows_linear_shapes_layouts_and_errors():
     torch.manual_seed(1)
     weight = torch.randn(97, 45)
@@ -216,6 +231,6 @@ def test_linear_variants_are_tuner_candidates_not_the_default():
     assert found[("linear", "mkl-packed")].dtypes == (torch.float32,)
     assert found[("gated_mlp", "kn")].fn is cpu.kn_gated_mlp
     assert found[("gated_mlp", "mkl-packed")].dtypes == (torch.float32,)
-    assert found[("linear", "rows-avx512")].fn is cpu.rows_linear and found[("linear", "rows-avx512")].dtypes == (torch.float32,)
-    assert found[("gated_mlp", "rows-avx512")].fn is cpu.rows_gated_mlp
+    assert found[("linear", "rows-avx512")].fn is cpu.few_rows_linear and found[("linear", "rows-avx512")].dtypes == (torch.float32,)
+    assert found[("gated_mlp", "rows-avx512")].fn is cpu.few_rows_gated_mlp
     assert kernels.registered("linear") is ref.ref_linear and kernels.registered("gated_mlp") is ref.ref_gated_mlp
