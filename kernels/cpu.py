@@ -11,6 +11,8 @@ Parity against the references: `tests/kernels/test_cpu.py`. Timing: `benchmarks/
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -298,7 +300,7 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     module = load_rows_linear()
     if module is None:
         raise RuntimeError(f"rows_linear is unavailable here: {unavailable_reason()}")
-    out = module.rows_linear(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+    out = module.rows_linear(x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
     return out if bias is None else out + bias
 
 
@@ -313,10 +315,13 @@ ROWS_FROM = 4  # the row count from which `rows_linear` beats F.linear on stream
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The tuner candidate "rows-avx512": `rows_linear` from `ROWS_FROM` rows on, `F.linear` below. A shape
     bucket spans several row counts (bucket 4: 3 and 4 rows), and at 1-3 rows MKL's matrix-vector path is as
-    fast or faster (streamed: 24.6 against 28.4 ms per step at 3 rows, 35.9 against 26.8 at 4).
-    Raises as `rows_linear` from `ROWS_FROM` rows."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return rows_linear(x, weight, bias) if rows >= ROWS_FROM else F.linear(x, weight, bias)
+    fast or faster (streamed: 24.6 against 28.4 ms per step at 3 rows, 35.9 against 26.8 at 4). Where the
+    kernel cannot be built (a stored winner on a machine without a compiler), every call is F.linear.
+    Unlike `rows_linear`, a row's result depends on whether its call has 4 rows or fewer.
+    Raises TypeError from `ROWS_FROM` rows for inputs that are not float32."""
+    if math.prod(x.shape[:-1]) < ROWS_FROM or load_rows_linear() is None:  # a table stored where it built
+        return F.linear(x, weight, bias)
+    return rows_linear(x, weight, bias)
 
 
 def few_rows_gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, activation: str) -> torch.Tensor:
@@ -349,4 +354,4 @@ def cpu_variants() -> list:
             Variant("gated_mlp", "mkl-packed", mkl_packed_gated_mlp, dtypes=(torch.float32,), available=_has_mkl,
                     description="both projections through MKL's packed sgemm (float32)"),
             Variant("gated_mlp", "rows-avx512", few_rows_gated_mlp, dtypes=(torch.float32,), available=_has_rows_linear,
-                    description="both projections through our AVX-512 few-rows kernel (float32)")]
+                    description="both projections through our AVX-512 kernel from 4 rows, F.linear below (float32)")]

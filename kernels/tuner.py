@@ -9,7 +9,8 @@ For each bucket the `ShapeRecorder` saw most (and the winner table has no verdic
    fails or raises is logged, stored as "rejected" and never installed;
 3. time the default and every verified variant (warm-up, then the median of repeats; a decode-step
    bucket on each of its verification batches, the bucket's largest and its smallest size); a matmul op
-   ("linear", "gated_mlp") is timed over copies of its weights totalling `stream_bytes`, one call per
+   ("linear", "gated_mlp") is timed over copies of its weights totalling up to `stream_bytes` (at most
+   MAX_STREAM_COPIES), one call per
    copy in turn, as in a decode step, where every layer's weights stream from memory: on one weight
    the cache holds, a variant can win at 2x and then gain little inside a step (SmolLM2's layer
    linears at 4 rows, `benchmarks/bench_linear_rows.py --layers 1` against the default 30: a [K, N]
@@ -147,8 +148,9 @@ class Tuner:
         threads = torch.get_num_threads()
         # a step bucket covers several batch sizes (4: 3 and 4): timed on each case's size, their mean,
         # so a step compiled for the bucket's largest size cannot win while losing at its smaller ones
-        timed_case = cases if bucket.op in STEP_OPS else self._streamed(bucket.op, cases[0])
-        baseline = self._time(self._default(bucket), timed_case)
+        # matmul weight copies are made per timing and dropped after it, with the packs variants cache for them
+        time_of = lambda fn: self._time(fn, cases if bucket.op in STEP_OPS else self._streamed(bucket.op, cases[0]))  # noqa: E731
+        baseline = time_of(self._default(bucket))
         results, timed = [], []
         for variant in candidates:
             max_error = None
@@ -157,7 +159,7 @@ class Tuner:
                 atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
                 if error is not None:
                     raise AssertionError(error)
-                median = self._time(variant.fn, timed_case)
+                median = time_of(variant.fn)
             except Exception as exc:  # a failing candidate is a verdict, not a crash
                 logger.warning("rejected variant %s for %s %s [%s]: %s", variant.name, bucket.op, bucket.label, bucket.dtype, exc)
                 results.append(Result(bucket, variant.name, "rejected", baseline_ms=baseline, max_error=max_error, calls=calls,

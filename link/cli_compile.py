@@ -46,8 +46,10 @@ def tune(
             bar.update(task, description=message, completed=done, total=total or None)
 
         try:
-            levels = tuple(int(c) for c in concurrency.split(",") if c.strip()) if all(
-                c.strip().isdigit() for c in concurrency.split(",") if c.strip()) else ()
+            try:
+                levels = tuple(sorted({int(c) for c in concurrency.split(",")}))
+            except ValueError:
+                levels = ()
             if not levels or min(levels) < 1:
                 raise ValueError(f"--concurrency {concurrency!r}: give positive integers, comma-separated (e.g. 1,16)")
             outcome = tune_model(model, workload, budget_s, dtype=dtype, num_prompts=num_prompts, allow_lossy=quantized,

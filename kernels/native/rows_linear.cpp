@@ -92,5 +92,7 @@ torch::Tensor rows_linear(const torch::Tensor& x_in, const torch::Tensor& w_in) 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rows_linear", &rows_linear, "x [M, K] @ weight[N, K]^T, float32, AVX-512");
+  // the GIL is released while the kernel runs (only ATen's C++ API inside), as F.linear does
+  m.def("rows_linear", &rows_linear, "x [M, K] @ weight[N, K]^T, float32, AVX-512",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
 }

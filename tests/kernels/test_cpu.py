@@ -180,7 +180,7 @@ def test_rows_linear_rows_do_not_depend_on_their_batch():
 
 
 @needs_avx512
-def test_the_rows_candidate_is_f_linear_below_four_rows_and_rows_linear_from_four():
+def test_the_rows_candidate_is_f_linear_below_four_rows_and_rows_linear_from_four(monkeypatch):
     torch.manual_seed(2)
     weight, bias = torch.randn(203, 577), torch.randn(203)
     for rows in (1, 2, 3):   # a bucket spans 3 and 4 rows: MKL's matrix-vector path below 4
@@ -189,6 +189,10 @@ def test_the_rows_candidate_is_f_linear_below_four_rows_and_rows_linear_from_fou
     for rows in (4, 9):
         x = torch.randn(2, rows, 577)
         assert torch.equal(cpu.few_rows_linear(x, weight, bias), cpu.rows_linear(x, weight, bias))
+    x = torch.randn(5, 577)
+    monkeypatch.setattr(cpu, "load_rows_linear", lambda: None)   # a stored winner where the kernel cannot build
+    assert torch.equal(cpu.few_rows_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+    monkeypatch.undo()
     gate_up, down, x = torch.randn(2 * 37, 45), torch.randn(45, 37), torch.randn(6, 45)
     torch.testing.assert_close(cpu.few_rows_gated_mlp(x, gate_up, down, "silu"), ref.ref_gated_mlp(x, gate_up, down, "silu"),
                                atol=1e-4, rtol=1e-5)
@@ -203,6 +207,8 @@ def test_rows_linear_shapes_layouts_and_errors():
     wide = torch.randn(5, 90)[:, ::2]              # a non-contiguous input
     torch.testing.assert_close(cpu.rows_linear(wide, weight), ref.ref_linear(wide, weight), atol=1e-5, rtol=1e-5)
     assert cpu.rows_linear(torch.randn(0, 45), weight).shape == (0, 97)
+    empty_k = torch.randn(6, 0)
+    assert torch.equal(cpu.rows_linear(empty_k, torch.randn(5, 0)), torch.zeros(6, 5))   # as F.linear: zeros
     with pytest.raises(TypeError, match="float32 only"):
         cpu.rows_linear(x.bfloat16(), weight.bfloat16())
     with pytest.raises(RuntimeError, match="rows_linear needs x"):
