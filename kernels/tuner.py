@@ -146,10 +146,13 @@ class Tuner:
         candidates = self.candidates(bucket.op, dtype)
         cases = bucket_cases(bucket, self.model, self.prompts)  # the first one is timed (a step bucket: all)
         threads = torch.get_num_threads()
-        # a step bucket covers several batch sizes (4: 3 and 4): timed on each case's size, their mean,
-        # so a step compiled for the bucket's largest size cannot win while losing at its smaller ones
-        # matmul weight copies are made per timing and dropped after it, with the packs variants cache for them
-        time_of = lambda fn: self._time(fn, cases if bucket.op in STEP_OPS else self._streamed(bucket.op, cases[0]))  # noqa: E731
+
+        def time_of(fn: Callable) -> float:
+            # A step bucket covers several batch sizes (4: 3 and 4): timed on every case, their mean, so a
+            # step compiled for the bucket's largest size cannot win while losing at its smaller ones. A
+            # matmul's weight copies live for one timing (and with them the packs a variant caches).
+            return self._time(fn, cases if bucket.op in STEP_OPS else self._streamed(bucket.op, cases[0]))
+
         baseline = time_of(self._default(bucket))
         results, timed = [], []
         for variant in candidates:

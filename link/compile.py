@@ -76,7 +76,8 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
     `num_prompts` (default: what `concurrencies` use, `record_workload`) serving prompts are recorded.
 
     Raises:
-        ValueError: an unknown workload or provider; "recorded" with no saved counts.
+        ValueError: an unknown workload or provider; "recorded" with no saved counts; fewer `num_prompts`
+            than the concurrency levels use.
         UnknownModelError, ServingError, FileNotFoundError: the model or the workload data cannot be loaded.
     """
     from kernels.candidates import DEFAULT_PROVIDERS, register_candidates
@@ -87,6 +88,10 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
 
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+    needed = sum(max(2, c) for c in concurrencies)
+    if workload == "serving" and num_prompts is not None and num_prompts < needed:
+        raise ValueError(f"--num-prompts {num_prompts} is too few for concurrency {', '.join(map(str, concurrencies))}: "
+                         f"record_workload uses {needed} (2 at concurrency 1, c at c > 1)")
     table = table or WinnerTable()
     register_candidates(tuple(providers) if providers else DEFAULT_PROVIDERS + (("quantized",) if allow_lossy else ()))
     progress(f"loading {model}", 0, 0)
@@ -101,9 +106,7 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
     else:
         from link.bench.workload import default_data_dir, load_workload, render_prompts
 
-        if num_prompts is None:
-            num_prompts = sum(max(2, c) for c in concurrencies)
-        texts = load_workload(data_dir or default_data_dir())[:num_prompts]
+        texts = load_workload(data_dir or default_data_dir())[: num_prompts or needed]
         _, prompts = render_prompts(model, texts)
         progress(f"recording shapes: {len(prompts)} serving prompts at concurrency {', '.join(map(str, concurrencies))}", 0, 0)
         engine = LLMEngine(loaded, EngineConfig(tuned_kernels=False))

@@ -56,6 +56,8 @@ def test_tune_refuses_an_unknown_workload_and_missing_counts(table):
     for levels in ("0,16", "", "4,x"):
         wrong = CliRunner().invoke(app, ["compile", "tune", "--concurrency", levels])
         assert wrong.exit_code == 2 and "--concurrency" in wrong.output and "Traceback" not in wrong.output, wrong.output
+    few = CliRunner().invoke(app, ["compile", "tune", "--concurrency", "1,16", "--num-prompts", "10"])
+    assert few.exit_code == 2 and "too few" in few.output and "18" in few.output, few.output   # 2 + 16
 
 
 def test_metrics_show_recorded_calls_and_winner_speedups(table):
