@@ -1,6 +1,6 @@
 """The `ShapeRecorder`'s cost against the SmolLM2-135M decode step (issue 9: under 2% of step time).
 
-    python benchmarks/bench_recorder.py [--batch 1 --batch 16] [--steps 30] [--threads 1] [--json out.json]
+    python benchmarks/bench_recorder.py [--batch 1 --batch 16] [--steps 30] [--threads 1] [--step native] [--json out.json]
 
 Two measurements, printed with the load average (the machine may be shared):
 1. per call: `dispatch("rms_norm", x[1, 576], ...)` with a no-op registered for the op (so only the
@@ -8,9 +8,11 @@ Two measurements, printed with the load average (the machine may be shared):
    installed winner of another bucket (the memoized bucket lookup); the median of 5 runs of 40,000
    calls per path, in nanoseconds. Overhead per step = extra ns per call x dispatched calls
    per decode step (counted by the recorder) / median step time.
-2. whole steps: the eager decode step (model forward + logits) timed alternately without and with the
+2. whole steps: the decode step (model forward + logits) timed alternately without and with the
    recorder, `--steps` pairs, medians and their ratio (noisy under load; the per-call figure is the
-   stable one).
+   stable one). `--step eager` (default) is the eager forward, ~150 dispatched calls a step; `--step
+   native` is the tuned step of `kernels.native_step` ("native-gguf", 3-6x faster at batch 1) as the
+   engine runs it: the step recorded through `kernels.step_variant`, then the C++ step and the LM head.
 """
 
 from __future__ import annotations
@@ -59,12 +61,21 @@ def per_call_ns(num_calls: int = 200_000) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def step_times(model, batch_size: int, steps: int) -> dict:
+def step_times(model, batch_size: int, steps: int, kind: str = "eager") -> dict:
     (args, _), *_ = step_cases(model, batch_size)
     model_, token_ids, batch, cache = args
+    forward = model_
+    if kind == "native":
+        from kernels.native_step import NativeDecodeStep
+
+        native = NativeDecodeStep(model_, "gguf")
+
+        def forward(token_ids, batch, cache):
+            kernels.step_variant("decode_step", batch_size, torch.float32, "smollm2-135m-instruct")  # the runner's call
+            return native(model_, token_ids, batch, cache)
 
     def step():
-        hidden = model_(token_ids, batch, cache)
+        hidden = forward(token_ids, batch, cache)
         model_.compute_logits(hidden)
 
     recorder = kernels.ShapeRecorder()
@@ -88,6 +99,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, action="append", help="decode batch sizes (default 1 and 16)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared 2-core machine)")
+    parser.add_argument("--step", choices=("eager", "native"), default="eager", help="the decode step timed")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -102,11 +114,11 @@ def main() -> None:
           f"recorder + winner {calls['recorder+winner']:.0f} ns (+{extra_ns:.0f} ns recorded)")
     rows = []
     for batch_size in args.batch or [1, 16]:
-        row = step_times(model, batch_size, args.steps)
+        row = step_times(model, batch_size, args.steps, args.step)
         row["overhead_from_calls_pct"] = 100 * row["calls_per_step"] * extra_ns * 1e-6 / row["plain_ms"]
         row["overhead_from_steps_pct"] = 100 * (row["recorded_ms"] / row["plain_ms"] - 1)
         rows.append(row)
-        print(f"decode step B={batch_size}: {row['plain_ms']:.1f} ms plain, {row['recorded_ms']:.1f} ms recorded, "
+        print(f"{args.step} decode step B={batch_size}: {row['plain_ms']:.1f} ms plain, {row['recorded_ms']:.1f} ms recorded, "
               f"{row['calls_per_step']:.0f} dispatched calls/step; overhead {row['overhead_from_calls_pct']:.3f}% "
               f"(per-call cost x calls), {row['overhead_from_steps_pct']:+.2f}% (step medians)")
     load_after = os.getloadavg()
@@ -114,7 +126,7 @@ def main() -> None:
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; {os.cpu_count()} CPUs, {args.threads} torch threads")
     if args.json_path:
         Path(args.json_path).write_text(json.dumps({"per_call_ns": calls, "steps": rows, "load_before": load_before,
-                                                    "load_after": load_after, "threads": args.threads}, indent=2))
+                                                    "load_after": load_after, "threads": args.threads, "step": args.step}, indent=2))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
                                                         # within float rounding (greedy fp32 outputs unchanged)
     register_candidates(("cpu", "compiled", "quantized"))  # adds lossy weight-only int8/int4 variants (opt-in)
 
-Providers: "cpu" (`kernels.cpu.cpu_variants`: plain PyTorch, e.g. decode attention as batched matmuls),
+Providers: "cpu" (`kernels.cpu.cpu_variants`: plain PyTorch, e.g. decode attention as batched matmuls, and
+our C++ kernels: the few-rows linear, the whole decode step, `kernels.native_step`),
 "compiled" (`kernels.compiled`: torch.compile and thread counts), "triton"
 (`kernels.triton.triton_variants`, CUDA only), "quantized" (`kernels.quant_cpu.cpu_quant_variants`).
 A provider whose module is missing or fails to import is skipped with a log line.

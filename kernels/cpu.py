@@ -338,7 +338,9 @@ def _has_mkl() -> bool:
 
 
 def cpu_variants() -> list:
-    """The plain-PyTorch variants the tuner may pick per bucket (not registered; `kernels.candidates`)."""
+    """The CPU variants the tuner may pick per bucket (not registered; `kernels.candidates`): plain PyTorch,
+    our AVX-512 few-rows linear, and our C++ decode step with its GGUF-block linear (`kernels.native_step`)."""
+    from kernels.native_step import native_variants
     from kernels.variants import Variant
 
     return [Variant("paged_attention", "bmm-decode", bmm_paged_attention,
@@ -354,4 +356,5 @@ def cpu_variants() -> list:
             Variant("gated_mlp", "mkl-packed", mkl_packed_gated_mlp, dtypes=(torch.float32,), available=_has_mkl,
                     description="both projections through MKL's packed sgemm (float32)"),
             Variant("gated_mlp", "rows-avx512", few_rows_gated_mlp, dtypes=(torch.float32,), available=_has_rows_linear,
-                    description="both projections through our AVX-512 kernel from 4 rows, F.linear below (float32)")]
+                    description="both projections through our AVX-512 kernel from 4 rows, F.linear below (float32)"),
+            *native_variants()]

@@ -5,12 +5,14 @@ For each bucket the `ShapeRecorder` saw most (and the winner table has no verdic
    dtype (Triton kernels, quantized matmuls, `kernels.compiled`);
 2. verify each on inputs of the bucket's shapes against the float32 reference (`ref_*`, element by
    element with the variant's tolerance for the dtype; for the decode step, the eager model forward's
-   logits, relative to their scale, and every row's greedy token: `kernels.step_check`): one that
-   fails or raises is logged, stored as "rejected" and never installed;
+   logits, relative to their scale, and every row's greedy token: `kernels.step_check`); a lossless
+   matmul variant also on the model's own weight of the bucket's shape, within the tolerance relative to
+   the output's largest magnitude (a variant may run a real weight on another path: GGUF blocks in
+   `kernels.native_step`); one that fails or raises is logged, stored as "rejected" and never installed;
 3. time the default and every verified variant (warm-up, then the median of repeats; a decode-step
    bucket on each of its verification batches, the bucket's largest and its smallest size); a matmul op
-   ("linear", "gated_mlp") is timed over copies of its weights totalling up to `stream_bytes` (at most
-   MAX_STREAM_COPIES), one call per
+   ("linear", "gated_mlp") is timed over copies of its weights (the model's own where it has one of the
+   bucket's shape) totalling up to `stream_bytes` (at most MAX_STREAM_COPIES), one call per
    copy in turn, as in a decode step, where every layer's weights stream from memory: on one weight
    the cache holds, a variant can win at 2x and then gain little inside a step (SmolLM2's layer
    linears at 4 rows, `benchmarks/bench_linear_rows.py --layers 1` against the default 30: a [K, N]
@@ -145,13 +147,17 @@ class Tuner:
         dtype = DTYPES[bucket.dtype]
         candidates = self.candidates(bucket.op, dtype)
         cases = bucket_cases(bucket, self.model, self.prompts)  # the first one is timed (a step bucket: all)
+        # A matmul of the model's own weight is timed on it and (lossless variants) checked on it too: a
+        # variant may run its values differently (GGUF blocks that reproduce it exactly, `kernels.native_step`),
+        # which random weights of the same shape never are.
+        own = model_weight_cases(bucket, self.model) if self.model is not None and bucket.op in STREAMED_OPS else []
         threads = torch.get_num_threads()
 
         def time_of(fn: Callable) -> float:
             # A step bucket covers several batch sizes (4: 3 and 4): timed on every case, their mean, so a
             # step compiled for the bucket's largest size cannot win while losing at its smaller ones. A
             # matmul's weight copies live for one timing (and with them the packs a variant caches).
-            return self._time(fn, cases if bucket.op in STEP_OPS else self._streamed(bucket.op, cases[0]))
+            return self._time(fn, cases if bucket.op in STEP_OPS else self._streamed(bucket.op, (own or cases)[0]))
 
         baseline = time_of(self._default(bucket))
         results, timed = [], []
@@ -159,6 +165,8 @@ class Tuner:
             max_error = None
             try:
                 error, max_error = self._verify(variant, cases, dtype, bucket)
+                if error is None and not variant.lossy:
+                    error = self._verify_scaled(variant, own, dtype)
                 atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
                 if error is not None:
                     raise AssertionError(error)
@@ -240,6 +248,25 @@ class Tuner:
                     return (f"relative error {relative:.3g} on the model's own weights {tuple(args[1].shape)}, over "
                             f"{variant.max_relative_error:g}"), worst
         return None, worst
+
+    @torch.inference_mode()
+    def _verify_scaled(self, variant: Variant, cases: list[tuple[tuple, dict]], dtype: torch.dtype) -> str | None:
+        """None when `variant` matches the reference on `cases` (a matmul on the model's own weights) within
+        atol + rtol x the largest |reference output|, else what differed. Relative to the output's scale,
+        not element by element: on real weights and N(0, 1) inputs a gated MLP's outputs reach 1e3 and the
+        rounding of a reordered sum follows that scale, while a wrong weight or block moves it by O(1)."""
+        atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+        reference = self._reference(variant.op)
+        for args, kwargs in cases:
+            expected = _first_tensor(reference(*_upcast(args), **kwargs)).float()
+            got = _first_tensor(variant.fn(*args, **kwargs)).float()
+            if expected.shape != got.shape:
+                return f"shape {tuple(got.shape)} on the model's own weights, expected {tuple(expected.shape)}"
+            error = (got - expected).abs().max().item() if got.numel() else 0.0
+            bound = atol + rtol * (expected.abs().max().item() if got.numel() else 0.0)
+            if not error <= bound:
+                return f"max abs error {error:.3g} on the model's own weights {tuple(args[1].shape)}, over {bound:.3g}"
+        return None
 
     def _streamed(self, op: str, case: tuple[tuple, dict]) -> list[tuple[tuple, dict]]:
         """The cases one timed call cycles through: for a matmul op, the case with its weight matrices

@@ -4,8 +4,13 @@
     y = rows.rows_linear(x, weight)    # x [M, K], weight [N, K], float32 -> [M, N]
 
 `rows_linear.cpp`: a float32 linear layer for a few rows (a decode batch, a speculative verify step)
-that reads every weight row once per call; see the source for the layout. It is built with
-`torch.utils.cpp_extension.load` (g++ and ninja, flags -O3 -mavx512f -mfma -fopenmp) into torch's
+that reads every weight row once per call; see the source for the layout.
+`decode_step.cpp`: a whole Llama-family decode step in one call, its projections float32 or GGUF-style
+4-/8-bit blocks (`kernels.native_step` builds and checks it). Both share `tiles.h`.
+
+    step = load_decode_step()          # or None
+
+Each is built with `torch.utils.cpp_extension.load` (g++ and ninja, flags -O3 -mavx512f -mfma -fopenmp) into torch's
 extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), about 30 s the first time
 on a 2-core CPU and a file check after that. Needs a CPU with AVX-512F (`torch.backends.cpu
 .get_cpu_capability()` reports "AVX512" or better); elsewhere, or when the build fails, the loader
@@ -14,6 +19,7 @@ returns None once, logs why, and callers keep PyTorch's kernels.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import threading
@@ -38,15 +44,33 @@ def has_avx512() -> bool:
 
 
 def unavailable_reason(name: str = "rows_linear") -> str | None:
-    """Why `load_rows_linear` returned None (after a call), else None."""
+    """Why `load_native(name)` returned None (after a call), else None."""
     return _why_not.get(name)
 
 
 def load_rows_linear() -> ModuleType | None:
-    """The compiled `rows_linear` module (built on the first call, thread-safe), or None where this machine
+    """The compiled `rows_linear` module, or None where it cannot be built here (`load_native`)."""
+    return load_native("rows_linear")
+
+
+def load_decode_step() -> ModuleType | None:
+    """The compiled `decode_step` module (`Projection`, `LlamaDecodeStep`), or None (`load_native`)."""
+    return load_native("decode_step")
+
+
+def source_digest(name: str) -> str:
+    """A short hash of `name`.cpp and the headers here: part of the built module's name, so an edited
+    source or header builds afresh (torch's extension cache tracks only the .cpp files it is given)."""
+    digest = hashlib.sha256()
+    for path in [SOURCE_DIR / f"{name}.cpp", *sorted(SOURCE_DIR.glob("*.h"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def load_native(name: str) -> ModuleType | None:
+    """The compiled module of `name`.cpp (built on the first call, thread-safe), or None where this machine
     cannot run or build it (no AVX-512, no compiler or ninja, a failed build: the reason is logged once
-    and kept in `unavailable_reason()`)."""
-    name = "rows_linear"
+    and kept in `unavailable_reason(name)`)."""
     if name in _loaded:
         return _loaded[name]
     with _lock:
@@ -61,7 +85,7 @@ def load_rows_linear() -> ModuleType | None:
             try:
                 from torch.utils.cpp_extension import load
 
-                module = load(f"link_{name}", [str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=FLAGS,
+                module = load(f"link_{name}_{source_digest(name)}", [str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=FLAGS,
                               extra_ldflags=["-fopenmp"], verbose=False)
             except Exception as exc:  # a missing ninja or a compiler error: the PyTorch kernels stay
                 reason = f"building {name}.cpp failed: {type(exc).__name__}: {str(exc).strip()[-400:]}"

@@ -9,51 +9,26 @@
 // Layout of the work: the output columns are split into tiles of 4 weight rows, tiles spread over the
 // intra-op threads (at::parallel_for); within a tile, the input rows go in groups of up to 4, each group
 // accumulating 4 x 4 dot products in 16 AVX-512 registers over K (16 floats per step, the tail masked),
-// then reduced horizontally. Each output element is one dot product over K in a fixed order that does not
+// then reduced horizontally (`tiles.h`). Each output element is one dot product over K in a fixed order that does not
 // depend on how many rows the call has: a row's result is the same alone or in a batch (bit for bit).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+
+#include "tiles.h"
 
 namespace {
 
+using link_native::float_tile;
+using link_native::kGroup;
 constexpr int kTile = 4;   // weight rows per tile
-constexpr int kGroup = 4;  // input rows per group
-
-template <int M, int NT>
-inline void dot_tile(const float* x, int64_t K, const float* w, float* out, int64_t ldo, int64_t n) {
-  __m512 acc[NT][M];
-  for (int j = 0; j < NT; ++j)
-    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = _mm512_loadu_ps(w + (n + j) * K + k);
-    for (int m = 0; m < M; ++m) {
-      const __m512 xv = _mm512_loadu_ps(x + m * K + k);
-      for (int j = 0; j < NT; ++j) acc[j][m] = _mm512_fmadd_ps(wv[j], xv, acc[j][m]);
-    }
-  }
-  if (k < K) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
-    __m512 wv[NT];
-    for (int j = 0; j < NT; ++j) wv[j] = _mm512_maskz_loadu_ps(mask, w + (n + j) * K + k);
-    for (int m = 0; m < M; ++m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
-      for (int j = 0; j < NT; ++j) acc[j][m] = _mm512_fmadd_ps(wv[j], xv, acc[j][m]);
-    }
-  }
-  for (int j = 0; j < NT; ++j)
-    for (int m = 0; m < M; ++m) out[m * ldo + n + j] = _mm512_reduce_add_ps(acc[j][m]);
-}
 
 template <int NT>
 inline void dot_group(int rows, const float* x, int64_t K, const float* w, float* out, int64_t ldo, int64_t n) {
   switch (rows) {
-    case 1: dot_tile<1, NT>(x, K, w, out, ldo, n); break;
-    case 2: dot_tile<2, NT>(x, K, w, out, ldo, n); break;
-    case 3: dot_tile<3, NT>(x, K, w, out, ldo, n); break;
-    default: dot_tile<4, NT>(x, K, w, out, ldo, n); break;
+    case 1: float_tile<1, NT>(x, K, w, out, ldo, n); break;
+    case 2: float_tile<2, NT>(x, K, w, out, ldo, n); break;
+    case 3: float_tile<3, NT>(x, K, w, out, ldo, n); break;
+    default: float_tile<4, NT>(x, K, w, out, ldo, n); break;
   }
 }
 

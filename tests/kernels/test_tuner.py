@@ -157,3 +157,35 @@ def test_matmul_candidates_are_timed_on_streamed_weight_copies(table):
     assert len(seen) == (1 + 3) * 4 and set(seen) == {c[0][1].data_ptr() for c in cases}
     assert len(tuner._streamed("rms_norm", ((x, torch.ones(256), 1e-6), {}))) == 1   # not a matmul
     assert len(Tuner(table, MODEL, stream_bytes=0)._streamed("linear", ((x, weight), {}))) == 1
+
+
+def test_a_linear_wrong_only_on_the_models_own_weight_is_rejected(table, monkeypatch):
+    """A lossless matmul variant is checked and timed on the model's own weight of the bucket's shape too:
+    one right on random weights but wrong on the model's (as a wrong pack of a real weight would be) is
+    rejected, and the timed calls see the model's weight."""
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(torch.randn(40, 32), requires_grad=False)
+    timed_weights = []
+
+    def wrong_on_model(x, weight, bias=None):
+        timed_weights.append(weight)
+        out = torch.nn.functional.linear(x, weight, bias)
+        return out * 1.01 if weight is model.weight else out
+
+    def slow_default(x, weight, bias=None):
+        time.sleep(0.002)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    kernels.register("linear", slow_default)
+    fakes = [Variant("linear", "wrong-on-model", wrong_on_model), Variant("linear", "right", lambda x, w, b=None: x @ w.T)]
+    monkeypatch.setattr(tuner_module, "variants", lambda op: [v for v in fakes if v.op == op])
+    bucket = Bucket("linear", ((4, 32), (40, 32)), "float32")
+    results = {r.variant: r for r in Tuner(table, MODEL, model=model, repeats=2, warmup=1, stream_bytes=0).tune_bucket(bucket)}
+    assert results["wrong-on-model"].status == "rejected"
+    assert "model's own weights" in results["wrong-on-model"].message
+    assert results["right"].status == "winner"
+    timed_weights.clear()
+    fakes[0] = Variant("linear", "records", lambda x, w, b=None: timed_weights.append(w) or torch.nn.functional.linear(x, w, b))
+    table2 = WinnerTable(table.path.parent / "other.sqlite")
+    Tuner(table2, MODEL, model=model, repeats=2, warmup=1, stream_bytes=0).tune_bucket(bucket)
+    assert sum(w is model.weight for w in timed_weights) == 1 + 1 + 2  # checked on it, then warm-up and repeats
