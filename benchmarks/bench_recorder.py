@@ -60,19 +60,24 @@ def per_call_ns(num_calls: int = 200_000) -> dict[str, float]:
     return out
 
 
+def _native_forward(model, batch_size: int):
+    """The tuned C++ step as the engine's model runner calls it: the step recorded, then run."""
+    from kernels.native_step import NativeDecodeStep
+
+    native = NativeDecodeStep(model, "gguf")
+
+    def forward(token_ids, batch, cache):
+        kernels.step_variant("decode_step", batch_size, torch.float32, "smollm2-135m-instruct")
+        return native(model, token_ids, batch, cache)
+
+    return forward
+
+
 @torch.inference_mode()
 def step_times(model, batch_size: int, steps: int, kind: str = "eager") -> dict:
     (args, _), *_ = step_cases(model, batch_size)
     model_, token_ids, batch, cache = args
-    forward = model_
-    if kind == "native":
-        from kernels.native_step import NativeDecodeStep
-
-        native = NativeDecodeStep(model_, "gguf")
-
-        def forward(token_ids, batch, cache):
-            kernels.step_variant("decode_step", batch_size, torch.float32, "smollm2-135m-instruct")  # the runner's call
-            return native(model_, token_ids, batch, cache)
+    forward = model_ if kind == "eager" else _native_forward(model_, batch_size)
 
     def step():
         hidden = forward(token_ids, batch, cache)
