@@ -23,6 +23,7 @@ import hashlib
 import logging
 import shutil
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -85,7 +86,9 @@ def load_native(name: str) -> ModuleType | None:
             try:
                 from torch.utils.cpp_extension import load
 
-                module = load(f"link_{name}_{source_digest(name)}", [str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=FLAGS,
+                module_name = f"link_{name}_{source_digest(name)}"
+                _clear_stale_lock(module_name)
+                module = load(module_name, [str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=FLAGS,
                               extra_ldflags=["-fopenmp"], verbose=False)
             except Exception as exc:  # a missing ninja or a compiler error: the PyTorch kernels stay
                 reason = f"building {name}.cpp failed: {type(exc).__name__}: {str(exc).strip()[-400:]}"
@@ -94,3 +97,20 @@ def load_native(name: str) -> ModuleType | None:
             _why_not[name] = reason
         _loaded[name] = module
         return module
+
+
+STALE_LOCK_S = 600  # a build takes about a minute on 2 cores; a lock older than this is a killed build's
+
+
+def _clear_stale_lock(module_name: str) -> None:
+    """Remove the build lock a killed build left (torch's loader would wait on it forever)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(module_name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        logger.warning("removing the build lock %s left %.0f s ago by a build that did not finish", lock, age)
+        lock.unlink(missing_ok=True)

@@ -186,3 +186,24 @@ def test_greedy_generation_is_unchanged_with_the_native_step_serving(smollm2, re
     assert calls and set(calls) <= {1, 2}
     assert native == eager
     assert len(eager[0]) == 16
+
+
+def test_a_killed_builds_lock_is_cleared_and_a_live_one_kept(tmp_path, monkeypatch):
+    """torch's extension loader waits on the build directory's lock forever: one older than a build can
+    take is a killed build's and is removed; a recent one (a build running now) is left alone."""
+    import os
+    import time
+
+    from kernels.native import STALE_LOCK_S, _clear_stale_lock
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "link_demo" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    _clear_stale_lock("link_demo")
+    assert lock.exists()
+    old = time.time() - STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    _clear_stale_lock("link_demo")
+    assert not lock.exists()
+    _clear_stale_lock("link_demo")  # no lock: nothing to do
