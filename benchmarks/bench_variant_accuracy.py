@@ -51,7 +51,9 @@ def install(config: str, model) -> None:
     import kernels
     from kernels.recorder import Bucket
 
-    threads = torch.get_num_threads()
+    from kernels.compiled import thread_candidates
+
+    threads = max(n for n in thread_candidates() if n <= max(1, torch.get_num_threads()))  # a variant's count
     if config == "native":
         from kernels.native_step import native_variants
 

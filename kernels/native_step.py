@@ -7,8 +7,9 @@ Why: the eager float32 decode step of SmolLM2-135M at batch 1 is about 27 ms of 
 weights and as much again in small ops (SDPA's setup for one query row, the cache write, ~80 dispatched
 ops per layer). The C++ step runs each layer as a handful of loops with no per-op dispatch (see the
 source). With `weights="gguf"` a projection whose float weight is exactly GGUF blocks (the model was
-dequantized from a Q4_1 or Q8_0 file) is kept in those blocks, 4.5 or 8.5 bits a weight: the step then
-reads 8x less weight memory per token and computes with the same weights as the float step.
+dequantized from a Q4_1 or Q8_0 file) is kept in those blocks, 6 or 9 bits a weight with the blocks'
+scales (float32 here): the step then reads 5.3x (Q4_1) less weight memory per token than in float32 and
+computes with the same weights as the float step.
 
 Packing is exact or not at all. `pack_q4` / `pack_q8` recover each block of 32 consecutive input features
 (GGUF's QK4_1 / QK8_0) the way ggml's quantizers chose it: Q4_1 maps a block's smallest value to code 0
@@ -16,13 +17,13 @@ and its largest to 15 (d = (max - min) / 15, w = d * q + min); Q8_0 maps its lar
 (d = max |w| / 127, w = d * q). A weight is packed only if every element is reproduced within
 `EXACT_RTOL` (2^-20, a few float32 roundings) of its block's largest magnitude, else it stays float32:
 on weights that are not such blocks (a safetensors checkpoint) both variants are the float step. So the
-variants are lossless: their results differ from the eager step only by the order of float32 sums,
-checked by the tuner against it (`kernels.step_check`: logits within `STEP_TOLERANCE`, greedy tokens
+variants are lossless: their results differ from the eager step by float32 rounding (the order of sums,
+the packing's 2^-20 bound, a vector exp with ~1e-7 relative error), checked by the tuner against it (`kernels.step_check`: logits within `STEP_TOLERANCE`, greedy tokens
 equal) like every step variant.
 
 Variants ("cpu" provider): "native-t{n}" (float32 projections) and "native-gguf-t{n}" (GGUF blocks where
 exact) of "decode_step" for each thread count of `kernels.compiled.thread_candidates`, and "native-gguf"
-of "linear" (the LM head and any other linear: a tied Q8_0 embedding of 49152 x 576 is 28 MB instead of
+of "linear" (the LM head and any other linear: a tied Q8_0 embedding of 49152 x 576 is 32 MB instead of
 113 MB a token). Parity: `tests/kernels/test_native_step.py`.
 """
 
@@ -96,12 +97,12 @@ def pack_q8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def projection(weight: torch.Tensor, weights: str = "gguf"):
-    """The C++ `Projection` of a float32 weight [N, K]: Q4_1- or Q8_0-style blocks where they reproduce it
-    exactly and `weights` is "gguf" (the smaller first), else the float32 weight itself (not copied).
+    """The C++ `Projection` of a weight [N, K]: Q4_1- or Q8_0-style blocks where they reproduce it exactly
+    and `weights` is "gguf" (the smaller first), else the float32 weight itself (not copied).
 
     Raises:
         RuntimeError: the C++ module cannot be built here.
-        ValueError: weight is not float32 [N, K].
+        ValueError: the weight stays float and is not float32 [N, K].
     """
     module = _module()
     if weights == "gguf":
@@ -173,20 +174,33 @@ class NativeDecodeStep:
                               torch.tensor(batch.seq_lens, dtype=torch.int64))
 
 
+# model -> {weights: NativeDecodeStep}, shared by every thread count's variant (the step does not depend on
+# it): one packed copy per model and format. Packed when first built; a model whose weights change in
+# place afterwards needs a new model object (the engine loads weights once).
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STEPS_LOCK = threading.Lock()
+
+
+def step_for(model, weights: str) -> NativeDecodeStep:
+    """The `NativeDecodeStep` of `model` in `weights`, built on first use (thread-safe)."""
+    steps = _STEPS.get(model, {})
+    if weights not in steps:
+        with _STEPS_LOCK:
+            steps = _STEPS.setdefault(model, {})
+            if weights not in steps:
+                steps[weights] = NativeDecodeStep(model, weights)
+    return steps[weights]
+
+
 class _PerModel:
-    """A decode-step variant: one `NativeDecodeStep` per model (weakly keyed), `num_threads` set first."""
+    """A decode-step variant: the model's shared `NativeDecodeStep` (`step_for`), `num_threads` set first
+    (process-wide, as for the compiled steps: the winner's setting stays after its step)."""
 
     def __init__(self, num_threads: int, weights: str):
         self.num_threads, self.weights = num_threads, weights
-        self._steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
 
     def __call__(self, model, token_ids, batch, cache) -> torch.Tensor:
-        step = self._steps.get(model)
-        if step is None:
-            with self._lock:
-                step = self._steps.get(model) or NativeDecodeStep(model, self.weights)
-                self._steps[model] = step
+        step = step_for(model, self.weights)
         if torch.get_num_threads() != self.num_threads:
             torch.set_num_threads(self.num_threads)
         return step(model, token_ids, batch, cache)

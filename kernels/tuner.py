@@ -86,13 +86,7 @@ class Tuner:
 
     def candidates(self, op: str, dtype: torch.dtype) -> list[Variant]:
         """The registered variants of `op` that run here on `dtype` (lossy ones only with `allow_lossy`)."""
-        exact = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
-
-        def lossy(v: Variant) -> bool:
-            atol, rtol = v.tolerance.get(dtype, exact)
-            return v.lossy or (op not in STEP_OPS and (atol > exact[0] or rtol > exact[1]))
-
-        return [v for v in variants(op) if v.runs_on(self.device, dtype) and (self.allow_lossy or not lossy(v))]
+        return [v for v in variants(op) if v.runs_on(self.device, dtype) and (self.allow_lossy or not is_lossy(v, dtype))]
 
     def install_known(self) -> int:
         """Warm up and stage every stored winner of this environment whose variant is registered (a step
@@ -150,7 +144,9 @@ class Tuner:
         # A matmul of the model's own weight is timed on it and (lossless variants) checked on it too: a
         # variant may run its values differently (GGUF blocks that reproduce it exactly, `kernels.native_step`),
         # which random weights of the same shape never are.
-        own = model_weight_cases(bucket, self.model) if self.model is not None and bucket.op in STREAMED_OPS else []
+        # The weights are clones, so the packs that losing variants cache for them go with them; the winner
+        # packs the model's own weight when it is installed.
+        own = _cloned_weights(model_weight_cases(bucket, self.model)) if self.model is not None and bucket.op in STREAMED_OPS else []
         threads = torch.get_num_threads()
 
         def time_of(fn: Callable) -> float:
@@ -165,7 +161,7 @@ class Tuner:
             max_error = None
             try:
                 error, max_error = self._verify(variant, cases, dtype, bucket)
-                if error is None and not variant.lossy:
+                if error is None and not is_lossy(variant, dtype):
                     error = self._verify_scaled(variant, own, dtype)
                 atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
                 if error is not None:
@@ -187,6 +183,10 @@ class Tuner:
             results = [Result(r.bucket, r.variant, "winner", r.median_ms, r.baseline_ms, r.max_error, r.calls, r.message)
                        if r.variant == best[1].name else r for r in results]
             install_warm(bucket, best[1], self.model)
+            if own:  # pack (or copy) the model's own weight now, not in the first served step
+                with torch.inference_mode():
+                    for args, kwargs in model_weight_cases(bucket, self.model):
+                        best[1].fn(*args, **kwargs)
             logger.info("winner for %s %s [%s]: %s, %.2fx", bucket.op, bucket.label, bucket.dtype, best[1].name, baseline / best[0])
         else:
             results.append(Result(bucket, "default", "winner", baseline, baseline, calls=calls))
@@ -315,6 +315,20 @@ def _work(bucket: Bucket) -> int:
     if bucket.op in ("linear", "gated_mlp") and len(bucket.shapes) > 1:
         size *= bucket.shapes[1][0]
     return size
+
+
+def is_lossy(variant: Variant, dtype: torch.dtype) -> bool:
+    """A variant that changes results beyond float rounding: `lossy`, or an op variant whose tolerance for
+    `dtype` is looser than `DEFAULT_TOLERANCE` (the tuner tries it only with `allow_lossy`)."""
+    exact = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    atol, rtol = variant.tolerance.get(dtype, exact)
+    return variant.lossy or (variant.op not in STEP_OPS and (atol > exact[0] or rtol > exact[1]))
+
+
+def _cloned_weights(cases: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
+    """Matmul cases with their weight tensors (the 2-d arguments after the input) cloned."""
+    return [(tuple(a.clone() if i > 0 and isinstance(a, torch.Tensor) and a.dim() == 2 else a for i, a in enumerate(args)), kwargs)
+            for args, kwargs in cases]
 
 
 def _upcast(args: tuple) -> tuple:

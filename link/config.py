@@ -48,6 +48,11 @@ class EngineOptions(BaseModel):
         compile_interval_s: seconds between tuning rounds.
         speculative: speculative decoding, the fields of `serving.spec_decode.SpeculativeConfig`
             (e.g. `{method: ngram, num_speculative_tokens: 5}`); unset = off.
+        dtype: weights and KV cache dtype of this deployment ("auto", "float32", "bfloat16"); unset = the
+            gateway's `LINK_LOCAL_DTYPE`. On a CPU with native bf16 "auto" is bfloat16, while a Llama-family
+            model from a GGUF Q4_1/Q8_0 file decodes 2-3x faster in float32 once `link compile tune` has
+            installed the C++ decode step (`kernels.native_step`, float32 only). Deployments of one local
+            model share one engine: the first to load it sets its dtype.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -61,6 +66,7 @@ class EngineOptions(BaseModel):
     compile_budget_s: float = Field(60.0, gt=0, le=3600)
     compile_interval_s: float = Field(300.0, ge=1, le=86400)
     speculative: dict | None = None
+    dtype: Literal["auto", "float32", "bfloat16"] | None = None
 
     @field_validator("speculative")
     @classmethod
@@ -73,7 +79,7 @@ class EngineOptions(BaseModel):
         """The `serving.llm_engine.EngineConfig` these options give."""
         from serving.llm_engine import EngineConfig
 
-        values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s"})
+        values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype"})
         if "kv_cache_mb" in values:
             values["kv_cache_bytes"] = values.pop("kv_cache_mb") * 2**20
         if "speculative" in values:

@@ -11,8 +11,10 @@
 //
 // Weights: each projection is float32, or the Q4_1- / Q8_0-style blocks of `tiles.h` when its float
 // weight is exactly such blocks (a model dequantized from a GGUF file: `kernels/native_step.py` packs a
-// weight only if the blocks reproduce it to float32 rounding). Then the step reads 4.5 (Q4_1) or 8.5
-// (Q8_0) bits a weight instead of 32 and computes with the same weights as the float step.
+// weight only if the blocks reproduce it to float32 rounding). Then the step reads 6 (Q4_1) or 9 (Q8_0)
+// bits a weight (codes and float32 block scales) instead of 32 and computes with the same weights as the
+// float step. Up to 4 rows a quantized projection runs on its blocks; from 5 rows each tile's weight rows
+// are dequantized to float32 first, so a row's result there depends on whether its batch has 4 rows or more.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -106,13 +108,13 @@ inline void float_rows(int rows, const float* x, int64_t K, const float* w, floa
 void project(const Projection& p, const float* x, int64_t M, float* out) {
   const int64_t N = p.N, K = p.K, nb = K / kBlock;
   std::vector<float> xs;
-  if (p.kind == Kind::kQ4) {  // per-block sums of x for the q4 offsets
+  const bool dequantize = p.kind != Kind::kFloat && M > kGroup;
+  if (p.kind == Kind::kQ4 && !dequantize) {  // per-block sums of x for the q4 offsets
     xs.resize(M * nb);
     for (int64_t r = 0; r < M; ++r)
       for (int64_t b = 0; b < nb; ++b) xs[r * nb + b] = _mm512_reduce_add_ps(
           _mm512_add_ps(_mm512_loadu_ps(x + r * K + b * kBlock), _mm512_loadu_ps(x + r * K + b * kBlock + 16)));
   }
-  const bool dequantize = p.kind != Kind::kFloat && M > kGroup;
   const int nt = p.kind == Kind::kFloat || dequantize ? 4 : 2;  // weight rows per tile (q4/q8 need registers to dequantize)
   const int64_t full = N / nt;
   at::parallel_for(0, full + 1, 8, [&](int64_t t0, int64_t t1) {
@@ -226,20 +228,22 @@ class LlamaDecodeStep {
     TORCH_CHECK_VALUE(static_cast<int64_t>(keys.size()) == L_ && static_cast<int64_t>(values.size()) == L_,
                       "expected ", L_, " key and value caches, got ", keys.size(), " and ", values.size());
     const torch::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
-    TORCH_CHECK_VALUE(cos.scalar_type() == torch::kFloat32 && cos.sizes() == sin.sizes() && cos.dim() == 2 &&
-                      cos.size(0) == B && cos.size(1) == D_, "cos and sin must be float32 [", B, ", ", D_, "]");
+    TORCH_CHECK_VALUE(x_in.device().is_cpu() && cos.device().is_cpu() && sin.device().is_cpu(), "the C++ step runs on the CPU");
+    TORCH_CHECK_VALUE(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
+                      cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == B && cos.size(1) == D_,
+                      "cos and sin must be float32 [", B, ", ", D_, "]");
     const torch::Tensor slots = slot_mapping_in.to(torch::kInt64).contiguous();
     const torch::Tensor tables = block_tables_in.to(torch::kInt64).contiguous();
     const torch::Tensor lens = seq_lens_in.to(torch::kInt64).contiguous();
     TORCH_CHECK_VALUE(slots.numel() == B && lens.numel() == B && tables.dim() == 2 && tables.size(0) == B,
                       "slot_mapping [B], seq_lens [B] and block_tables [B, T] for B = ", B);
-    const int64_t block_size = keys[0].size(1);
+    const int64_t block_size = keys[0].size(1), num_blocks = keys[0].size(0);
     for (int64_t l = 0; l < L_; ++l) {
       for (const auto* c : {&keys[l], &values[l]}) {
-        TORCH_CHECK_VALUE(c->scalar_type() == torch::kFloat32 && c->is_contiguous() && c->dim() == 4 &&
-                          c->size(1) == block_size && c->size(2) == KV_ && c->size(3) == D_,
-                          "layer ", l, "'s cache must be contiguous float32 [blocks, ", block_size, ", ", KV_, ", ", D_,
-                          "], got ", c->scalar_type(), " ", c->sizes());
+        TORCH_CHECK_VALUE(c->scalar_type() == torch::kFloat32 && c->device().is_cpu() && c->is_contiguous() && c->dim() == 4 &&
+                          c->size(0) == num_blocks && c->size(1) == block_size && c->size(2) == KV_ && c->size(3) == D_,
+                          "layer ", l, "'s cache must be contiguous float32 [", num_blocks, ", ", block_size, ", ", KV_, ", ", D_,
+                          "] on the CPU (every layer one pool), got ", c->scalar_type(), " ", c->sizes());
       }
     }
     const int64_t* slot = slots.data_ptr<int64_t>();
@@ -250,6 +254,9 @@ class LlamaDecodeStep {
       TORCH_CHECK_VALUE(len[b] >= 1 && (len[b] + block_size - 1) / block_size <= T,
                         "sequence ", b, ": length ", len[b], " needs more blocks than its table's ", T);
       TORCH_CHECK_VALUE(slot[b] >= 0 && slot[b] < cache_slots, "sequence ", b, ": slot ", slot[b], " outside the cache");
+      for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; ++i)
+        TORCH_CHECK_VALUE(table[b * T + i] >= 0 && table[b * T + i] < num_blocks, "sequence ", b, ": block table entry ", i,
+                          " is ", table[b * T + i], ", outside the cache's ", num_blocks, " blocks");
     }
 
     torch::Tensor x = x_in.contiguous().clone();

@@ -2,8 +2,9 @@
 //
 // A "tile" is NT output columns (NT weight rows of an [N, K] weight) times M input rows (M <= 4): the
 // weight rows are read once from memory and meet every input row in registers, so a few rows cost the
-// weight traffic once. Each output is one dot product over K in a fixed order that does not depend on M:
-// a row's result is the same alone or in a batch, bit for bit.
+// weight traffic once. Within one tile function each output is one dot product over K in a fixed order
+// that does not depend on M (a caller that keeps to one tile function per format, as rows_linear does,
+// gives a row the same result alone or in a batch, bit for bit).
 //
 // Three weight formats, all computing y[m, n] = sum_k x[m, k] * w[n, k] with float32 activations:
 // - float: w as float32 [N, K];
@@ -146,7 +147,7 @@ inline void q8_dequant_row(const int8_t* q, const float* d, int64_t K, float* ou
 
 // e^x for float32 lanes: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for the reduction), e^r by
 // Cephes' degree-7 minimax polynomial for expf (relative error about 1e-7), times 2^n by vscalefps.
-// Inputs are clamped to [-87.3, 88.3], where float32's e^x is normal.
+// Inputs are clamped to [-87.3, 88.3], where float32's e^x is normal (a NaN input gives e^-87.3, not NaN).
 inline __m512 exp_ps(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),

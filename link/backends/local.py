@@ -124,7 +124,8 @@ class EnginePool:
         from serving.model_loader import load_model
 
         try:
-            loaded = await asyncio.to_thread(load_model, self.spec_for(deployment), self.dtype)
+            dtype = deployment.engine.dtype if deployment.engine is not None and deployment.engine.dtype else self.dtype
+            loaded = await asyncio.to_thread(load_model, self.spec_for(deployment), dtype)
         except ServingError as exc:
             self.load_errors[key] = str(exc)
             raise BackendError(f"{deployment.name}: cannot load local model {key!r}: {exc}", status_code=500,

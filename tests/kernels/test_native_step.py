@@ -157,9 +157,25 @@ def test_native_step_rejects_what_it_cannot_run(smollm2_fp32, gemma3):
     step = NativeDecodeStep(model, "float")
     (args, _), *_ = step_cases(model, 2)
     m, token_ids, batch, cache = args
-    batch.seq_lens = [batch.seq_lens[0] + 10 * cache.block_size, batch.seq_lens[1]]
+    lens = list(batch.seq_lens)
+    batch.seq_lens = [lens[0] + 10 * cache.block_size, lens[1]]
     with pytest.raises(ValueError, match="needs more blocks"):
         step(m, token_ids, batch, _clone(cache))
+    batch.seq_lens = lens
+    batch.block_tables = batch.block_tables.clone()
+    batch.block_tables[1, 0] = cache.keys[0].shape[0]  # one past the last block
+    with pytest.raises(ValueError, match="outside the cache"):
+        step(m, token_ids, batch, _clone(cache))
+
+
+def test_every_thread_count_shares_one_step_per_model_and_format(smollm2_fp32):
+    from kernels.native_step import native_variants, step_for
+
+    model = smollm2_fp32.model
+    assert step_for(model, "float") is step_for(model, "float")
+    assert step_for(model, "float") is not step_for(model, "gguf")
+    steps = {v.fn.weights for v in native_variants() if v.op == "decode_step"}
+    assert steps == {"float", "gguf"}
 
 
 def test_greedy_generation_is_unchanged_with_the_native_step_serving(smollm2, real_prompts):

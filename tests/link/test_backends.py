@@ -246,3 +246,23 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
     assert healthy
     assert "choices" in served, served  # the standalone engine server gives the same seeded answer
     assert served["choices"] == whole["choices"] and served["usage"] == whole["usage"]
+
+
+def test_a_deployments_engine_dtype_overrides_the_pools():
+    """`engine: {dtype: ...}` loads that deployment in its own dtype (the pool's, LINK_LOCAL_DTYPE, for the rest)."""
+    import torch
+
+    from link.backends.local import EnginePool
+
+    own = ModelDeployment(name="smol-bf16", kind="local", local="smollm2-135m-instruct", context_length=2048,
+                          engine={"kv_cache_mb": 32, "dtype": "bfloat16"})
+
+    async def go():
+        pool = EnginePool(dtype="float32")
+        state = await pool.get(own)
+        dtype, cache_dtype = state.loaded.dtype, state.loaded.model.embed_tokens.weight.dtype
+        await pool.aclose()
+        return dtype, cache_dtype
+
+    assert run(go()) == (torch.bfloat16, torch.bfloat16)
+    assert own.engine.engine_config().kv_cache_bytes == 32 * 2**20  # dtype is the loader's, not an EngineConfig field

@@ -157,6 +157,7 @@ def test_engine_options_set_only_the_fields_given():
     ({"name": "my model", "kind": "local", "local": "smol"}, "no spaces"),
     ({"kind": "local", "local": "smol"}, "models[0]: name: required field is missing"),
     ({"name": "a", "kind": "litellm", "model": "openai/x", "engine": {"max_num_seqs": 4}}, "`engine` applies only to kind 'local'"),
+    ({"name": "a", "kind": "local", "local": "smol", "engine": {"dtype": "fp8"}}, "dtype: Input should be 'auto', 'float32' or 'bfloat16'"),
     ({"name": "a", "kind": "local", "local": "smol", "engine": {"kv_cache_mb": 8}},
      "engine.kv_cache_mb: Input should be greater than or equal to 16"),
     ({"name": "a", "kind": "local", "local": "smol", "engine": {"block_sise": 8}}, "engine.block_sise: unknown field"),
