@@ -92,16 +92,6 @@ inline void tile(const Projection& p, int rows, const float* x, const float* xs,
 #undef LINK_TILE_ROWS
 }
 
-template <int NT>
-inline void float_rows(int rows, const float* x, int64_t K, const float* w, float* out, int64_t ldo, int64_t n) {
-  switch (rows) {
-    case 1: float_tile<1, NT>(x, K, w, out, ldo, n); break;
-    case 2: float_tile<2, NT>(x, K, w, out, ldo, n); break;
-    case 3: float_tile<3, NT>(x, K, w, out, ldo, n); break;
-    default: float_tile<4, NT>(x, K, w, out, ldo, n); break;
-  }
-}
-
 // out [M, N] = x [M, K] @ w^T, over the intra-op threads. A q4/q8 weight meets up to 4 rows in its own
 // tiles; with more rows each tile's weight rows are dequantized once into float32 and meet every group
 // of rows from there (dequantizing per group of 4 made 16 rows slower than the float32 weight).

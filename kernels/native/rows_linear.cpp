@@ -18,19 +18,9 @@
 
 namespace {
 
-using link_native::float_tile;
+using link_native::float_rows;
 using link_native::kGroup;
 constexpr int kTile = 4;   // weight rows per tile
-
-template <int NT>
-inline void dot_group(int rows, const float* x, int64_t K, const float* w, float* out, int64_t ldo, int64_t n) {
-  switch (rows) {
-    case 1: float_tile<1, NT>(x, K, w, out, ldo, n); break;
-    case 2: float_tile<2, NT>(x, K, w, out, ldo, n); break;
-    case 3: float_tile<3, NT>(x, K, w, out, ldo, n); break;
-    default: float_tile<4, NT>(x, K, w, out, ldo, n); break;
-  }
-}
 
 }  // namespace
 
@@ -56,9 +46,9 @@ torch::Tensor rows_linear(const torch::Tensor& x_in, const torch::Tensor& w_in) 
       for (int64_t m0 = 0; m0 < M; m0 += kGroup) {
         const int rows = static_cast<int>(std::min<int64_t>(kGroup, M - m0));
         if (t < full_tiles) {
-          dot_group<kTile>(rows, xp + m0 * K, K, wp, op + m0 * N, N, n);
+          float_rows<kTile>(rows, xp + m0 * K, K, wp, op + m0 * N, N, n);
         } else {
-          for (int64_t j = n; j < N; ++j) dot_group<1>(rows, xp + m0 * K, K, wp, op + m0 * N, N, j);
+          for (int64_t j = n; j < N; ++j) float_rows<1>(rows, xp + m0 * K, K, wp, op + m0 * N, N, j);
         }
       }
     }

@@ -56,6 +56,26 @@ inline void float_tile(const float* x, int64_t K, const float* w, float* out, in
     for (int m = 0; m < M; ++m) out[m * ldo + n + j] = _mm512_reduce_add_ps(acc[j][m]);
 }
 
+// The two 16-float halves of block b of each of the M rows of x [M, K].
+template <int M>
+inline void load_block(const float* x, int64_t K, int64_t b, __m512 (&x0)[M], __m512 (&x1)[M]) {
+  for (int m = 0; m < M; ++m) {
+    x0[m] = _mm512_loadu_ps(x + m * K + b * kBlock);
+    x1[m] = _mm512_loadu_ps(x + m * K + b * kBlock + 16);
+  }
+}
+
+// float_tile for a runtime row count (1-4).
+template <int NT>
+inline void float_rows(int rows, const float* x, int64_t K, const float* w, float* out, int64_t ldo, int64_t n) {
+  switch (rows) {
+    case 1: float_tile<1, NT>(x, K, w, out, ldo, n); break;
+    case 2: float_tile<2, NT>(x, K, w, out, ldo, n); break;
+    case 3: float_tile<3, NT>(x, K, w, out, ldo, n); break;
+    default: float_tile<4, NT>(x, K, w, out, ldo, n); break;
+  }
+}
+
 // ---- q4 (Q4_1-style) weights --------------------------------------------------------------------------
 
 // xs [M, K / 32]: per-block sums of x, for the q4 offsets.
@@ -69,10 +89,7 @@ inline void q4_tile(const float* x, const float* xs, int64_t K, const uint8_t* q
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m512 x0[M], x1[M];
-    for (int m = 0; m < M; ++m) {
-      x0[m] = _mm512_loadu_ps(x + m * K + b * kBlock);
-      x1[m] = _mm512_loadu_ps(x + m * K + b * kBlock + 16);
-    }
+    load_block<M>(x, K, b, x0, x1);
     for (int j = 0; j < NT; ++j) {
       const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + (n + j) * (K / 2) + b * 16)));
       const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(codes, low4));
@@ -102,10 +119,7 @@ inline void q8_tile(const float* x, int64_t K, const int8_t* q, const float* d, 
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m512 x0[M], x1[M];
-    for (int m = 0; m < M; ++m) {
-      x0[m] = _mm512_loadu_ps(x + m * K + b * kBlock);
-      x1[m] = _mm512_loadu_ps(x + m * K + b * kBlock + 16);
-    }
+    load_block<M>(x, K, b, x0, x1);
     for (int j = 0; j < NT; ++j) {
       const int8_t* qb = q + (n + j) * K + b * kBlock;
       const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb))));

@@ -21,15 +21,7 @@ from kernels.warmup import install_warm
 from serving import SamplingParams
 
 MODEL = "smollm2-135m-instruct"
-
-
-@pytest.fixture(autouse=True)
-def clean_dispatch():
-    threads = torch.get_num_threads()
-    kernels.reset()
-    yield
-    kernels.reset()
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("clean_dispatch")
 
 
 def test_compiled_rms_norm_matches_reference_on_odd_shapes():

@@ -21,18 +21,10 @@ from kernels.recorder import Bucket
 from kernels.step_check import STEP_TOLERANCE, check_step_logits
 from serving import SamplingParams
 
-pytestmark = pytest.mark.skipif(load_decode_step() is None, reason="the C++ step needs AVX-512 and a compiler")
+pytestmark = [pytest.mark.skipif(load_decode_step() is None, reason="the C++ step needs AVX-512 and a compiler"),
+              pytest.mark.usefixtures("clean_dispatch")]
 
 MODEL = "smollm2-135m-instruct"
-
-
-@pytest.fixture(autouse=True)
-def clean_dispatch():
-    threads = torch.get_num_threads()
-    kernels.reset()
-    yield
-    kernels.reset()
-    torch.set_num_threads(threads)
 
 
 def _q4_weight(n: int, k: int, gen: torch.Generator):
