@@ -43,8 +43,8 @@ import torch
 from kernels.dispatch import _REFERENCES, registered
 from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder
 from kernels.step_check import check_step_logits
-from kernels.tuner_inputs import DTYPES, bucket_cases, model_weight_cases
-from kernels.variants import DEFAULT_TOLERANCE, Variant, variants
+from kernels.tuner_inputs import DTYPES, bucket_cases, model_weight_cases, with_cloned_weights
+from kernels.variants import Variant, variants
 from kernels.warmup import install_warm
 from kernels.winners import Environment, Result, WinnerTable
 
@@ -86,7 +86,7 @@ class Tuner:
 
     def candidates(self, op: str, dtype: torch.dtype) -> list[Variant]:
         """The registered variants of `op` that run here on `dtype` (lossy ones only with `allow_lossy`)."""
-        return [v for v in variants(op) if v.runs_on(self.device, dtype) and (self.allow_lossy or not is_lossy(v, dtype))]
+        return [v for v in variants(op) if v.runs_on(self.device, dtype) and (self.allow_lossy or not v.is_lossy(dtype))]
 
     def install_known(self) -> int:
         """Warm up and stage every stored winner of this environment whose variant is registered (a step
@@ -146,7 +146,7 @@ class Tuner:
         # which random weights of the same shape never are.
         # The weights are clones, so the packs that losing variants cache for them go with them; the winner
         # packs the model's own weight when it is installed.
-        own = _cloned_weights(model_weight_cases(bucket, self.model)) if self.model is not None and bucket.op in STREAMED_OPS else []
+        own = with_cloned_weights(model_weight_cases(bucket, self.model)) if self.model is not None and bucket.op in STREAMED_OPS else []
         threads = torch.get_num_threads()
 
         def time_of(fn: Callable) -> float:
@@ -161,9 +161,9 @@ class Tuner:
             max_error = None
             try:
                 error, max_error = self._verify(variant, cases, dtype, bucket)
-                if error is None and not is_lossy(variant, dtype):
+                if error is None and not variant.is_lossy(dtype):
                     error = self._verify_scaled(variant, own, dtype)
-                atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+                atol, rtol = variant.tolerance_for(dtype)
                 if error is not None:
                     raise AssertionError(error)
                 median = time_of(variant.fn)
@@ -217,7 +217,7 @@ class Tuner:
         RMS error there must stay within that bound. Random weights pack alike whatever the model, while a
         model's weights may pack exactly (GGUF Q4_1 into int4) or lose 8-13% (a Q8_0 embedding into int4).
         """
-        atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+        atol, rtol = variant.tolerance_for(dtype)
         reference = self._reference(variant.op)
         step = variant.op in STEP_OPS
         worst = 0.0
@@ -255,7 +255,7 @@ class Tuner:
         atol + rtol x the largest |reference output|, else what differed. Relative to the output's scale,
         not element by element: on real weights and N(0, 1) inputs a gated MLP's outputs reach 1e3 and the
         rounding of a reordered sum follows that scale, while a wrong weight or block moves it by O(1)."""
-        atol, rtol = variant.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+        atol, rtol = variant.tolerance_for(dtype)
         reference = self._reference(variant.op)
         for args, kwargs in cases:
             expected = _first_tensor(reference(*_upcast(args), **kwargs)).float()
@@ -315,20 +315,6 @@ def _work(bucket: Bucket) -> int:
     if bucket.op in ("linear", "gated_mlp") and len(bucket.shapes) > 1:
         size *= bucket.shapes[1][0]
     return size
-
-
-def is_lossy(variant: Variant, dtype: torch.dtype) -> bool:
-    """A variant that changes results beyond float rounding: `lossy`, or an op variant whose tolerance for
-    `dtype` is looser than `DEFAULT_TOLERANCE` (the tuner tries it only with `allow_lossy`)."""
-    exact = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
-    atol, rtol = variant.tolerance.get(dtype, exact)
-    return variant.lossy or (variant.op not in STEP_OPS and (atol > exact[0] or rtol > exact[1]))
-
-
-def _cloned_weights(cases: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
-    """Matmul cases with their weight tensors (the 2-d arguments after the input) cloned."""
-    return [(tuple(a.clone() if i > 0 and isinstance(a, torch.Tensor) and a.dim() == 2 else a for i, a in enumerate(args)), kwargs)
-            for args, kwargs in cases]
 
 
 def _upcast(args: tuple) -> tuple:

@@ -73,6 +73,13 @@ def model_weight_cases(bucket: Bucket, model) -> list[tuple[tuple, dict]]:
     return []
 
 
+def with_cloned_weights(cases: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
+    """Matmul cases with their weight tensors (the 2-d arguments after the input) cloned: what a variant
+    packs or copies for them is freed with them."""
+    return [(tuple(a.clone() if i > 0 and isinstance(a, torch.Tensor) and a.dim() == 2 else a for i, a in enumerate(args)), kwargs)
+            for args, kwargs in cases]
+
+
 def op_cases(bucket: Bucket, dtype: torch.dtype) -> list[tuple[tuple, dict]]:
     """(args, kwargs) cases of one op bucket. Raises ValueError for an op the tuner does not tune."""
     gen = torch.Generator().manual_seed(_SEED)

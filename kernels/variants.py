@@ -62,6 +62,19 @@ class Variant:
         """True when this variant accepts `dtype` inputs on torch device type `device` and is available."""
         return device in self.devices and dtype in self.dtypes and self.available()
 
+    def tolerance_for(self, dtype: torch.dtype) -> tuple[float, float]:
+        """(atol, rtol) for `dtype`: this variant's, else `DEFAULT_TOLERANCE`'s, else exact."""
+        return self.tolerance.get(dtype, DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0)))
+
+    def is_lossy(self, dtype: torch.dtype) -> bool:
+        """Whether it changes results beyond float rounding: `lossy`, or an op variant (not a step) whose
+        tolerance for `dtype` is looser than `DEFAULT_TOLERANCE` (the tuner tries it only when allowed)."""
+        from kernels.recorder import STEP_OPS
+
+        exact = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+        atol, rtol = self.tolerance_for(dtype)
+        return self.lossy or (self.op not in STEP_OPS and (atol > exact[0] or rtol > exact[1]))
+
 
 _lock = threading.Lock()
 _variants: dict[str, dict[str, Variant]] = {}

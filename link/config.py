@@ -46,13 +46,9 @@ class EngineOptions(BaseModel):
             since the last round and have no verdict are verified, timed and swapped in between two steps.
         compile_budget_s: CPU seconds of tuning per round at most (the round stops starting buckets after it).
         compile_interval_s: seconds between tuning rounds.
-        speculative: speculative decoding, the fields of `serving.spec_decode.SpeculativeConfig`
-            (e.g. `{method: ngram, num_speculative_tokens: 5}`); unset = off.
-        dtype: weights and KV cache dtype of this deployment ("auto", "float32", "bfloat16"); unset = the
-            gateway's `LINK_LOCAL_DTYPE`. On a CPU with native bf16 "auto" is bfloat16, while a Llama-family
-            model from a GGUF Q4_1/Q8_0 file decodes 2-3x faster in float32 once `link compile tune` has
-            installed the C++ decode step (`kernels.native_step`, float32 only). Deployments of one local
-            model share one engine: the first to load it sets its dtype.
+        speculative: `serving.spec_decode.SpeculativeConfig` fields (e.g. `{method: ngram}`); unset = off.
+        dtype: this deployment's weights and KV cache dtype; unset = `LINK_LOCAL_DTYPE`. A tuned GGUF Llama
+            decodes 2-3x faster in float32 (`kernels.native_step`); one local model's deployments share the first's.
     """
 
     model_config = ConfigDict(extra="forbid")
