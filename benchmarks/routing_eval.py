@@ -15,7 +15,10 @@ Parts:
   model is Yi-34B-Chat, the cheap model that leads on ARC).
 - routellm: RouteLLM's gpt-4-1106-preview / Mixtral-8x7B pairs (Ong et al. 2024): GSM8K with 5-fold CV over
   3 seeds, MMLU with 5-fold CV (suite "mmlu", and with each prompt's subject as its suite, which the
-  per-subject baseline needs), and MMLU with whole subjects held out; APGR, CPT(50%), CPT(80%).
+  per-subject baseline needs), and MMLU with whole subjects held out; APGR, CPT(50%), CPT(80%). On GSM8K,
+  whose answers are recorded, also "cascade:answer": Mixtral answers first and escalates to gpt-4 when an
+  answer checker (`routers.answer_check`, fitted on the training folds' Mixtral answers) doubts it; it pays
+  Mixtral on every prompt (MMLU records no answers, so it has no such cascade).
 
 Router options are the defaults of each class, chosen by cross-validation on training data only
 (RouterBench: 5-fold CV on the train files; RouteLLM: the CV folds themselves). Prompts are embedded with
@@ -166,8 +169,7 @@ def routellm(data_dir: Path, featurizer, gsm8k_seeds: tuple[int, ...]) -> dict[s
     from routers.crossval import evaluate_kfold
     from routers.evaluate import EvalSettings
 
-    settings = EvalSettings(types=LEARNED, baselines=("random", "length", "best-per-task"), keep_curves=False,
-                            cascade=False)
+    settings = EvalSettings(types=LEARNED, baselines=("random", "length", "best-per-task"), keep_curves=False)
     gsm8k, mmlu = load("routellm-gsm8k", data_dir), load("routellm-mmlu", data_dir)
     runs = {
         "gsm8k": (gsm8k, gsm8k_seeds, None),
@@ -185,7 +187,7 @@ def routellm(data_dir: Path, featurizer, gsm8k_seeds: tuple[int, ...]) -> dict[s
 
 def print_routellm(result: dict[str, Any]) -> None:
     print("\nRouteLLM pairs (gpt-4-1106-preview vs Mixtral-8x7B), 5-fold CV: mean (std) over folds")
-    names = ["knn", "lgbm", "mf", "random", "length", "best-per-task"]
+    names = ["knn", "lgbm", "mf", "cascade:answer", "random", "length", "best-per-task"]
     print(f"{'set':26s}{'router':15s}{'APGR':>14s}{'CPT(50%)':>16s}{'CPT(80%)':>16s}")
     for set_name, r in result.items():
         s = r["summary"]
@@ -201,7 +203,7 @@ def print_routellm(result: dict[str, Any]) -> None:
     print("targets (best learned router per set):")
     for set_name, key in targets:
         s = result[set_name]["summary"]
-        best = max(LEARNED, key=lambda n: s[n]["apgr"]["mean"])
+        best = max((n for n in (*LEARNED, "cascade:answer") if n in s), key=lambda n: s[n]["apgr"]["mean"])
         print(f"  {set_name}: {best} APGR {s[best]['apgr']['mean']:.3f}: {_check(s[best]['apgr']['mean'], TARGETS[key])}")
 
 

@@ -31,6 +31,8 @@ class RoutingData:
         costs: [P, M] float64 USD per answer, NaN where missing.
         completion_tokens: [P, M] float64 or None, NaN where not recorded.
         has_tools: [P] bool, whether the prompt's request offered tools (None: none did).
+        responses: [P, M] object array of each model's recorded answer text (None where not recorded), or None
+            when no answer was recorded (an answer-reading cascade scorer trains on them, `routers.answer_check`).
     Raises:
         ValueError: mismatched lengths or shapes, duplicated prompt ids or models, scores outside [0, 1],
             negative costs.
@@ -44,6 +46,7 @@ class RoutingData:
     costs: np.ndarray
     completion_tokens: np.ndarray | None = None
     has_tools: np.ndarray | None = None
+    responses: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.prompt_ids, self.prompts, self.suites, self.models = (
@@ -61,6 +64,8 @@ class RoutingData:
             self.completion_tokens = np.asarray(self.completion_tokens, dtype=np.float64).reshape(p, m)
         self.has_tools = (np.zeros(p, dtype=bool) if self.has_tools is None
                           else np.asarray(self.has_tools, dtype=bool).reshape(p))
+        if self.responses is not None:
+            self.responses = np.asarray(self.responses, dtype=object).reshape(p, m)
         finite = self.scores[~np.isnan(self.scores)]
         if finite.size and (finite.min() < 0 or finite.max() > 1):
             raise ValueError("scores must lie in [0, 1]")
@@ -78,7 +83,7 @@ class RoutingData:
     @classmethod
     def from_outcomes(cls, rows: Iterable) -> RoutingData:
         """Pivot outcome rows (objects with prompt_id, suite, prompt, model, score, cost_usd and optionally
-        completion_tokens and has_tools) into matrices; prompts and models keep their order of first
+        completion_tokens, has_tools and response) into matrices; prompts and models keep their order of first
         appearance, a prompt offers tools when any of its rows says so.
 
         Raises:
@@ -103,6 +108,7 @@ class RoutingData:
         scores = np.full((len(pi), len(mi)), np.nan)
         costs = np.full((len(pi), len(mi)), np.nan)
         tokens = np.full((len(pi), len(mi)), np.nan)
+        responses = np.full((len(pi), len(mi)), None, dtype=object)
         for r in rows:
             i, j = pi[r.prompt_id], mi[r.model]
             if not np.isnan(scores[i, j]):
@@ -112,8 +118,10 @@ class RoutingData:
             ct = getattr(r, "completion_tokens", None)
             if ct is not None:
                 tokens[i, j] = ct
+            responses[i, j] = getattr(r, "response", None)
         return cls(list(pi), prompts, suites, list(mi), scores, costs,
-                   None if np.isnan(tokens).all() else tokens, np.array(tools, dtype=bool))
+                   None if np.isnan(tokens).all() else tokens, np.array(tools, dtype=bool),
+                   None if all(x is None for x in responses.flat) else responses)
 
     # --- views ----------------------------------------------------------------------------------------
 
@@ -124,7 +132,7 @@ class RoutingData:
         return RoutingData([self.prompt_ids[i] for i in idx], [self.prompts[i] for i in idx],
                            [self.suites[i] for i in idx], self.models, self.scores[idx], self.costs[idx],
                            None if self.completion_tokens is None else self.completion_tokens[idx],
-                           self.has_tools[idx])
+                           self.has_tools[idx], None if self.responses is None else self.responses[idx])
 
     def select_models(self, names: Sequence[str]) -> RoutingData:
         """The columns of `names`, in that order. Raises KeyError naming an unknown model."""
@@ -134,7 +142,8 @@ class RoutingData:
         cols = [self.models.index(n) for n in names]
         tokens = None if self.completion_tokens is None else self.completion_tokens[:, cols]
         return RoutingData(self.prompt_ids, self.prompts, self.suites, list(names), self.scores[:, cols],
-                           self.costs[:, cols], tokens, self.has_tools)
+                           self.costs[:, cols], tokens, self.has_tools,
+                           None if self.responses is None else self.responses[:, cols])
 
     def complete_rows(self) -> RoutingData:
         """Only the prompts every model has a score for (RouterBench test: 945 prompts)."""
@@ -143,7 +152,7 @@ class RoutingData:
     def with_suites(self, suites: Sequence[str]) -> RoutingData:
         """The same data with another task label per prompt (e.g. MMLU subjects as suites)."""
         return RoutingData(self.prompt_ids, self.prompts, list(suites), self.models, self.scores, self.costs,
-                           self.completion_tokens, self.has_tools)
+                           self.completion_tokens, self.has_tools, self.responses)
 
     def groups(self, by: str = "suite") -> list[str]:
         """[P] group label per prompt: "suite", or "subject" (the middle part of a RouteLLM MMLU prompt id,
@@ -183,8 +192,8 @@ class RoutingData:
             raise ValueError("nothing to concatenate")
         models = list(dict.fromkeys(m for part in parts for m in part.models))
 
-        def widen(part: RoutingData, x: np.ndarray | None) -> np.ndarray:
-            out = np.full((part.num_prompts, len(models)), np.nan)
+        def widen(part: RoutingData, x: np.ndarray | None, fill=np.nan) -> np.ndarray:
+            out = np.full((part.num_prompts, len(models)), fill, dtype=np.float64 if fill is not None else object)
             if x is not None:
                 out[:, [models.index(m) for m in part.models]] = x
             return out
@@ -195,7 +204,9 @@ class RoutingData:
                    np.vstack([widen(part, part.scores) for part in parts]),
                    np.vstack([widen(part, part.costs) for part in parts]),
                    np.vstack([widen(part, part.completion_tokens) for part in parts]) if has_tokens else None,
-                   np.concatenate([part.has_tools for part in parts]))
+                   np.concatenate([part.has_tools for part in parts]),
+                   np.vstack([widen(part, part.responses, None) for part in parts])
+                   if any(part.responses is not None for part in parts) else None)
 
 
 # --- splits ---------------------------------------------------------------------------------------------

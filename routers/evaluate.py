@@ -19,7 +19,9 @@ In the same replay (settings.cascade): each learned router's cascade, "cascade:<
 set's cost-accuracy frontier (`cascade_eval.efficient_steps`; a pair: weak then strong), escalating while the
 router's predicted quality of the step's model is below a threshold; the threshold sweep is its curve, each
 point charged only the step that answered (a predicted-quality scorer skips a step before calling it); and
-"cascade:oracle", a perfect judge that pays every step it called. With ensemble columns (settings.ensembles:
+"cascade:oracle", a perfect judge that pays every step it called; with recorded answers (RouteLLM's GSM8K,
+RouterBench), "cascade:answer", each step's answer scored by `routers.answer_check.AnswerChecker` fitted on
+that step's training answers, paying every step it called. With ensemble columns (settings.ensembles:
 outcomes of a Mixture-of-Agents or other multi-call policy, e.g. "link/moa" in `link eval run` outcomes) the
 routers and baselines choose among the single models only, and "hybrid:<type>" (a router fitted on every
 column) chooses between the single models and the ensembles, like the gateway's `hybrid` policy. Recorded
@@ -35,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from routers.answer_check import cascade_answer_scores
 from routers.base import Router, make_router
 from routers.data import RoutingData
 from routers.features import Featurizer, Features
@@ -64,6 +67,8 @@ class EvalSettings:
         cascade: also measure each learned router's cascade and the perfect-judge cascade.
         cascade_models: the cascade's steps, cheapest first (default: the training frontier).
         ensembles: columns of multi-call policies (e.g. "link/moa"): left to the "hybrid:<type>" entries.
+        answer_check: with cascade and recorded answers, also the cascade scored by an answer checker fitted
+            on each step's training answers ("cascade:answer"; options["answer"]: `AnswerChecker` arguments).
     """
 
     types: tuple[str, ...] = LEARNED_TYPES
@@ -77,6 +82,7 @@ class EvalSettings:
     cascade: bool = True
     cascade_models: tuple[str, ...] | None = None
     ensembles: tuple[str, ...] = ()
+    answer_check: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.baselines) - set(BASELINES)
@@ -201,6 +207,10 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
         for type_, quality in learned.items():
             report["routers"][f"cascade:{type_}"] = measure_cascade(ctx, quality[:, ctx.steps])
         report["routers"]["cascade:oracle"] = measure_cascade(ctx, test.scores[:, ctx.steps], pays_rejected=True)
+        answer_scores = (cascade_answer_scores(train, test, ctx.steps, **settings.options.get("answer", {}))
+                         if settings.answer_check else None)
+        if answer_scores is not None:
+            report["routers"]["cascade:answer"] = measure_cascade(ctx, answer_scores, pays_rejected=True)
     if settings.ensembles:
         for type_ in settings.types:
             report["routers"][f"hybrid:{type_}"] = measure(ctx, _fitted(type_, train, train_feats, settings)

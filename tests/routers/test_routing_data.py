@@ -78,6 +78,18 @@ def test_a_prompt_offers_tools_when_any_of_its_rows_says_so_and_views_keep_it():
     assert toy().has_tools.dtype == bool and not toy().has_tools.any()
 
 
+def test_recorded_answers_follow_every_view():
+    rows = [row("r1", "a", 1.0), row("r1", "b", 0.0), row("r2", "a", 0.0)]
+    rows[0].response, rows[1].response = "42", None               # rows without the attribute have no answer
+    d = RoutingData.from_outcomes(rows)
+    assert d.responses.tolist() == [["42", None], [None, None]]
+    assert d.subset([1, 0]).responses.tolist() == [[None, None], ["42", None]]
+    assert d.select_models(["a"]).responses.tolist() == [["42"], [None]]
+    assert d.with_suites(["u", "v"]).responses.tolist() == d.responses.tolist()
+    assert RoutingData.concat([toy(), d]).responses.tolist() == [[None, None]] * 3 + [["42", None], [None, None]]
+    assert toy().responses is None and RoutingData.concat([toy(), toy().subset([])]).responses is None
+
+
 def test_groups_by_subject_reads_routellm_prompt_ids():
     d = RoutingData(["routellm-mmlu/anatomy/0", "routellm-mmlu/virology/3", "routellm-gsm8k/4"], ["a", "b", "c"],
                     ["mmlu", "mmlu", "gsm8k"], ["m"], np.zeros((3, 1)), np.zeros((3, 1)))
