@@ -4,6 +4,8 @@
     link router calibrate auto.safetensors --data held_out.jsonl --target cost=0.001
     link router calibrate auto.safetensors --data held_out.jsonl --target share:gemma-3-270m=0.3
     link router add-model auto.safetensors --model acme-sft --data runs/sft/outcomes.jsonl   # kNN: no retraining
+    link router train-checker --data routellm-gsm8k --model mistralai/Mixtral-8x7B-Instruct-v0.1 \
+        --out gsm8k-mixtral.checker.safetensors      # a cascade's `scorer: answer` (routers.answer_check)
     link router calibrate auto.safetensors --data held_out.jsonl --rule cascade --target cost=0.0005 \
         --cascade-models smollm2-135m-instruct,gemma-3-270m      # a cascade policy's escalation threshold
     link router eval --type all --train routerbench:train --test routerbench:test --splits 5 \\
@@ -107,6 +109,40 @@ def train(
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     console.print(f"trained {type_} on {table.complete_rows().num_prompts} prompts x {table.num_models} models -> {path}")
+
+
+@router_app.command("train-checker")
+def train_checker(
+    data: list[str] = typer.Option(..., "--data", help="Outcomes with recorded answers (e.g. routellm-gsm8k). " + DATA_HELP),
+    model: str = typer.Option(..., "--model", help="The model whose answers are checked: a cascade's cheap step."),
+    out: Path = typer.Option(..., "--out", help="The checker file to write (safetensors)."),
+    components: int = typer.Option(16, "--components", help="Principal components of the prompt's and the answer's "
+                                   "embeddings (0: no embeddings)."),
+    data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
+) -> None:
+    """Train an answer checker on a model's recorded answers and save it (a cascade's `scorer: answer`)."""
+    import numpy as np
+
+    from routers.answer_check import AnswerChecker, save_answer_checker
+
+    try:
+        table = load_data(data, data_dir)
+        if model not in table.models:
+            raise KeyError(f"model {model!r} is not in the data; its models are {table.models}")
+        j = table.models.index(model)
+        answers = table.responses[:, j] if table.responses is not None else [None] * table.num_prompts
+        rows = [i for i, a in enumerate(answers) if a is not None and not np.isnan(table.scores[i, j])]
+        if not rows:
+            raise ValueError(f"the data records no answers of {model!r}; train on outcomes with a response column")
+        labels = table.scores[rows, j]
+        checker = AnswerChecker(num_components=components).fit([table.prompts[i] for i in rows],
+                                                               [answers[i] for i in rows], labels)
+        path = save_answer_checker(checker, out, info={"model": model, "data": data, "num_answers": len(rows),
+                                                       "accuracy": float(np.mean(labels >= 0.5))})
+    except (ValueError, KeyError, OSError) as exc:
+        raise _fail(exc) from None
+    console.print(f"trained an answer checker on {len(rows)} answers of {model} ({np.mean(labels >= 0.5):.1%} correct) "
+                  f"-> {path}", highlight=False)
 
 
 @router_app.command("add-model")

@@ -7,11 +7,14 @@
         threshold: 0.5          # one number, or a list of one per step but the last; in [0, 1]; default: the one
                                 # `link router calibrate --rule cascade` stored in the router file for
                                 # these steps (scorer router), else 0.5
-        scorer: judge           # judge (a model's yes/no verdict on the answer) | router (predicted quality)
+        scorer: judge           # judge (a model's yes/no verdict on the answer) | router (predicted quality) |
+                                # answer (a learned answer checker reading the step's answer)
         judge: gemma-3-270m     # scorer judge: the judge model (default: the last model)
         judge_logprobs: true    # scorer judge: read P(yes) from the judge's top logprobs when it returns them
         path: routers/trained/link-auto.safetensors   # scorer router: a router file trained on these models
         encoder: auto        # optional, scorer router: the prompt encoder, as a router policy's (link/policies/router.py)
+        checker: gsm8k-mixtral.checker.safetensors   # scorer answer: a file of `link router train-checker`, fitted
+                                # on the first step's answers (used for every step but the last)
 
 Only the final answer reaches the client: intermediate steps run whole, and an accepted one is streamed as
 chunks made from it (routers/cascade.py). Each step's score, acceptance or error goes into the request
@@ -29,9 +32,9 @@ from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Po
 from link.policies.options import bool_option, check_options, number_value, str_option
 from link.policies.router import LazyRouter, encoder_option, router_path
 
-OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder")
+OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder", "checker")
 JUDGE_TOKENS = 256  # a bound on the judge's instruction and framing around the request and the answer
-SCORERS = ("judge", "router")
+SCORERS = ("judge", "router", "answer")
 
 
 class CascadeExecutor(PlanExecutor):
@@ -93,6 +96,21 @@ def default_threshold(config: PolicyConfig, router: LazyRouter | None) -> float:
     return 0.5
 
 
+def answer_scorer(options: dict[str, Any]):
+    """A `routers.answer_check.AnswerScorer` of the `checker` file. Raises PolicyError when it is missing or
+    not an answer-checker file."""
+    from routers.answer_check import AnswerScorer, load_answer_checker
+
+    path = options.get("checker")
+    if not isinstance(path, str) or not path:
+        raise PolicyError("a cascade with scorer 'answer' needs options.checker: a file written by "
+                          "`link router train-checker`", param="options.checker")
+    try:
+        return AnswerScorer(load_answer_checker(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise PolicyError(f"options.checker: {exc}", param="options.checker") from None
+
+
 def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = None):
     """(a `routers.cascade.Cascade`, the LazyRouter of a router scorer or None) from a policy definition.
     Raises PolicyError."""
@@ -109,6 +127,8 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
             raise PolicyError(f"judge model {judge!r} is not served; the gateway serves {sorted(model_names)}",
                               param="options.judge")
         scorer, router = JudgeScorer(judge, use_logprobs=bool_option(options, "judge_logprobs", True)), None
+    elif scorer_name == "answer":
+        scorer, router = answer_scorer(options), None
     else:
         router = LazyRouter(router_path(config), encoder_option(options))
         outside = [m for m in config.models[:-1] if m not in router.models]

@@ -24,6 +24,7 @@ def gateway(new_database_url, tmp_path_factory):
     from link.config import parse_config
 
     path = save_table_router(tmp_path_factory.mktemp("routers") / "r.safetensors", ["small", "big"])
+    checker = save_echo_checker(tmp_path_factory.mktemp("checkers") / "c.safetensors")
     with start_mock_thread() as small, start_mock_thread() as big:
         models = [mock_deployment("small", small.api_base), mock_deployment("big", big.api_base),
                   mock_deployment("down", refused_url())]
@@ -31,6 +32,8 @@ def gateway(new_database_url, tmp_path_factory):
             {"name": "judged", "type": "cascade", "models": ["small", "big"], "options": {"judge": "small", "threshold": 0.5}},
             {"name": "predicted", "type": "cascade", "models": ["small", "big"],
              "options": {"scorer": "router", "path": str(path), "threshold": 0.5}},
+            {"name": "answered", "type": "cascade", "models": ["small", "big"],
+             "options": {"scorer": "answer", "checker": str(checker), "threshold": 0.5}},
             {"name": "cheap-down", "type": "cascade", "models": ["down", "big"], "options": {"judge": "big"}},
             {"name": "last-down", "type": "cascade", "models": ["small", "down"], "options": {"judge": "small"}},
         ]
@@ -39,6 +42,23 @@ def gateway(new_database_url, tmp_path_factory):
         with start_gateway_thread(settings, config) as server:
             yield server
     ROUTERS.pop(TableRouter.type, None)
+
+
+def save_echo_checker(path):
+    """An answer checker fitted on the mock's echoes of sums, right exactly when the sum is."""
+    import numpy as np
+
+    from routers.answer_check import AnswerChecker, save_answer_checker
+
+    rng = np.random.default_rng(0)
+    prompts, answers, correct = [], [], []
+    for _ in range(300):
+        a, b = (int(v) for v in rng.integers(2, 90, size=2))
+        ok = bool(rng.random() > 0.3)
+        prompts.append(f"{a} + {b} = {a + b if ok else a + b + 3}")
+        answers.append(f"You said: {prompts[-1]}")
+        correct.append(float(ok))
+    return save_answer_checker(AnswerChecker(num_components=0, num_rounds=60).fit(prompts, answers, correct), path)
 
 
 @pytest.fixture
@@ -79,6 +99,19 @@ def test_predicted_quality_accepts_or_skips_the_cheap_step(gateway, client):
     assert row["decision"]["cascade"]["steps"][0]["skipped"] is True
 
 
+def test_an_answer_checker_accepts_right_sums_and_escalates_wrong_ones(gateway, client):
+    raw, answer = ask(client, "answered", "17 + 25 = 42")
+    assert raw.headers["x-link-model"] == "small" and answer.choices[0].message.content == "You said: 17 + 25 = 42"
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
+    cascade = row["decision"]["cascade"]
+    assert cascade["scorer"] == "answer" and cascade["answered_by"] == "small" and cascade["steps"][0]["score"] > 0.5
+    assert [c["model"] for c in row["decision"]["calls"]] == ["small"]
+    raw, answer = ask(client, "answered", "17 + 25 = 45")  # the cheap answer's sum is wrong: escalated, both paid
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
+    assert raw.headers["x-link-model"] == "big" and row["decision"]["cascade"]["steps"][0]["score"] < 0.5
+    assert [c["model"] for c in row["decision"]["calls"]] == ["small", "big"]
+
+
 def test_only_the_final_answer_is_streamed(gateway, client):
     for policy, text, final in (("predicted", "say hello", "small"), ("judged", "say hello", "big")):
         with client.chat.completions.with_streaming_response.create(
@@ -113,6 +146,9 @@ def test_cascade_validation(gateway):
                                    ({"scorer": "vibes"}, ["small", "big"], "options.scorer"),
                                    ({"judge": "nope"}, ["small", "big"], "options.judge"),
                                    ({"scorer": "router"}, ["small", "big"], "options.path"),
+                                   ({"scorer": "answer"}, ["small", "big"], "options.checker"),
+                                   ({"scorer": "answer", "checker": "/no/such.safetensors"}, ["small", "big"],
+                                    "options.checker"),
                                    ({}, ["small"], "models")):
         response = httpx.post(api, headers=AUTH, json={"name": "c-bad", "type": "cascade", "models": models, "options": options})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text

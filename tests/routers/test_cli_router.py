@@ -268,3 +268,23 @@ def test_a_model_added_from_tool_calls_takes_tool_traffic_only(tmp_path, files):
     tool = loaded.decide({**plain[0], "tools": TOOLS}, cost_penalty=100.0)
     assert tool.chosen == "sft"
     assert tool.quality == pytest.approx({"strong": 0.0, "weak": 0.0, "sft": 0.875})
+
+
+def test_train_checker_on_real_gsm8k_answers_and_its_errors(tmp_path, data_dir):
+    out = tmp_path / "checker.safetensors"
+    model = "mistralai/Mixtral-8x7B-Instruct-v0.1"
+    args = ["router", "train-checker", "--data", "routellm-gsm8k", "--data-dir", str(data_dir), "--components", "0"]
+    result = runner.invoke(app, [*args, "--model", model, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    # Mixtral's recorded GSM8K accuracy: 63.8% of 1319 (RouteLLM's table)
+    assert "on 1319 answers" in result.output and "(63.8% correct)" in result.output
+    from routers.answer_check import load_answer_checker
+
+    checker = load_answer_checker(out)
+    p = checker.predict(["Ann has 3 pens and buys 4. How many?"] * 2, ["3 + 4 = 7\n#### 7", "3 + 4 = 9\n#### 9"])
+    assert p[0] > p[1]  # a wrong sum lowers P(correct)
+    mmlu = ["router", "train-checker", "--data", "routellm-mmlu", "--data-dir", str(data_dir)]
+    result = runner.invoke(app, [*mmlu, "--model", "gpt-4-1106-preview", "--out", str(out)])
+    assert result.exit_code == 2 and "records no answers of 'gpt-4-1106-preview'" in result.output
+    result = runner.invoke(app, [*args, "--model", "nope", "--out", str(out)])
+    assert result.exit_code == 2 and "model 'nope' is not in the data" in result.output
