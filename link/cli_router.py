@@ -118,31 +118,25 @@ def train_checker(
     out: Path = typer.Option(..., "--out", help="The checker file to write (safetensors)."),
     components: int = typer.Option(16, "--components", help="Principal components of the prompt's and the answer's "
                                    "embeddings (0: no embeddings)."),
+    strong: str = typer.Option(None, "--strong", help="The cascade's next step, to calibrate its threshold with --target."),
+    target: str = typer.Option(None, "--target", help="cost=USD | share:MODEL=FRACTION | quality=FRACTION, met by the "
+                               "cascade [--model, --strong] on out-of-fold scores."),
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Train an answer checker on a model's recorded answers and save it (a cascade's `scorer: answer`)."""
-    import numpy as np
-
-    from routers.answer_check import AnswerChecker, save_answer_checker
+    from routers.decision import Target
+    from routers.pipeline import train_checker_and_save
 
     try:
-        table = load_data(data, data_dir)
-        if model not in table.models:
-            raise KeyError(f"model {model!r} is not in the data; its models are {table.models}")
-        j = table.models.index(model)
-        answers = table.responses[:, j] if table.responses is not None else [None] * table.num_prompts
-        rows = [i for i, a in enumerate(answers) if a is not None and not np.isnan(table.scores[i, j])]
-        if not rows:
-            raise ValueError(f"the data records no answers of {model!r}; train on outcomes with a response column")
-        labels = table.scores[rows, j]
-        checker = AnswerChecker(num_components=components).fit([table.prompts[i] for i in rows],
-                                                               [answers[i] for i in rows], labels)
-        path = save_answer_checker(checker, out, info={"model": model, "data": data, "num_answers": len(rows),
-                                                       "accuracy": float(np.mean(labels >= 0.5))})
+        result = train_checker_and_save(load_data(data, data_dir), model, out, num_components=components, strong=strong,
+                                        target=Target.parse(target) if target else None)
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
-    console.print(f"trained an answer checker on {len(rows)} answers of {model} ({np.mean(labels >= 0.5):.1%} correct) "
-                  f"-> {path}", highlight=False)
+    console.print(f"trained an answer checker on {result['num_answers']} answers of {model} "
+                  f"({result['accuracy']:.1%} correct) -> {result['path']}", highlight=False)
+    if result["threshold"] is not None:
+        console.print(f"cascade {' -> '.join(result['steps'])}: escalation threshold {result['threshold']:.4f} "
+                      f"(out-of-fold AUC {result['auc']:.3f})", highlight=False)
 
 
 @router_app.command("add-model")

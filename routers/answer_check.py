@@ -225,6 +225,7 @@ class AnswerChecker:
         self._embed = embed
         self.booster = None
         self.pca: dict[str, np.ndarray] = {}   # "prompt_mean", "prompt_components", "answer_mean", ...
+        self.info: dict[str, Any] = {}         # what its file says of it (model, calibrated threshold, steps)
 
     @property
     def feature_names(self) -> list[str]:
@@ -357,5 +358,5 @@ def load_answer_checker(path: str | Path, *, embed=None) -> AnswerChecker:
         raise ValueError(f"{path} has answer-checker format version {header['version']}; this build reads {FORMAT_VERSION}")
     checker = AnswerChecker(header["num_components"], header["num_rounds"], header["params"], embed=embed)
     checker.booster = lightgbm.Booster(model_str=header["booster"])
-    checker.pca = arrays
+    checker.pca, checker.info = arrays, dict(header.get("info") or {})
     return checker

@@ -208,3 +208,55 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
         out["add_model"] = {t: evaluate_add_model(train, test, t, add_model, num_labelled=add_prompts,
                                                   settings=settings, features=features) for t in settings.types}
     return out
+
+
+def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, num_components: int = 16,
+                           strong: str | None = None, target: Target | None = None, folds: int = 5,
+                           seed: int = 0) -> dict[str, Any]:
+    """Fit an answer checker (`routers.answer_check`) on `model`'s recorded answers and save it; with `strong`
+    and `target`, also calibrate the escalation threshold of the cascade [model, strong] scored by it.
+
+    The threshold is chosen on out-of-fold scores (`folds`-fold cross-fitting over the prompts both models
+    answered, seeded), every prompt paying `model` (`calibrate_cascade(..., pays_rejected=True)`), and stored
+    in the file's info as "threshold" with "steps" (a cascade policy over those steps takes it by default).
+    Returns {"path", "num_answers", "accuracy", "threshold", "steps", "auc"} (auc: the out-of-fold probability
+    that a right answer outranks a wrong one; None without calibration).
+
+    Raises:
+        KeyError: an unknown model. ValueError: no recorded answers of `model`, `target` without `strong`
+            (or the reverse), or a target the cascade cannot meet (as `decision.select_setting`).
+    """
+    from routers.answer_check import AnswerChecker, save_answer_checker
+    from routers.data import kfold_indices
+
+    for name in (model, strong):
+        if name is not None and name not in data.models:
+            raise KeyError(f"model {name!r} is not in the data; its models are {data.models}")
+    if (strong is None) != (target is None):
+        raise ValueError("calibrating a threshold needs both a strong model and a target")
+    j = data.models.index(model)
+    answers = data.responses[:, j] if data.responses is not None else np.full(data.num_prompts, None, dtype=object)
+    keep = np.array([a is not None and not np.isnan(s) for a, s in zip(answers, data.scores[:, j])], dtype=bool)
+    if strong is not None:
+        keep &= ~np.isnan(data.scores[:, data.models.index(strong)])
+    if not keep.any():
+        raise ValueError(f"the data records no answers of {model!r}; train on outcomes with a response column")
+    data, answers = data.subset(keep), list(answers[keep])
+    labels = data.scores[:, j]
+    info: dict[str, Any] = {"model": model, "num_answers": data.num_prompts, "accuracy": float(np.mean(labels >= 0.5)),
+                            "threshold": None, "steps": None, "auc": None}
+    if strong is not None:
+        oof = np.zeros(data.num_prompts)
+        for train_idx, test_idx in kfold_indices(data.num_prompts, folds, seed=seed):
+            fold = AnswerChecker(num_components=num_components).fit(
+                [data.prompts[i] for i in train_idx], [answers[i] for i in train_idx], labels[train_idx])
+            oof[test_idx] = fold.predict([data.prompts[i] for i in test_idx], [answers[i] for i in test_idx])
+        steps = [j, data.models.index(strong)]
+        threshold = calibrate_cascade(np.stack([oof, np.zeros_like(oof)], axis=1), steps, target, scores=data.scores,
+                                      costs=data.costs, models=data.models, pays_rejected=True)
+        right = labels >= 0.5
+        auc = float((oof[right][:, None] > oof[~right][None, :]).mean() + 0.5 * (oof[right][:, None] == oof[~right][None, :]).mean())
+        info.update(threshold=threshold, steps=[model, strong], auc=auc)
+    checker = AnswerChecker(num_components=num_components).fit(data.prompts, answers, labels)
+    info["path"] = str(save_answer_checker(checker, out, info={k: v for k, v in info.items() if k != "path"}))
+    return info

@@ -6,7 +6,8 @@
       options:
         threshold: 0.5          # one number, or a list of one per step but the last; in [0, 1]; default: the one
                                 # `link router calibrate --rule cascade` stored in the router file for
-                                # these steps (scorer router), else 0.5
+                                # these steps (scorer router) or `train-checker --target` in the checker
+                                # file (scorer answer), else 0.5
         scorer: judge           # judge (a model's yes/no verdict on the answer) | router (predicted quality) |
                                 # answer (a learned answer checker reading the step's answer)
         judge: gemma-3-270m     # scorer judge: the judge model (default: the last model)
@@ -14,7 +15,8 @@
         path: routers/trained/link-auto.safetensors   # scorer router: a router file trained on these models
         encoder: auto        # optional, scorer router: the prompt encoder, as a router policy's (link/policies/router.py)
         checker: gsm8k-mixtral.checker.safetensors   # scorer answer: a file of `link router train-checker`, fitted
-                                # on the first step's answers (used for every step but the last)
+                                # on the first step's answers (used for every step but the last); its threshold,
+                                # when calibrated there (--strong, --target) for these steps, is the default
 
 Only the final answer reaches the client: intermediate steps run whole, and an accepted one is streamed as
 chunks made from it (routers/cascade.py). Each step's score, acceptance or error goes into the request
@@ -87,10 +89,13 @@ class CascadeExecutor(PlanExecutor):
         return total
 
 
-def default_threshold(config: PolicyConfig, router: LazyRouter | None) -> float:
+def default_threshold(config: PolicyConfig, router: LazyRouter | None, scorer=None) -> float:
     """The threshold when `options.threshold` is unset: the one `link router calibrate --rule cascade` stored in
-    the router file for these same steps, else 0.5."""
+    the router file, or `link router train-checker --target` in the checker file, for these same steps; else 0.5."""
     calibrated = ((router.header.get("decision") or {}).get("cascade") or {}) if router is not None else {}
+    if router is None and scorer is not None:
+        calibrated = getattr(getattr(scorer, "checker", None), "info", None) or {}
+        calibrated = {"models": calibrated.get("steps"), "threshold": calibrated.get("threshold")}
     if calibrated.get("models") == list(config.models) and isinstance(calibrated.get("threshold"), (int, float)):
         return float(calibrated["threshold"])
     return 0.5
@@ -137,7 +142,7 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
         scorer = PredictedQuality(lambda body: router.get().router.score(body))
     threshold = options.get("threshold")
     if threshold is None:
-        threshold = default_threshold(config, router)
+        threshold = default_threshold(config, router, scorer)
     elif isinstance(threshold, list):
         threshold = [number_value(t, f"options.threshold[{i}]", 0.0, 1.0) for i, t in enumerate(threshold)]
     else:

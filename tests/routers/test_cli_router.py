@@ -288,3 +288,41 @@ def test_train_checker_on_real_gsm8k_answers_and_its_errors(tmp_path, data_dir):
     assert result.exit_code == 2 and "records no answers of 'gpt-4-1106-preview'" in result.output
     result = runner.invoke(app, [*args, "--model", "nope", "--out", str(out)])
     assert result.exit_code == 2 and "model 'nope' is not in the data" in result.output
+
+
+def test_train_checker_calibrates_the_cascade_threshold_on_out_of_fold_scores(tmp_path, data_dir):
+    from link.config import PolicyConfig
+    from link.policies.cascade import build_cascade
+    from routers.answer_check import load_answer_checker
+    from routers.cascade_eval import cascade_sweep
+    from routers.data import RoutingData
+    from evals.recorded import load_source
+
+    out = tmp_path / "checker.safetensors"
+    weak, strong = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"
+    result = runner.invoke(app, ["router", "train-checker", "--data", "routellm-gsm8k", "--data-dir", str(data_dir),
+                                 "--components", "0", "--model", weak, "--strong", strong, "--target", "share:" + strong + "=0.3",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    info = load_answer_checker(out).info
+    assert info["steps"] == [weak, strong] and 0.6 < info["auc"] < 0.9
+    assert f"escalation threshold {info['threshold']:.4f}" in " ".join(result.output.split())
+    # the stored threshold escalates at most 30% of the prompts (the checker refitted on all answers
+    # escalates a similar share: within 10 points of the target on its own training answers)
+    data = RoutingData.from_outcomes(load_source("routellm-gsm8k", data_dir))
+    checker = load_answer_checker(out)
+    p = checker.predict(data.prompts, list(data.responses[:, 0]))
+    assert abs(np.mean(p < info["threshold"]) - 0.3) < 0.1
+    sweep = cascade_sweep(np.stack([p, np.zeros_like(p)], 1), data.scores, data.costs, [0, 1],
+                          thresholds=np.array([info["threshold"]]), pays_rejected=True)
+    assert sweep.share[0, 1] == pytest.approx(np.mean(p < info["threshold"]))
+    # a cascade policy over the same steps takes it as its default threshold; other steps keep 0.5
+    cascade, _ = build_cascade(PolicyConfig(name="c", type="cascade", models=[weak, strong],
+                                            options={"scorer": "answer", "checker": str(out)}))
+    assert cascade.thresholds == [pytest.approx(info["threshold"])]
+    cascade, _ = build_cascade(PolicyConfig(name="c", type="cascade", models=[weak, "other"],
+                                            options={"scorer": "answer", "checker": str(out)}))
+    assert cascade.thresholds == [0.5]
+    result = runner.invoke(app, ["router", "train-checker", "--data", "routellm-gsm8k", "--data-dir", str(data_dir),
+                                 "--model", weak, "--target", "cost=0.001", "--out", str(out)])
+    assert result.exit_code == 2 and "needs both a strong model and a target" in result.output
