@@ -189,7 +189,8 @@ def answer_row(prompt: str, answer: str) -> list[float]:
     checked, wrong = check_arithmetic(answer)
     final = final_number(answer)
     marker = _FINAL_MARKER.search(answer)
-    working = answer[: marker.start()] if marker else answer.rsplit(str(final), 1)[0] if final is not None else answer
+    numerals = list(_NUMBER.finditer(answer))
+    working = answer[: marker.start()] if marker else answer[: numerals[-1].start()] if numerals else answer
     f = abs(final) if final is not None else 0.0
     return [math.log1p(len(answer)), math.log1p(answer.count("\n")), math.log1p(len(_NUMBER.findall(answer))),
             float(checked), float(wrong), float(wrong > 0), float(marker is not None), float(final is not None),
