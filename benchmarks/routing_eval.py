@@ -15,7 +15,9 @@ Parts:
   model is Yi-34B-Chat, the cheap model that leads on ARC).
 - routellm: RouteLLM's gpt-4-1106-preview / Mixtral-8x7B pairs (Ong et al. 2024): GSM8K with 5-fold CV over
   3 seeds, MMLU with 5-fold CV (suite "mmlu", and with each prompt's subject as its suite, which the
-  per-subject baseline needs), and MMLU with whole subjects held out; APGR, CPT(50%), CPT(80%). On GSM8K,
+  per-subject baseline needs), and MMLU with whole subjects held out; APGR, CPT(50%), CPT(80%); prompts
+  read with the choice embeddings (`Featurizer(choice_embeddings=True)`; the first run embeds ~56k MMLU
+  stems and choices, about 15 minutes on 2 cores, cached). On GSM8K,
   whose answers are recorded, also "cascade:answer": Mixtral answers first and escalates to gpt-4 when an
   answer checker (`routers.answer_check`, fitted on the training folds' Mixtral answers) doubts it; it pays
   Mixtral on every prompt (MMLU records no answers, so it has no such cascade).
@@ -168,7 +170,10 @@ def print_add_model(result: dict[str, Any]) -> None:
 def routellm(data_dir: Path, featurizer, gsm8k_seeds: tuple[int, ...]) -> dict[str, Any]:
     from routers.crossval import evaluate_kfold
     from routers.evaluate import EvalSettings
+    from routers.features import Featurizer
 
+    # MMLU's choices read as well (routers.features.CHOICE_EMBEDDING_FEATURE_NAMES; GSM8K has none)
+    choice_featurizer = Featurizer(featurizer.embedder, choice_embeddings=True)
     settings = EvalSettings(types=LEARNED, baselines=("random", "length", "best-per-task"), keep_curves=False)
     gsm8k, mmlu = load("routellm-gsm8k", data_dir), load("routellm-mmlu", data_dir)
     runs = {
@@ -179,7 +184,7 @@ def routellm(data_dir: Path, featurizer, gsm8k_seeds: tuple[int, ...]) -> dict[s
     }
     out = {}
     for name, (data, seeds, group_by) in runs.items():
-        report = evaluate_kfold(data, settings, k=5, seeds=seeds, group_by=group_by, featurizer=featurizer)
+        report = evaluate_kfold(data, settings, k=5, seeds=seeds, group_by=group_by, featurizer=choice_featurizer)
         out[name] = {"summary": report["summary"], "seeds": list(seeds), "group_by": group_by,
                      "num_prompts": data.num_prompts}
     return out

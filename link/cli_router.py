@@ -96,14 +96,19 @@ def train(
     prices: bool = typer.Option(False, "--prices/--no-prices", help="Expected costs from list prices (routerarena "
                                 "cost.json) where known, instead of the recorded costs alone."),
     task_by: str = typer.Option("suite", "--task-by", help="Task label: suite or subject."),
+    choice_embeddings: bool = typer.Option(False, "--choice-embeddings/--no-choice-embeddings",
+                                           help="Also read how alike a multiple-choice prompt's choices are "
+                                           "(LightGBM; one more encoder call per such prompt)."),
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Train a router on outcome tables and save it (router, cost model, lambda 0) in one file."""
+    from routers.features import Featurizer
     from routers.pipeline import train_and_save
 
     try:
         table = load_data(data, data_dir, task_by=task_by)
         path = train_and_save(type_, table, out, options=parse_options(option, [type_])[type_],
+                              featurizer=Featurizer(choice_embeddings=choice_embeddings),
                               prices=_prices(table.models, data_dir) if prices else None,
                               info={"type": type_, "data": data, "task_by": task_by})
     except (ValueError, KeyError, OSError) as exc:
@@ -281,12 +286,16 @@ def eval_(
     hybrid: list[str] = typer.Option([], "--hybrid", help="An outcome column of a multi-call policy (e.g. link/moa): "
                                      "routers choose among the other columns, hybrid:<type> among all (repeatable)."),
     seed: int = typer.Option(0, "--seed", help="Seed of splits and the random baseline."),
+    choice_embeddings: bool = typer.Option(False, "--choice-embeddings/--no-choice-embeddings",
+                                           help="Also read how alike a multiple-choice prompt's choices are "
+                                           "(LightGBM; one more encoder call per such prompt)."),
     json_out: Path = typer.Option(None, "--json", help="Write the full report (curves included) here."),
     plot: Path = typer.Option(None, "--plot", help="Write the cost-quality plot (PNG) here."),
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Evaluate routers offline next to single models, random, best model per task, prompt length and the oracle."""
     from routers.evaluate import LEARNED_TYPES, EvalSettings
+    from routers.features import Featurizer
     from routers.pipeline import run_evaluation
     from routers.plot import plot_report
 
@@ -299,7 +308,8 @@ def eval_(
         report = run_evaluation(load_data(train, data_dir, task_by=task_by),
                                 load_data(test, data_dir, task_by=task_by) if test else None, settings,
                                 num_splits=splits, folds=folds, seeds=tuple(range(seed, seed + seeds)),
-                                group_by=group_by, add_model=add_model, add_prompts=add_prompts)
+                                group_by=group_by, add_model=add_model, add_prompts=add_prompts,
+                                featurizer=Featurizer(choice_embeddings=choice_embeddings))
         report["data"] = {"train": train, "test": test, "task_by": task_by}
         if json_out is not None:
             json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -61,10 +61,17 @@ class Router(ABC):
 
     @property
     def featurizer(self) -> Featurizer:
-        """What `score` uses to read a request (a default `Featurizer` made on first use)."""
+        """What `score` uses to read a request (a default `Featurizer` made on first use, with the choice
+        embeddings when the router reads them)."""
         if self._featurizer is None:
-            self._featurizer = Featurizer()
+            self._featurizer = Featurizer(choice_embeddings=self.reads_choice_embeddings)
         return self._featurizer
+
+    @property
+    def reads_choice_embeddings(self) -> bool:
+        """Whether the router was fitted on `Featurizer(choice_embeddings=True)` features (its featurizer then
+        must compute them too)."""
+        return False
 
     @featurizer.setter
     def featurizer(self, value: Featurizer) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 
 from routers.base import Router
 from routers.data import RoutingData
-from routers.features import BASE_FEATURE_NAMES, Features
+from routers.features import BASE_FEATURE_NAMES, CHOICE_EMBEDDING_FEATURE_NAMES, TEXT_FEATURE_NAMES, Features
 from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
                            labelled_kinds)
 from routers.knn import KNNRouter
@@ -119,11 +119,19 @@ class LGBMRouter(Router):
         if self.num_components:
             e = (e - self.pca_mean) @ self.pca_components.T
         # the first F text columns: newer featurizers append columns, a router fitted before them reads its own
+        if self.num_text_features is not None and features.text.shape[1] < self.num_text_features:
+            raise ValueError(f"this router reads {self.num_text_features} text features, got {features.text.shape[1]}: "
+                             "read the prompts with Featurizer(choice_embeddings=True)" if self.reads_choice_embeddings
+                             else f"this router reads {self.num_text_features} text features, got {features.text.shape[1]}")
         text = np.asarray(features.text, dtype=np.float32)[:, :self.num_text_features]
         parts = [e, text, self._onehot(len(e), suites)]
         if self.knn is not None:
             parts += self.knn.neighbour_means(features, suites, self.neighbours, exclude=exclude)
         return np.hstack(parts).astype(np.float32)
+
+    @property
+    def reads_choice_embeddings(self) -> bool:
+        return self.num_text_features == len(TEXT_FEATURE_NAMES) + len(CHOICE_EMBEDDING_FEATURE_NAMES)
 
     def _base_quality(self, x: np.ndarray) -> np.ndarray:
         """[N, M0] the fit-time models' predicted quality from inputs x."""

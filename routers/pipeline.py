@@ -85,7 +85,7 @@ def add_model_to_file(path: str | Path, data: RoutingData, model: str, *, out: s
     labelled = column.subset(np.flatnonzero(np.isfinite(column.scores[:, 0])))
     if labelled.num_prompts == 0:
         raise ValueError(f"no prompt has a score of {model!r}")
-    featurizer = featurizer or Featurizer()
+    featurizer = featurizer or loaded.router.featurizer
     try:
         loaded.router.add_model(model, labelled, featurizer.transform(labelled.prompts, labelled.has_tools))
     except NotImplementedError:
@@ -128,7 +128,7 @@ def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule:
         raise ValueError(f"unknown rule {rule!r}; rules: lambda, threshold, cascade")
     if rule == "threshold" and (strong not in models or weak not in models):
         raise ValueError(f"a threshold rule needs --strong and --weak among {models}")
-    featurizer = featurizer or Featurizer()
+    featurizer = featurizer or loaded.router.featurizer
     quality = loaded.router.predict(featurizer.transform(data.prompts, data.has_tools), None)
     if rule == "cascade":
         return _calibrate_cascade_file(loaded, path, data, quality, target, cascade_models, out)

@@ -156,7 +156,8 @@ class LazyRouter:
                 from routers.threads import limit_blas_threads
 
                 loaded = load_router(self.path)
-                loaded.router.featurizer = Featurizer(gateway_embedder(self.encoder))
+                loaded.router.featurizer = Featurizer(gateway_embedder(self.encoder),
+                                                      choice_embeddings=loaded.router.reads_choice_embeddings)
                 try:
                     loaded.router.score({"messages": [{"role": "user", "content": "warm-up"}]})
                 except Exception:  # noqa: BLE001 - a request will meet the same error and report it

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from routers.embedding import EmbeddingCache, Embedder, text_key
-from routers.features import (BASE_FEATURE_NAMES, TEXT_FEATURE_NAMES, Featurizer, Features, request_text,
-                              request_text_features, split_choices, text_features)
+from routers.features import (BASE_FEATURE_NAMES, CHOICE_EMBEDDING_FEATURE_NAMES, TEXT_FEATURE_NAMES, Featurizer,
+                              Features, choice_embedding_features, request_text, request_text_features,
+                              split_choices, text_features)
 
 
 class CountingModel:
@@ -171,3 +172,40 @@ def test_auto_dtype_follows_the_cpu_and_stays_close_to_float32(tmp_path):
     assert cosine.min() > 0.999
     with pytest.raises(ValueError, match="dtype must be one of"):
         Embedder(dtype="float16")
+
+
+class TableEmbed:
+    """Fixed unit vectors per text; records what it was asked to embed."""
+
+    VECTORS = {"Which one?": [1, 0, 0], "alpha": [1, 0, 0], "beta": [0, 1, 0], "gamma": [0.6, 0.8, 0], "delta": [0, 0, 1]}
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def embed(self, texts):
+        self.calls.append(list(texts))
+        return np.array([self.VECTORS.get(t, [0, 0, 1]) for t in texts], dtype=np.float32)
+
+
+MC = "Which one?\nA. alpha\nB. beta\nC. gamma\nD. delta\nAnswer:"
+
+
+def test_choice_embedding_features_by_hand():
+    embed = TableEmbed()
+    x = choice_embedding_features([MC, "no choices here"], embed.embed)
+    assert x.shape == (2, len(CHOICE_EMBEDDING_FEATURE_NAMES))
+    # pair cosines: a.b 0, a.c .6, a.d 0, b.c .8, b.d 0, c.d 0; stem cosines 1, 0, .6, 0
+    np.testing.assert_allclose(x[0], [1.4 / 6, 0.8, 0.0, 1.0, 0.4, np.std([1, 0, 0.6, 0])], atol=1e-6)
+    np.testing.assert_array_equal(x[1], 0.0)
+    assert embed.calls == [["Which one?", "alpha", "beta", "gamma", "delta"]]   # one call, non-MC prompts skipped
+    assert choice_embedding_features(["plain"], embed.embed).tolist() == [[0.0] * 6] and len(embed.calls) == 1
+
+
+def test_a_featurizer_appends_choice_embeddings_only_when_asked():
+    plain, wide = Featurizer(TableEmbed()), Featurizer(TableEmbed(), choice_embeddings=True)
+    f, g = plain.transform([MC], has_tools=[True]), wide.transform([MC], has_tools=[True])
+    assert f.text.shape[1] == len(TEXT_FEATURE_NAMES) and g.text.shape[1] == len(TEXT_FEATURE_NAMES) + 6
+    np.testing.assert_array_equal(g.text[:, :len(TEXT_FEATURE_NAMES)], f.text)
+    assert g.has_tools.tolist() == [True] == f.has_tools.tolist()
+    one = wide.transform_request({"messages": [{"role": "user", "content": MC}]})
+    np.testing.assert_allclose(one.text[0, -6:], g.text[0, -6:])

@@ -167,3 +167,19 @@ def test_the_evidence_rule_survives_saving_and_old_files_predict_as_before(tmp_p
         base = np.stack([router.boosters[m].predict(x) for m in ["short", "either"]], axis=1)
         added = router.added["long"].predict(np.hstack([base, router._onehot(len(x), test.suites)]))
         np.testing.assert_allclose(old.predict(query, test.suites), np.hstack([base, added[:, None]]))
+
+
+def test_a_router_fitted_on_choice_embeddings_reads_them_after_loading(tmp_path):
+    from routers.features import CHOICE_EMBEDDING_FEATURE_NAMES
+
+    train, train_f = planted(200, seed=12)
+    width = len(TEXT_FEATURE_NAMES) + len(CHOICE_EMBEDDING_FEATURE_NAMES)
+    text = np.zeros((200, width), dtype=np.float32)
+    text[:, :4] = train_f.text
+    router = LGBMRouter(train.models, num_components=4, neighbours=(), **FAST).fit(train, Features(train_f.embeddings, text))
+    assert router.reads_choice_embeddings and not LGBMRouter(train.models).reads_choice_embeddings
+    save_router(router, tmp_path / "r.safetensors")
+    loaded = load_router(tmp_path / "r.safetensors").router
+    assert loaded.reads_choice_embeddings and loaded.featurizer.choice_embeddings
+    with pytest.raises(ValueError, match="choice_embeddings=True"):
+        loaded.predict(Features(train_f.embeddings, text[:, :len(TEXT_FEATURE_NAMES)]), train.suites)
