@@ -174,7 +174,8 @@ def routellm(data_dir: Path, featurizer, gsm8k_seeds: tuple[int, ...]) -> dict[s
 
     # MMLU's choices read as well (routers.features.CHOICE_EMBEDDING_FEATURE_NAMES; GSM8K has none)
     choice_featurizer = Featurizer(featurizer.embedder, choice_embeddings=True)
-    settings = EvalSettings(types=LEARNED, baselines=("random", "length", "best-per-task"), keep_curves=False)
+    settings = EvalSettings(types=LEARNED, baselines=("random", "length", "best-per-task"), keep_curves=False,
+                            answer_check=True)
     gsm8k, mmlu = load("routellm-gsm8k", data_dir), load("routellm-mmlu", data_dir)
     runs = {
         "gsm8k": (gsm8k, gsm8k_seeds, None),

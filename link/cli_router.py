@@ -289,6 +289,8 @@ def eval_(
     choice_embeddings: bool = typer.Option(False, "--choice-embeddings/--no-choice-embeddings",
                                            help="Also read how alike a multiple-choice prompt's choices are "
                                            "(LightGBM; one more encoder call per such prompt)."),
+    answer_check: bool = typer.Option(False, "--answer-check/--no-answer-check", help="Also replay the cascade "
+                                      "scored by answer checkers fitted on the steps' recorded answers (cascade:answer)."),
     json_out: Path = typer.Option(None, "--json", help="Write the full report (curves included) here."),
     plot: Path = typer.Option(None, "--plot", help="Write the cost-quality plot (PNG) here."),
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
@@ -304,7 +306,8 @@ def eval_(
         steps = _names(cascade_models)
         settings = EvalSettings(types=tuple(types), baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
                                 options=parse_options(option, types), num_lambdas=lambdas, seed=seed, cascade=cascade,
-                                cascade_models=tuple(steps) if steps else None, ensembles=tuple(hybrid))
+                                cascade_models=tuple(steps) if steps else None, ensembles=tuple(hybrid),
+                                answer_check=answer_check)
         report = run_evaluation(load_data(train, data_dir, task_by=task_by),
                                 load_data(test, data_dir, task_by=task_by) if test else None, settings,
                                 num_splits=splits, folds=folds, seeds=tuple(range(seed, seed + seeds)),

@@ -51,10 +51,10 @@ DEFAULT_PARAMS: dict[str, Any] = {"objective": "binary", "learning_rate": 0.03, 
 DEFAULT_ROUNDS = 200
 
 _NUM = r"\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?"
-_OPERAND = rf"\(*\s*{_NUM}\s*\)*"
+_OPERAND = rf"(?:\(\s*)*{_NUM}(?:\s*\))*"    # whitespace in one place only: no exponential backtracking
 _EXPR = rf"{_OPERAND}(?:\s*[-+*/x×÷]\s*{_OPERAND})*"
 _CHAIN = re.compile(rf"(?<![\w.]){_EXPR}(?:\s*=\s*{_EXPR})+")
-_OPERATOR_CHARS = set("+-*/x×÷=")
+_OPERATOR_CHARS = set("+-*/×÷")
 _HAS_OPERATOR = re.compile(r"\d\s*\)*\s*[-+*/x×÷]\s*\(*\s*\$?\d")
 _CALCULATOR = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
 _FINAL_MARKER = re.compile(r"####|answer is|\\boxed|Answer:", re.I)
@@ -88,9 +88,10 @@ def evaluate_expression(text: str) -> float | None:
         raise ValueError("not arithmetic")
 
     try:
-        return value(tree.body)
+        result = value(tree.body)
     except (ValueError, ZeroDivisionError, OverflowError):
         return None
+    return result if math.isfinite(result) else None
 
 
 def _agrees(a: float, b: float, stated: str | None = None) -> bool:
@@ -113,9 +114,12 @@ def _plain(side: str) -> str | None:
 
 def _truncated(text: str, start: int, end: int) -> tuple[bool, bool]:
     """Whether the chain text[start:end] continues an expression before it ("lilies / 5 = ...") or after it
-    ("... = 1 * x"): its first or last side is then only part of one."""
-    before, after = text[:start].rstrip()[-1:], text[end:].lstrip()[:1]
-    return before in _OPERATOR_CHARS, after in _OPERATOR_CHARS
+    ("... = 1 * x"): its first or last side is then only part of one ("x" counts as an operator only as a
+    token of its own, not as the end of "Alex")."""
+    head, tail = text[:start].rstrip(), text[end:].lstrip()
+    before = head[-1:] in _OPERATOR_CHARS or bool(re.search(r"(?:^|[\s\d)])x$", head))
+    after = tail[:1] in _OPERATOR_CHARS or bool(re.match(r"x(?:$|[\s\d(])", tail))
+    return before, after
 
 
 def _step(left: str, right: str) -> bool | None:
@@ -188,7 +192,8 @@ def answer_row(prompt: str, answer: str) -> list[float]:
     """One answer's `ANSWER_FEATURE_NAMES` (see the module docstring)."""
     checked, wrong = check_arithmetic(answer)
     final = final_number(answer)
-    marker = _FINAL_MARKER.search(answer)
+    markers = list(_FINAL_MARKER.finditer(answer))
+    marker = markers[-1] if markers else None
     numerals = list(_NUMBER.finditer(answer))
     working = answer[: marker.start()] if marker else answer[: numerals[-1].start()] if numerals else answer
     f = abs(final) if final is not None else 0.0
@@ -223,7 +228,7 @@ class AnswerChecker:
                  embed=None):
         self.num_components, self.num_rounds = int(num_components), int(num_rounds)
         self.params = {**DEFAULT_PARAMS, **(params or {})}
-        self._embed = embed
+        self.encode = embed          # texts -> [N, D] embeddings; None: the shared default encoder
         self.booster = None
         self.pca: dict[str, np.ndarray] = {}   # "prompt_mean", "prompt_components", "answer_mean", ...
         self.info: dict[str, Any] = {}         # what its file says of it (model, calibrated threshold, steps)
@@ -234,7 +239,7 @@ class AnswerChecker:
         return [*ANSWER_FEATURE_NAMES, *(f"prompt_{n}" for n in TEXT_FEATURE_NAMES), *pcs]
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return np.asarray((self._embed or _default_embedder().embed)(texts), dtype=np.float32)
+        return np.asarray((self.encode or _default_embedder().embed)(texts), dtype=np.float32)
 
     def _inputs(self, prompts: Sequence[str], answers: Sequence[str], *, fit: bool = False) -> np.ndarray:
         x = answer_features(prompts, answers)
@@ -244,6 +249,9 @@ class AnswerChecker:
         for side, texts in (("prompt", list(prompts)), ("answer", [a or "" for a in answers])):
             e = self.embed(texts)
             if fit:
+                if self.num_components > e.shape[1]:
+                    raise ValueError(f"num_components {self.num_components} exceeds the embedding's {e.shape[1]} "
+                                     "dimensions")
                 mean = e.mean(axis=0)
                 _, _, vt = np.linalg.svd(e - mean, full_matrices=False)
                 self.pca[f"{side}_mean"], self.pca[f"{side}_components"] = mean, vt[: self.num_components]
@@ -252,12 +260,18 @@ class AnswerChecker:
 
     def fit(self, prompts: Sequence[str], answers: Sequence[str], correct: Sequence[float]) -> AnswerChecker:
         """Fit on [N] prompts, the model's [N] answers and whether each was correct ([N] 0/1, e.g. a
-        `RoutingData` score column). Raises ValueError on mismatched lengths or a single class of labels."""
+        `RoutingData` score column). Raises ValueError on mismatched lengths, missing labels, a single class
+        of labels, or more components than answers (or than the embedding's dimensions)."""
         import lightgbm
 
         y = np.asarray(correct, dtype=np.float64)
         if y.shape != (len(prompts),):
             raise ValueError(f"{len(prompts)} prompts but labels of shape {y.shape}")
+        if np.isnan(y).any():
+            raise ValueError(f"{int(np.isnan(y).sum())} labels are missing (NaN); drop those answers first")
+        if self.num_components > len(prompts):
+            raise ValueError(f"num_components {self.num_components} exceeds the {len(prompts)} answers; "
+                             "use fewer components (0: no embeddings) or more answers")
         y = (y >= 0.5).astype(np.float64)
         if y.min() == y.max():
             raise ValueError("the labels must hold both correct and wrong answers")
@@ -309,6 +323,21 @@ class AnswerScorer:
     def __init__(self, checker: AnswerChecker):
         self.checker = checker
 
+    def preload(self) -> None:
+        """Load the checker's encoder in a daemon thread (one warm-up prediction), so that the first request
+        does not wait for it; a failure is logged (the request meets it again and reports it)."""
+        import logging
+        import threading
+
+        def warm() -> None:
+            try:
+                self.checker.predict(["warm-up"], ["warm-up"])
+            except Exception:  # noqa: BLE001 - logged here, raised again by the request that scores
+                logging.getLogger(__name__).exception("answer checker: the warm-up prediction failed")
+
+        if self.checker.num_components > 0:
+            threading.Thread(target=warm, name="answer-checker-warm-up", daemon=True).start()
+
     async def score(self, caller: ModelCaller, body: dict[str, Any], model: str, response: dict[str, Any] | None) -> float:
         import asyncio
 
@@ -320,14 +349,15 @@ class AnswerScorer:
 def save_answer_checker(checker: AnswerChecker, path: str | Path, *, info: dict[str, Any] | None = None) -> Path:
     """Write a fitted checker to one safetensors file: the PCA arrays, and in the header's metadata entry
     "answer_checker" JSON {"format", "version", "num_components", "num_rounds", "params", "booster" (LightGBM's
-    text model, no pickle), "info"}. Raises RuntimeError before `fit`."""
+    text model, no pickle), "info" (default: `checker.info`, so a loaded checker keeps its calibration)}.
+    Raises RuntimeError before `fit`."""
     from safetensors.numpy import save_file
 
     if checker.booster is None:
         raise RuntimeError("the answer checker is not fitted")
     header = {"format": FORMAT, "version": FORMAT_VERSION, "num_components": checker.num_components,
               "num_rounds": checker.num_rounds, "params": checker.params, "booster": checker.booster.model_to_string(),
-              "info": info or {}}
+              "info": checker.info if info is None else info}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in checker.pca.items()}
@@ -357,7 +387,10 @@ def load_answer_checker(path: str | Path, *, embed=None) -> AnswerChecker:
         raise ValueError(f"{path} is not an answer-checker file (no '{FORMAT}' header)")
     if header.get("version", 0) > FORMAT_VERSION:
         raise ValueError(f"{path} has answer-checker format version {header['version']}; this build reads {FORMAT_VERSION}")
-    checker = AnswerChecker(header["num_components"], header["num_rounds"], header["params"], embed=embed)
-    checker.booster = lightgbm.Booster(model_str=header["booster"])
+    try:
+        checker = AnswerChecker(header["num_components"], header["num_rounds"], header["params"], embed=embed)
+        checker.booster = lightgbm.Booster(model_str=header["booster"])
+    except (KeyError, TypeError, lightgbm.basic.LightGBMError) as exc:
+        raise ValueError(f"{path} is a damaged answer-checker file: {type(exc).__name__}: {exc}") from None
     checker.pca, checker.info = arrays, dict(header.get("info") or {})
     return checker

@@ -60,7 +60,8 @@ def evaluate_resplits(train: RoutingData, test: RoutingData, settings: EvalSetti
     reports = []
     for i in range(num_splits):
         tr, te = train_test_split(pool.num_prompts, test.num_prompts, seed=settings.seed + i, stratify=pool.suites)
-        report = evaluate_split(pool.subset(tr), pool.subset(te), settings, features=(feats.subset(tr), feats.subset(te)))
+        report = evaluate_split(pool.subset(tr), pool.subset(te), settings, features=(feats.subset(tr), feats.subset(te)),
+                                featurizer=featurizer)
         report["seed"] = settings.seed + i
         reports.append(report)
     return {"splits": reports, "summary": summarize(reports)}
@@ -82,7 +83,7 @@ def evaluate_kfold(data: RoutingData, settings: EvalSettings = EvalSettings(), *
     reports = []
     for seed in seeds:
         for fold, (tr, te) in enumerate(kfold_indices(data.num_prompts, k, seed=seed, groups=groups)):
-            report = evaluate_split(data.subset(tr), data.subset(te), settings,
+            report = evaluate_split(data.subset(tr), data.subset(te), settings, featurizer=featurizer,
                                     features=(feats.subset(tr), feats.subset(te)))
             report.update(seed=seed, fold=fold)
             reports.append(report)

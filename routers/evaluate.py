@@ -20,7 +20,7 @@ set's cost-accuracy frontier (`cascade_eval.efficient_steps`; a pair: weak then 
 router's predicted quality of the step's model is below a threshold; the threshold sweep is its curve, each
 point charged only the step that answered (a predicted-quality scorer skips a step before calling it); and
 "cascade:oracle", a perfect judge that pays every step it called; with recorded answers (RouteLLM's GSM8K,
-RouterBench), "cascade:answer", each step's answer scored by `routers.answer_check.AnswerChecker` fitted on
+RouterBench) and settings.answer_check, "cascade:answer", each step's answer scored by `routers.answer_check.AnswerChecker` fitted on
 that step's training answers, paying every step it called. With ensemble columns (settings.ensembles:
 outcomes of a Mixture-of-Agents or other multi-call policy, e.g. "link/moa" in `link eval run` outcomes) the
 routers and baselines choose among the single models only, and "hybrid:<type>" (a router fitted on every
@@ -68,7 +68,8 @@ class EvalSettings:
         cascade_models: the cascade's steps, cheapest first (default: the training frontier).
         ensembles: columns of multi-call policies (e.g. "link/moa"): left to the "hybrid:<type>" entries.
         answer_check: with cascade and recorded answers, also the cascade scored by an answer checker fitted
-            on each step's training answers ("cascade:answer"; options["answer"]: `AnswerChecker` arguments).
+            on each step's training answers ("cascade:answer"; options["answer"]: `AnswerChecker` arguments;
+            the embeddings of prompts and answers come from the featurizer's encoder).
     """
 
     types: tuple[str, ...] = LEARNED_TYPES
@@ -82,7 +83,7 @@ class EvalSettings:
     cascade: bool = True
     cascade_models: tuple[str, ...] | None = None
     ensembles: tuple[str, ...] = ()
-    answer_check: bool = True
+    answer_check: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.baselines) - set(BASELINES)
@@ -207,8 +208,11 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
         for type_, quality in learned.items():
             report["routers"][f"cascade:{type_}"] = measure_cascade(ctx, quality[:, ctx.steps])
         report["routers"]["cascade:oracle"] = measure_cascade(ctx, test.scores[:, ctx.steps], pays_rejected=True)
-        answer_scores = (cascade_answer_scores(train, test, ctx.steps, **settings.options.get("answer", {}))
-                         if settings.answer_check else None)
+        answer_scores = None
+        if settings.answer_check:
+            embedder = getattr(featurizer, "embedder", None)   # the featurizer's encoder, else the default one
+            options = {"embed": getattr(embedder, "embed", None), **settings.options.get("answer", {})}
+            answer_scores = cascade_answer_scores(train, test, ctx.steps, **options)
         if answer_scores is not None:
             report["routers"]["cascade:answer"] = measure_cascade(ctx, answer_scores, pays_rejected=True)
     if settings.ensembles:

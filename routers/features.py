@@ -195,21 +195,27 @@ def request_text_features(body: dict) -> np.ndarray:
 
 @dataclass
 class Features:
-    """A router's input for N prompts: embeddings [N, 384] float32 and text features [N, F] float32.
+    """A router's input for N prompts: embeddings [N, 384] float32, text features [N, F] float32 and, from
+    `Featurizer(choice_embeddings=True)`, choice features [N, 6] float32 (`CHOICE_EMBEDDING_FEATURE_NAMES`;
+    None otherwise: kept apart from the text columns, which only ever grow by appending).
 
     Raises:
-        ValueError: the two arrays disagree on N.
+        ValueError: the arrays disagree on N.
     """
 
     embeddings: np.ndarray
     text: np.ndarray
+    choices: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.embeddings = np.asarray(self.embeddings, dtype=np.float32)
-        # (`has_tools` reads the text columns of TEXT_FEATURE_NAMES, whatever is appended after them)
         self.text = np.asarray(self.text, dtype=np.float32)
         if self.embeddings.ndim != 2 or self.text.ndim != 2 or len(self.embeddings) != len(self.text):
             raise ValueError(f"embeddings {self.embeddings.shape} and text features {self.text.shape} must be [N, *]")
+        if self.choices is not None:
+            self.choices = np.asarray(self.choices, dtype=np.float32)
+            if self.choices.shape != (len(self.text), len(CHOICE_EMBEDDING_FEATURE_NAMES)):
+                raise ValueError(f"choice features {self.choices.shape} for {len(self.text)} prompts")
 
     @property
     def num_rows(self) -> int:
@@ -218,9 +224,8 @@ class Features:
     @property
     def has_tools(self) -> np.ndarray:
         """[N] bool, whether each prompt's request offered tools (all False when the text features are
-        not `TEXT_FEATURE_NAMES`' columns, optionally followed by `CHOICE_EMBEDDING_FEATURE_NAMES`', as in tests
-        with hand-made features)."""
-        if self.text.shape[1] not in (len(TEXT_FEATURE_NAMES), len(TEXT_FEATURE_NAMES) + len(CHOICE_EMBEDDING_FEATURE_NAMES)):
+        not `TEXT_FEATURE_NAMES`' columns, as in tests with hand-made features)."""
+        if self.text.shape[1] != len(TEXT_FEATURE_NAMES):
             return np.zeros(self.num_rows, dtype=bool)
         return self.text[:, HAS_TOOLS] > 0.5
 
@@ -230,11 +235,13 @@ class Features:
     def subset(self, idx) -> Features:
         """The rows at `idx` (index array or bool mask)."""
         idx = np.asarray(idx)
-        return Features(self.embeddings[idx], self.text[idx])
+        return Features(self.embeddings[idx], self.text[idx], None if self.choices is None else self.choices[idx])
 
     @classmethod
     def concat(cls, parts: list[Features]) -> Features:
-        return cls(np.vstack([p.embeddings for p in parts]), np.vstack([p.text for p in parts]))
+        """The rows of several parts; choice features only when every part has them."""
+        choices = None if any(p.choices is None for p in parts) else np.vstack([p.choices for p in parts])
+        return cls(np.vstack([p.embeddings for p in parts]), np.vstack([p.text for p in parts]), choices)
 
 
 class Featurizer:
@@ -243,7 +250,7 @@ class Featurizer:
     Args:
         embedder: anything with `embed(texts) -> [N, D] float32` (default: an `Embedder`, made on first use;
             tests pass a fake).
-        choice_embeddings: append `CHOICE_EMBEDDING_FEATURE_NAMES` to the text features (a multiple-choice
+        choice_embeddings: also compute `Features.choices` (`CHOICE_EMBEDDING_FEATURE_NAMES`; a multiple-choice
             prompt then costs one more encoder call, for its stem and choices).
     """
 
@@ -261,15 +268,11 @@ class Featurizer:
         """Features of N plain prompts; `has_tools` [N] bool marks those whose request offered tools
         (`RoutingData.has_tools`; None: none did)."""
         texts = list(texts)
-        text = text_features(texts, has_tools)
-        if self.choice_embeddings:
-            text = np.concatenate([text, choice_embedding_features(texts, self.embedder.embed)], axis=1)
-        return Features(self.embedder.embed(texts), text)
+        choices = choice_embedding_features(texts, self.embedder.embed) if self.choice_embeddings else None
+        return Features(self.embedder.embed(texts), text_features(texts, has_tools), choices)
 
     def transform_request(self, body: dict) -> Features:
         """Features of one OpenAI request body (N = 1)."""
         prompt = request_text(body)
-        text = request_text_features(body)[None, :]
-        if self.choice_embeddings:
-            text = np.concatenate([text, choice_embedding_features([prompt], self.embedder.embed)], axis=1)
-        return Features(self.embedder.embed([prompt]), text)
+        choices = choice_embedding_features([prompt], self.embedder.embed) if self.choice_embeddings else None
+        return Features(self.embedder.embed([prompt]), request_text_features(body)[None, :], choices)

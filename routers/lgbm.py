@@ -34,7 +34,7 @@ import numpy as np
 
 from routers.base import Router
 from routers.data import RoutingData
-from routers.features import BASE_FEATURE_NAMES, CHOICE_EMBEDDING_FEATURE_NAMES, TEXT_FEATURE_NAMES, Features
+from routers.features import BASE_FEATURE_NAMES, Features
 from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
                            labelled_kinds)
 from routers.knn import KNNRouter
@@ -97,6 +97,7 @@ class LGBMRouter(Router):
         self.pca_mean = np.zeros(0, dtype=np.float32)                  # [D]
         self.pca_components = np.zeros((0, 0), dtype=np.float32)       # [C, D]
         self.num_text_features: int | None = None   # F, the text columns read (set by fit; see _inputs)
+        self.choice_embeddings = False              # fitted on Features.choices too (set by fit)
         self.boosters: dict[str, Any] = {}      # base model (or SHARED) -> lightgbm.Booster
         self.added: dict[str, Any] = {}         # added model -> lightgbm.Booster
 
@@ -113,25 +114,28 @@ class LGBMRouter(Router):
 
     def _inputs(self, features: Features, suites: Sequence[str] | None,
                 exclude: np.ndarray | None = None) -> np.ndarray:
-        """[N, C + F + S (+ K * M0)] float32: PCA of the embedding, text features, one-hot of a known suite and,
+        """[N, C + F (+ 6) + S (+ K * M0)] float32: PCA of the embedding, text features, the choice features
+        when fitted on them, one-hot of a known suite and,
         once fitted, the kNN means per k (`exclude` [N]: bank rows left out, see `KNNRouter.neighbour_means`)."""
         e = np.asarray(features.embeddings, dtype=np.float32)
         if self.num_components:
             e = (e - self.pca_mean) @ self.pca_components.T
         # the first F text columns: newer featurizers append columns, a router fitted before them reads its own
-        if self.num_text_features is not None and features.text.shape[1] < self.num_text_features:
-            raise ValueError(f"this router reads {self.num_text_features} text features, got {features.text.shape[1]}: "
-                             "read the prompts with Featurizer(choice_embeddings=True)" if self.reads_choice_embeddings
-                             else f"this router reads {self.num_text_features} text features, got {features.text.shape[1]}")
         text = np.asarray(features.text, dtype=np.float32)[:, :self.num_text_features]
-        parts = [e, text, self._onehot(len(e), suites)]
+        parts = [e, text]
+        if self.choice_embeddings:
+            if features.choices is None:
+                raise ValueError("this router was fitted on choice features: read the prompts with "
+                                 "Featurizer(choice_embeddings=True)")
+            parts.append(features.choices)
+        parts.append(self._onehot(len(e), suites))
         if self.knn is not None:
             parts += self.knn.neighbour_means(features, suites, self.neighbours, exclude=exclude)
         return np.hstack(parts).astype(np.float32)
 
     @property
     def reads_choice_embeddings(self) -> bool:
-        return self.num_text_features == len(TEXT_FEATURE_NAMES) + len(CHOICE_EMBEDDING_FEATURE_NAMES)
+        return self.choice_embeddings
 
     def _base_quality(self, x: np.ndarray) -> np.ndarray:
         """[N, M0] the fit-time models' predicted quality from inputs x."""
@@ -187,6 +191,7 @@ class LGBMRouter(Router):
         self.model_kinds = labelled_kinds(data.scores, features.has_tools)
         self.suites = sorted(set(data.suites)) if self.use_suites and len(set(data.suites)) > 1 else []
         self.num_text_features = features.text.shape[1]
+        self.choice_embeddings = features.choices is not None
         if self.num_components:
             self._fit_pca(features.embeddings)
         x = self._inputs(features, data.suites)
@@ -264,6 +269,7 @@ class LGBMRouter(Router):
                          "neighbours": self.neighbours, "neighbour_prior": self.neighbour_prior, "knn": knn_meta,
                          "add_rounds": self.add_rounds, "add_params": self.add_params, "base_models": self.base_models,
                          "unseen_quality": self.unseen_quality, "num_text_features": self.num_text_features,
+                         "choice_embeddings": self.choice_embeddings,
                          "boosters": {k: b.model_to_string() for k, b in self.boosters.items()},
                          "added": {k: b.model_to_string() for k, b in self.added.items()}})
 
@@ -278,6 +284,7 @@ class LGBMRouter(Router):
                      unseen_quality=meta.get("unseen_quality", 0.0))
         router.base_models, router.suites = list(meta["base_models"]), list(meta["suites"])
         router.num_text_features = meta.get("num_text_features", LEGACY_NUM_TEXT_FEATURES)
+        router.choice_embeddings = bool(meta.get("choice_embeddings", False))
         router.model_kinds = kinds_from_state(arrays, len(router.models))
         if meta["knn"] is not None:
             knn_arrays = {k.removeprefix("knn."): v for k, v in arrays.items() if k.startswith("knn.")}

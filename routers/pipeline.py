@@ -201,7 +201,7 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
     test = test.complete_rows()
     features = (featurizer.transform(train.prompts, train.has_tools),
                 featurizer.transform(test.prompts, test.has_tools))
-    out["split"] = evaluate_split(train, test, settings, features=features)
+    out["split"] = evaluate_split(train, test, settings, features=features, featurizer=featurizer)
     if num_splits > 0:
         out["resplits"] = evaluate_resplits(train, test, settings, num_splits=num_splits, featurizer=featurizer)
     if add_model is not None:
@@ -216,8 +216,9 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
     """Fit an answer checker (`routers.answer_check`) on `model`'s recorded answers and save it; with `strong`
     and `target`, also calibrate the escalation threshold of the cascade [model, strong] scored by it.
 
-    The threshold is chosen on out-of-fold scores (`folds`-fold cross-fitting over the prompts both models
-    answered, seeded), every prompt paying `model` (`calibrate_cascade(..., pays_rejected=True)`), and stored
+    The checker is fitted on every recorded answer of `model`. The threshold is chosen on out-of-fold scores
+    (`folds`-fold cross-fitting over the prompts both models answered, seeded), every prompt paying `model`
+    and a quality target read against the better of the two (`calibrate_cascade(..., pays_rejected=True)`); it is stored
     in the file's info as "threshold" with "steps" (a cascade policy over those steps takes it by default).
     Returns {"path", "num_answers", "accuracy", "threshold", "steps", "auc"} (auc: the out-of-fold probability
     that a right answer outranks a wrong one; None without calibration).
@@ -226,6 +227,8 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
         KeyError: an unknown model. ValueError: no recorded answers of `model`, `target` without `strong`
             (or the reverse), or a target the cascade cannot meet (as `decision.select_setting`).
     """
+    from scipy.stats import rankdata
+
     from routers.answer_check import AnswerChecker, save_answer_checker
     from routers.data import kfold_indices
 
@@ -237,8 +240,6 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
     j = data.models.index(model)
     answers = data.responses[:, j] if data.responses is not None else np.full(data.num_prompts, None, dtype=object)
     keep = np.array([a is not None and not np.isnan(s) for a, s in zip(answers, data.scores[:, j])], dtype=bool)
-    if strong is not None:
-        keep &= ~np.isnan(data.scores[:, data.models.index(strong)])
     if not keep.any():
         raise ValueError(f"the data records no answers of {model!r}; train on outcomes with a response column")
     data, answers = data.subset(keep), list(answers[keep])
@@ -246,17 +247,19 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
     info: dict[str, Any] = {"model": model, "num_answers": data.num_prompts, "accuracy": float(np.mean(labels >= 0.5)),
                             "threshold": None, "steps": None, "auc": None}
     if strong is not None:
-        oof = np.zeros(data.num_prompts)
-        for train_idx, test_idx in kfold_indices(data.num_prompts, folds, seed=seed):
+        both = np.flatnonzero(~np.isnan(data.scores[:, data.models.index(strong)]))   # the pair's prompts
+        pair = data.subset(both).select_models([model, strong])
+        oof = np.zeros(pair.num_prompts)
+        for train_idx, test_idx in kfold_indices(pair.num_prompts, folds, seed=seed):
             fold = AnswerChecker(num_components=num_components).fit(
-                [data.prompts[i] for i in train_idx], [answers[i] for i in train_idx], labels[train_idx])
-            oof[test_idx] = fold.predict([data.prompts[i] for i in test_idx], [answers[i] for i in test_idx])
-        steps = [j, data.models.index(strong)]
-        threshold = calibrate_cascade(np.stack([oof, np.zeros_like(oof)], axis=1), steps, target, scores=data.scores,
-                                      costs=data.costs, models=data.models, pays_rejected=True)
-        right = labels >= 0.5
-        auc = float((oof[right][:, None] > oof[~right][None, :]).mean() + 0.5 * (oof[right][:, None] == oof[~right][None, :]).mean())
-        info.update(threshold=threshold, steps=[model, strong], auc=auc)
+                [pair.prompts[i] for i in train_idx], [answers[both[i]] for i in train_idx], pair.scores[train_idx, 0])
+            oof[test_idx] = fold.predict([pair.prompts[i] for i in test_idx], [answers[both[i]] for i in test_idx])
+        threshold = calibrate_cascade(np.stack([oof, np.zeros_like(oof)], axis=1), [0, 1], target, scores=pair.scores,
+                                      costs=pair.costs, models=pair.models, pays_rejected=True)
+        right = pair.scores[:, 0] >= 0.5
+        ranks = rankdata(oof)   # Mann-Whitney: P(a right answer outranks a wrong one), ties half
+        auc = (ranks[right].sum() - right.sum() * (right.sum() + 1) / 2) / max(right.sum() * (~right).sum(), 1)
+        info.update(threshold=threshold, steps=[model, strong], auc=float(auc))
     checker = AnswerChecker(num_components=num_components).fit(data.prompts, answers, labels)
     info["path"] = str(save_answer_checker(checker, out, info={k: v for k, v in info.items() if k != "path"}))
     return info

@@ -13,7 +13,7 @@
         judge: gemma-3-270m     # scorer judge: the judge model (default: the last model)
         judge_logprobs: true    # scorer judge: read P(yes) from the judge's top logprobs when it returns them
         path: routers/trained/link-auto.safetensors   # scorer router: a router file trained on these models
-        encoder: auto        # optional, scorer router: the prompt encoder, as a router policy's (link/policies/router.py)
+        encoder: auto        # optional, scorer router or answer: the encoder, as a router policy's (link/policies/router.py)
         checker: gsm8k-mixtral.checker.safetensors   # scorer answer: a file of `link router train-checker`, fitted
                                 # on the first step's answers (used for every step but the last); its threshold,
                                 # when calibrated there (--strong, --target) for these steps, is the default
@@ -32,7 +32,7 @@ from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.config import PolicyConfig
 from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
 from link.policies.options import bool_option, check_options, number_value, str_option
-from link.policies.router import LazyRouter, encoder_option, router_path
+from link.policies.router import LazyRouter, encoder_option, gateway_embedder, router_path
 
 OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder", "checker")
 JUDGE_TOKENS = 256  # a bound on the judge's instruction and framing around the request and the answer
@@ -110,10 +110,14 @@ def answer_scorer(options: dict[str, Any]):
     if not isinstance(path, str) or not path:
         raise PolicyError("a cascade with scorer 'answer' needs options.checker: a file written by "
                           "`link router train-checker`", param="options.checker")
+    encoder = encoder_option(options)
     try:
-        return AnswerScorer(load_answer_checker(path))
+        checker = load_answer_checker(path)
     except (FileNotFoundError, ValueError) as exc:
         raise PolicyError(f"options.checker: {exc}", param="options.checker") from None
+    if checker.num_components > 0:   # the prompt's and the answer's embeddings, from the encoder a router would use
+        checker.encode = gateway_embedder(encoder).embed
+    return AnswerScorer(checker)
 
 
 def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = None):
@@ -169,6 +173,9 @@ class CascadePolicy(Policy):
         self.cascade, router = build_cascade(config)
         if router is not None:
             router.preload()
+        preload = getattr(self.cascade.scorer, "preload", None)
+        if preload is not None:
+            preload()
         self.executor = CascadeExecutor(self.cascade)
 
     def cost_bound(self) -> CostBound:

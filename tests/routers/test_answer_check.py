@@ -43,6 +43,14 @@ def test_arithmetic_steps_counted_and_checked_by_hand():
     assert check_arithmetic("10/3 = 3.33 and 10/3 = 3.5") == (2, 1)
     assert check_arithmetic("20% of 50 = 10, so 5 = 5") == (0, 0)
     assert check_arithmetic("no numbers here") == (0, 0)
+    # a chain after "=" is whole; one cut off by an operator outside it is not checked; "x" ending a word is no operator
+    assert check_arithmetic("Total = 5 * 3 = 16") == (1, 1)
+    assert check_arithmetic("lilies / 5 = 200 / 5 = 40") == (1, 0) and check_arithmetic("3 * 45 = 1 * x") == (0, 0)
+    assert check_arithmetic("Alex 5 * 2 = 11") == (1, 1) and check_arithmetic("3 + 4 = 8 xylophones") == (1, 1)
+    # a value too large for a float is no claim; a long sum with no "=" after it is matched in linear time
+    assert check_arithmetic("9" * 300 + " * " + "9" * 300 + " = 1") == (0, 0)
+    assert check_arithmetic("The total is " + " + ".join(["1"] * 60) + " = total apples") == (0, 0)
+    assert check_arithmetic(" + ".join(["1"] * 60) + " = 60") == (1, 0)
 
 
 def test_final_number():
@@ -58,6 +66,9 @@ def test_answer_row_reads_the_final_answer_against_prompt_and_working():
     assert row["num_checked_steps"] == 1 and row["num_wrong_steps"] == 0 and row["has_final_marker"] == 1
     assert row["final_in_working"] == 1 and row["final_in_prompt"] == 0 and row["final_is_integer"] == 1
     assert row["log10_final"] == pytest.approx(np.log10(8))
+    # the working ends at the last final-answer marker, whose number is the final answer
+    row = dict(zip(ANSWER_FEATURE_NAMES, answer_row("p", "Answer: 16 - 3 - 4 = 9. 9 * 2 = 18. #### 18")))
+    assert row["final_in_working"] == 1 and row["log10_final"] == pytest.approx(np.log10(19))
     x = answer_features(["p one", "p two"], ["1", None])
     assert x.shape == (2, len(ANSWER_FEATURE_NAMES) + len(TEXT_FEATURE_NAMES))
     np.testing.assert_allclose(x[:, len(ANSWER_FEATURE_NAMES):], text_features(["p one", "p two"]))
@@ -101,6 +112,8 @@ def test_the_checker_learns_a_planted_rule_and_its_file_round_trips(tmp_path):
     path = save_answer_checker(checker, tmp_path / "checker.safetensors", info={"model": "toy"})
     loaded = load_answer_checker(path, embed=letter_embed)
     np.testing.assert_allclose(loaded.predict(test_p, test_a), p)
+    # a loaded checker saved again keeps what its file said of it
+    assert load_answer_checker(save_answer_checker(loaded, tmp_path / "again.safetensors")).info == {"model": "toy"}
     assert loaded.feature_names == checker.feature_names and len(loaded.feature_names) == 14 + len(TEXT_FEATURE_NAMES) + 4
 
 
@@ -116,6 +129,17 @@ def test_checker_errors(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a file")
     with pytest.raises(ValueError, match="not an answer-checker"):
         load_answer_checker(tmp_path / "junk.safetensors")
+    with pytest.raises(ValueError, match="missing"):
+        AnswerChecker(num_components=0).fit(["p", "q", "r"], ["a", "b", "c"], [1.0, 0.0, np.nan])
+    with pytest.raises(ValueError, match="num_components 4 exceeds the 3 answers"):
+        AnswerChecker(num_components=4, embed=letter_embed).fit(["p", "q", "r"], ["a", "b", "c"], [1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="embedding's 26 dimensions"):
+        AnswerChecker(num_components=30, embed=letter_embed).fit(*planted(40, seed=2))
+    from safetensors.numpy import save_file
+    save_file({"empty": np.zeros(1, dtype=np.float32)}, str(tmp_path / "damaged.safetensors"),
+              metadata={"answer_checker": '{"format": "togetherlink-answer-checker", "version": 1, "booster": "x"}'})
+    with pytest.raises(ValueError, match="damaged"):
+        load_answer_checker(tmp_path / "damaged.safetensors")
 
 
 class Caller:
@@ -158,7 +182,8 @@ def toy_pair(n: int, seed: int, prefix: str) -> RoutingData:
 
 def test_the_replay_measures_the_answer_cascade_paying_every_called_step():
     train, test = toy_pair(300, 0, "a"), toy_pair(100, 1, "b")
-    settings = EvalSettings(types=(), baselines=(), options={"answer": {"num_components": 0, "num_rounds": 60}})
+    settings = EvalSettings(types=(), baselines=(), options={"answer": {"num_components": 0, "num_rounds": 60}},
+                            answer_check=True)
     routers = evaluate_split(train, test, settings, features=(None, None))["routers"]
     entry = routers["cascade:answer"]
     assert entry["steps"] == ["weak", "strong"] and entry["pays_rejected"]

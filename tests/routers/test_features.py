@@ -204,8 +204,13 @@ def test_choice_embedding_features_by_hand():
 def test_a_featurizer_appends_choice_embeddings_only_when_asked():
     plain, wide = Featurizer(TableEmbed()), Featurizer(TableEmbed(), choice_embeddings=True)
     f, g = plain.transform([MC], has_tools=[True]), wide.transform([MC], has_tools=[True])
-    assert f.text.shape[1] == len(TEXT_FEATURE_NAMES) and g.text.shape[1] == len(TEXT_FEATURE_NAMES) + 6
-    np.testing.assert_array_equal(g.text[:, :len(TEXT_FEATURE_NAMES)], f.text)
+    assert f.choices is None and g.choices.shape == (1, len(CHOICE_EMBEDDING_FEATURE_NAMES))
+    np.testing.assert_array_equal(g.text, f.text)
+    np.testing.assert_allclose(g.choices, choice_embedding_features([MC], TableEmbed().embed))
     assert g.has_tools.tolist() == [True] == f.has_tools.tolist()
     one = wide.transform_request({"messages": [{"role": "user", "content": MC}]})
-    np.testing.assert_allclose(one.text[0, -6:], g.text[0, -6:])
+    np.testing.assert_allclose(one.choices, g.choices)
+    both = Features.concat([g, g.subset([0])])
+    assert both.choices.shape == (2, 6) and Features.concat([f, g]).choices is None
+    with pytest.raises(ValueError, match="choice features"):
+        Features(g.embeddings, g.text, np.zeros((1, 5)))

@@ -172,14 +172,25 @@ def test_the_evidence_rule_survives_saving_and_old_files_predict_as_before(tmp_p
 def test_a_router_fitted_on_choice_embeddings_reads_them_after_loading(tmp_path):
     from routers.features import CHOICE_EMBEDDING_FEATURE_NAMES
 
-    train, train_f = planted(200, seed=12)
-    width = len(TEXT_FEATURE_NAMES) + len(CHOICE_EMBEDDING_FEATURE_NAMES)
-    text = np.zeros((200, width), dtype=np.float32)
-    text[:, :4] = train_f.text
-    router = LGBMRouter(train.models, num_components=4, neighbours=(), **FAST).fit(train, Features(train_f.embeddings, text))
-    assert router.reads_choice_embeddings and not LGBMRouter(train.models).reads_choice_embeddings
+    """The planted rule moved into a choice feature: only a router reading the choice features learns it."""
+    train, train_f = planted(400, seed=12)
+    test, test_f = planted(200, seed=13)
+    def with_choices(f):
+        choices = np.zeros((len(f.text), len(CHOICE_EMBEDDING_FEATURE_NAMES)), dtype=np.float32)
+        choices[:, 2] = f.text[:, 0]
+        return Features(np.zeros_like(f.embeddings), np.zeros_like(f.text), choices)
+    router = LGBMRouter(train.models, num_components=4, neighbours=(), **FAST).fit(train, with_choices(train_f))
+    blind = LGBMRouter(train.models, num_components=4, neighbours=(), **FAST).fit(
+        train, Features(np.zeros_like(train_f.embeddings), np.zeros_like(train_f.text)))
+    assert router.reads_choice_embeddings and not blind.reads_choice_embeddings
+    right = test.scores[:, 0] == 1  # "short" is right exactly when text[:, 0] < 0
+    seen = router.predict(with_choices(test_f), test.suites)[:, 0]
+    assert (seen[right].min() > 0.5 > seen[~right].max())
+    unseen = blind.predict(Features(np.zeros_like(test_f.embeddings), np.zeros_like(test_f.text)), test.suites)[:, 0]
+    assert np.mean((unseen > 0.5) == right) < 0.7   # only the suite is left to it
     save_router(router, tmp_path / "r.safetensors")
     loaded = load_router(tmp_path / "r.safetensors").router
     assert loaded.reads_choice_embeddings and loaded.featurizer.choice_embeddings
+    np.testing.assert_allclose(loaded.predict(with_choices(test_f), test.suites), router.predict(with_choices(test_f), test.suites))
     with pytest.raises(ValueError, match="choice_embeddings=True"):
-        loaded.predict(Features(train_f.embeddings, text[:, :len(TEXT_FEATURE_NAMES)]), train.suites)
+        loaded.predict(Features(test_f.embeddings, test_f.text), test.suites)
