@@ -43,7 +43,9 @@ DATA_HELP = ("Recorded sets (routerbench[:train|test], routellm-mmlu, routellm-g
 
 
 def _fail(exc: BaseException) -> typer.Exit:
-    typer.echo(f"error: {' '.join(str(exc.args[0] if exc.args else exc).split())}", err=True)
+    # an OSError's args[0] is its errno: its str() names the error and the path
+    text = str(exc) if isinstance(exc, OSError) or not exc.args else str(exc.args[0])
+    typer.echo(f"error: {' '.join(text.split())}", err=True)
     return typer.Exit(2)
 
 
@@ -116,6 +118,9 @@ def train(
     console.print(f"trained {type_} on {table.complete_rows().num_prompts} prompts x {table.num_models} models -> {path}")
 
 
+FEW_ANSWERS = 200
+
+
 @router_app.command("train-checker")
 def train_checker(
     data: list[str] = typer.Option(..., "--data", help="Outcomes with recorded answers (e.g. routellm-gsm8k). " + DATA_HELP),
@@ -133,15 +138,24 @@ def train_checker(
     from routers.pipeline import train_checker_and_save
 
     try:
+        if components < 0:
+            raise ValueError(f"--components must be >= 0, got {components}")
         result = train_checker_and_save(load_data(data, data_dir), model, out, num_components=components, strong=strong,
                                         target=Target.parse(target) if target else None)
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     console.print(f"trained an answer checker on {result['num_answers']} answers of {model} "
                   f"({result['accuracy']:.1%} correct) -> {result['path']}", highlight=False)
+    if result["num_answers"] < FEW_ANSWERS:
+        console.print(f"warning: {result['num_answers']} answers are few for a checker (its trees need 20 per leaf); "
+                      f"its scores may barely vary. Label a few hundred.", highlight=False)
     if result["threshold"] is not None:
+        at = result["operating_point"]
         console.print(f"cascade {' -> '.join(result['steps'])}: escalation threshold {result['threshold']:.4f} "
-                      f"(out-of-fold AUC {result['auc']:.3f})", highlight=False)
+                      f"(out-of-fold AUC {result['auc']:.3f}): on the held-out folds ${at['cost_usd']:.6g} per request, "
+                      f"quality {at['quality']:.3f}, {at['escalated']:.1%} escalated", highlight=False)
+        if not at["target_met"]:
+            console.print(f"warning: no threshold meets --target {target}; this is the closest setting", highlight=False)
 
 
 @router_app.command("add-model")
@@ -200,6 +214,14 @@ def calibrate(
     if rule == "cascade":
         console.print(f"cascade policy: models {result['steps']}, options {{scorer: router, path: {result['path']}, "
                       f"threshold: {result['knob']:.6g}}}")
+
+
+def _reports(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every split report of a `run_evaluation` result (fixed split, re-drawn splits, CV folds)."""
+    out = [report["split"]] if "split" in report else []
+    for key, many in (("resplits", "splits"), ("kfold", "folds")):
+        out += (report.get(key) or {}).get(many, [])
+    return out
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -302,6 +324,8 @@ def eval_(
     from routers.plot import plot_report
 
     try:
+        if answer_check and not cascade:
+            raise ValueError("--answer-check replays a cascade: drop --no-cascade")
         types = list(LEARNED_TYPES) if type_ == "all" else [t.strip() for t in type_.split(",") if t.strip()]
         steps = _names(cascade_models)
         settings = EvalSettings(types=tuple(types), baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
@@ -322,6 +346,10 @@ def eval_(
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     _print_report(report)
+    if answer_check and not any("cascade:answer" in (part.get("routers") or {}) for part in _reports(report)):
+        console.print("cascade:answer: not measured: every cascade step but the last needs a recorded answer (a "
+                      "response column) on every prompt, with right and wrong ones among the training answers",
+                      highlight=False)
     for path in (json_out, plot):
         if path is not None:
             console.print(f"wrote {path}")

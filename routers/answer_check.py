@@ -227,6 +227,8 @@ class AnswerChecker:
     def __init__(self, num_components: int = 16, num_rounds: int = DEFAULT_ROUNDS, params: dict[str, Any] | None = None,
                  embed=None):
         self.num_components, self.num_rounds = int(num_components), int(num_rounds)
+        if self.num_components < 0 or self.num_rounds < 1:
+            raise ValueError(f"need num_components >= 0 and num_rounds >= 1, got {num_components} and {num_rounds}")
         self.params = {**DEFAULT_PARAMS, **(params or {})}
         self.encode = embed          # texts -> [N, D] embeddings; None: the shared default encoder
         self.booster = None
@@ -359,9 +361,15 @@ def save_answer_checker(checker: AnswerChecker, path: str | Path, *, info: dict[
               "num_rounds": checker.num_rounds, "params": checker.params, "booster": checker.booster.model_to_string(),
               "info": checker.info if info is None else info}
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} exists and is not a regular file; give a file path ending in .safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in checker.pca.items()}
-    save_file(arrays or {"empty": np.zeros(1, dtype=np.float32)}, str(path), metadata={"answer_checker": json.dumps(header)})
+    try:
+        save_file(arrays or {"empty": np.zeros(1, dtype=np.float32)}, str(path),
+                  metadata={"answer_checker": json.dumps(header)})
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type for an unwritable path
+        raise OSError(f"cannot write {path}: {exc}") from None
     return path
 
 
@@ -383,14 +391,16 @@ def load_answer_checker(path: str | Path, *, embed=None) -> AnswerChecker:
             arrays = {k: f.get_tensor(k) for k in f.keys() if k != "empty"}
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a malformed file
         raise ValueError(f"{path} is not an answer-checker file: {exc}") from exc
-    if header.get("format") != FORMAT:
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(f"{path} is not an answer-checker file (no '{FORMAT}' header)")
+    if not isinstance(header.get("version", 0), int):
+        raise ValueError(f"{path} is a damaged answer-checker file: version {header['version']!r}")
     if header.get("version", 0) > FORMAT_VERSION:
         raise ValueError(f"{path} has answer-checker format version {header['version']}; this build reads {FORMAT_VERSION}")
     try:
         checker = AnswerChecker(header["num_components"], header["num_rounds"], header["params"], embed=embed)
         checker.booster = lightgbm.Booster(model_str=header["booster"])
-    except (KeyError, TypeError, lightgbm.basic.LightGBMError) as exc:
+    except (KeyError, TypeError, ValueError, lightgbm.basic.LightGBMError) as exc:
         raise ValueError(f"{path} is a damaged answer-checker file: {type(exc).__name__}: {exc}") from None
     checker.pca, checker.info = arrays, dict(header.get("info") or {})
     return checker

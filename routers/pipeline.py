@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router, load_router, make_router, save_router
-from routers.cascade_eval import calibrate_cascade, cascade_picks, efficient_steps
+from routers.cascade_eval import calibrate_cascade, cascade_picks, cascade_sweep, efficient_steps
 from routers.data import RoutingData
 from routers.decision import CostModel, Target, calibrate, choose, choose_threshold, estimate_prompt_tokens
 from routers.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
@@ -210,6 +210,17 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
     return out
 
 
+def _meets(point: dict[str, float], target: Target, strong: str, best_quality: float) -> bool:
+    """Whether an operating point (cost_usd, quality, escalated) meets `target` (a share target: within 5
+    points, since a threshold moves whole prompts)."""
+    if target.kind == "cost":
+        return point["cost_usd"] <= target.value * (1 + 1e-9)
+    if target.kind == "quality":
+        return point["quality"] >= target.value * best_quality - 1e-12
+    share = point["escalated"] if target.model == strong else 1 - point["escalated"]
+    return abs(share - target.value) <= 0.05
+
+
 def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, num_components: int = 16,
                            strong: str | None = None, target: Target | None = None, folds: int = 5,
                            seed: int = 0) -> dict[str, Any]:
@@ -220,12 +231,14 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
     (`folds`-fold cross-fitting over the prompts both models answered, seeded), every prompt paying `model`
     and a quality target read against the better of the two (`calibrate_cascade(..., pays_rejected=True)`); it is stored
     in the file's info as "threshold" with "steps" (a cascade policy over those steps takes it by default).
-    Returns {"path", "num_answers", "accuracy", "threshold", "steps", "auc"} (auc: the out-of-fold probability
-    that a right answer outranks a wrong one; None without calibration).
+    Returns {"path", "num_answers", "accuracy", "threshold", "steps", "auc", "operating_point"} (auc: the
+    out-of-fold probability that a right answer outranks a wrong one; operating_point: the held-out folds'
+    mean USD per request, quality and share escalated at the threshold, and whether the target is met (else
+    the threshold is the closest setting, as `decision.select_setting` picks it); None without calibration).
 
     Raises:
         KeyError: an unknown model. ValueError: no recorded answers of `model`, `target` without `strong`
-            (or the reverse), or a target the cascade cannot meet (as `decision.select_setting`).
+            (or the reverse), `strong` equal to `model`, or too few right or wrong answers for the folds.
     """
     from scipy.stats import rankdata
 
@@ -237,6 +250,8 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
             raise KeyError(f"model {name!r} is not in the data; its models are {data.models}")
     if (strong is None) != (target is None):
         raise ValueError("calibrating a threshold needs both a strong model and a target")
+    if strong == model:
+        raise ValueError(f"--strong must be another model than --model {model!r}: the cascade escalates to it")
     j = data.models.index(model)
     answers = data.responses[:, j] if data.responses is not None else np.full(data.num_prompts, None, dtype=object)
     keep = np.array([a is not None and not np.isnan(s) for a, s in zip(answers, data.scores[:, j])], dtype=bool)
@@ -245,18 +260,31 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
     data, answers = data.subset(keep), list(answers[keep])
     labels = data.scores[:, j]
     info: dict[str, Any] = {"model": model, "num_answers": data.num_prompts, "accuracy": float(np.mean(labels >= 0.5)),
-                            "threshold": None, "steps": None, "auc": None}
+                            "threshold": None, "steps": None, "auc": None, "operating_point": None}
     if strong is not None:
         both = np.flatnonzero(~np.isnan(data.scores[:, data.models.index(strong)]))   # the pair's prompts
         pair = data.subset(both).select_models([model, strong])
+        right = pair.scores[:, 0] >= 0.5
+        if min(right.sum(), (~right).sum()) < folds:
+            raise ValueError(f"calibrating over {folds} folds needs at least {folds} right and {folds} wrong answers on "
+                             f"prompts both models answered; found {int(right.sum())} right and {int((~right).sum())} "
+                             f"wrong of {pair.num_prompts}")
         oof = np.zeros(pair.num_prompts)
         for train_idx, test_idx in kfold_indices(pair.num_prompts, folds, seed=seed):
+            if right[train_idx].all() or not right[train_idx].any():
+                raise ValueError(f"a calibration fold has only right or only wrong training answers; label more "
+                                 f"answers (found {int((~right).sum())} wrong of {pair.num_prompts})")
             fold = AnswerChecker(num_components=num_components).fit(
                 [pair.prompts[i] for i in train_idx], [answers[both[i]] for i in train_idx], pair.scores[train_idx, 0])
             oof[test_idx] = fold.predict([pair.prompts[i] for i in test_idx], [answers[both[i]] for i in test_idx])
-        threshold = calibrate_cascade(np.stack([oof, np.zeros_like(oof)], axis=1), [0, 1], target, scores=pair.scores,
-                                      costs=pair.costs, models=pair.models, pays_rejected=True)
-        right = pair.scores[:, 0] >= 0.5
+        step_scores = np.stack([oof, np.zeros_like(oof)], axis=1)
+        threshold = calibrate_cascade(step_scores, [0, 1], target, scores=pair.scores, costs=pair.costs,
+                                      models=pair.models, pays_rejected=True)
+        at = cascade_sweep(step_scores, pair.scores, pair.costs, [0, 1], thresholds=np.array([threshold]),
+                           pays_rejected=True)
+        info["operating_point"] = point = {"cost_usd": float(at.mean_cost[0]), "quality": float(at.quality[0]),
+                                           "escalated": float(at.share[0, 1])}
+        point["target_met"] = _meets(point, target, strong, float(np.nanmax(np.nanmean(pair.scores, axis=0))))
         ranks = rankdata(oof)   # Mann-Whitney: P(a right answer outranks a wrong one), ties half
         auc = (ranks[right].sum() - right.sum() * (right.sum() + 1) / 2) / max(right.sum() * (~right).sum(), 1)
         info.update(threshold=threshold, steps=[model, strong], auc=float(auc))

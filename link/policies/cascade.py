@@ -101,20 +101,27 @@ def default_threshold(config: PolicyConfig, router: LazyRouter | None, scorer=No
     return 0.5
 
 
-def answer_scorer(options: dict[str, Any]):
+def answer_scorer(options: dict[str, Any], first_step: str | None = None):
     """A `routers.answer_check.AnswerScorer` of the `checker` file. Raises PolicyError when it is missing or
     not an answer-checker file."""
     from routers.answer_check import AnswerScorer, load_answer_checker
 
     path = options.get("checker")
-    if not isinstance(path, str) or not path:
+    if path is None or path == "":
         raise PolicyError("a cascade with scorer 'answer' needs options.checker: a file written by "
                           "`link router train-checker`", param="options.checker")
+    if not isinstance(path, str):
+        raise PolicyError(f"options.checker must be a file path (a string), got {path!r}", param="options.checker")
     encoder = encoder_option(options)
     try:
         checker = load_answer_checker(path)
     except (FileNotFoundError, ValueError) as exc:
         raise PolicyError(f"options.checker: {exc}", param="options.checker") from None
+    fitted_on = checker.info.get("model")
+    if first_step is not None and fitted_on and fitted_on != first_step:
+        raise PolicyError(f"options.checker was fitted on answers of {fitted_on!r}, but the cascade's first step is "
+                          f"{first_step!r}; train one on that model's answers (`link router train-checker`)",
+                          param="options.checker")
     if checker.num_components > 0:   # the prompt's and the answer's embeddings, from the encoder a router would use
         checker.encode = gateway_embedder(encoder).embed
     return AnswerScorer(checker)
@@ -137,7 +144,7 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
                               param="options.judge")
         scorer, router = JudgeScorer(judge, use_logprobs=bool_option(options, "judge_logprobs", True)), None
     elif scorer_name == "answer":
-        scorer, router = answer_scorer(options), None
+        scorer, router = answer_scorer(options, config.models[0] if config.models else None), None
     else:
         router = LazyRouter(router_path(config), encoder_option(options))
         outside = [m for m in config.models[:-1] if m not in router.models]

@@ -326,3 +326,27 @@ def test_train_checker_calibrates_the_cascade_threshold_on_out_of_fold_scores(tm
     result = runner.invoke(app, ["router", "train-checker", "--data", "routellm-gsm8k", "--data-dir", str(data_dir),
                                  "--model", weak, "--target", "cost=0.001", "--out", str(out)])
     assert result.exit_code == 2 and "needs both a strong model and a target" in result.output
+
+
+def test_train_checker_says_what_to_fix(tmp_path, data_dir):
+    from link.config import PolicyConfig
+    from link.policies.base import PolicyError
+    from link.policies.cascade import build_cascade
+
+    weak, strong = "mistralai/Mixtral-8x7B-Instruct-v0.1", "gpt-4-1106-preview"
+    base = ["router", "train-checker", "--data", "routellm-gsm8k", "--data-dir", str(data_dir), "--components", "0",
+            "--model", weak]
+    result = runner.invoke(app, [*base, "--out", str(tmp_path)])          # a folder
+    assert result.exit_code == 2 and "is not a regular file" in result.output
+    (tmp_path / "file").write_text("x")
+    result = runner.invoke(app, [*base, "--out", str(tmp_path / "file" / "c.safetensors")])   # under a file
+    assert result.exit_code == 2 and "File exists" in result.output and str(tmp_path / "file") in result.output
+    result = runner.invoke(app, [*base, "--out", str(tmp_path / "c.safetensors"), "--strong", weak, "--target", "cost=1"])
+    assert result.exit_code == 2 and "--strong must be another model" in result.output
+    # Mixtral alone costs more than nothing: no threshold meets cost=0, and the command says so
+    result = runner.invoke(app, [*base, "--out", str(tmp_path / "c.safetensors"), "--strong", strong, "--target", "cost=0"])
+    assert result.exit_code == 0 and "warning: no threshold meets --target cost=0" in " ".join(result.output.split())
+    assert "0.0% escalated" in result.output
+    with pytest.raises(PolicyError, match="fitted on answers of 'mistralai/Mixtral-8x7B-Instruct-v0.1'"):
+        build_cascade(PolicyConfig(name="c", type="cascade", models=[strong, weak],
+                                   options={"scorer": "answer", "checker": str(tmp_path / "c.safetensors")}))
