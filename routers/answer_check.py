@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from routers.calls import ModelCaller, last_user_text, response_text
-from routers.data import RoutingData
 from routers.features import TEXT_FEATURE_NAMES, text_features
 
 FORMAT = "togetherlink-answer-checker"
@@ -287,29 +286,6 @@ class AnswerChecker:
         if self.booster is None:
             raise RuntimeError("the answer checker is not fitted; call fit() or load_answer_checker()")
         return np.asarray(self.booster.predict(self._inputs(prompts, answers)), dtype=np.float64)
-
-
-def cascade_answer_scores(train: RoutingData, test: RoutingData, steps: Sequence[int], **options) -> np.ndarray | None:
-    """[N_test, S] an answer checker's P(correct) of each step's recorded answer on the test prompts (the last
-    column 0: the last step always answers), each step's checker fitted on its training answers; None when a
-    step but the last has an answer missing or no wrong (or no right) training answer.
-
-    Args:
-        steps: [S] model columns of the cascade, cheapest first.
-        options: `AnswerChecker` arguments.
-    """
-    if train.responses is None or test.responses is None:
-        return None
-    out = np.zeros((test.num_prompts, len(steps)))
-    for s, j in enumerate(steps[:-1]):
-        if any(r is None for r in (*train.responses[:, j], *test.responses[:, j])):
-            return None
-        labels = train.scores[:, j]
-        if np.isnan(labels).any() or (labels >= 0.5).all() or (labels < 0.5).all():
-            return None
-        checker = AnswerChecker(**options).fit(train.prompts, list(train.responses[:, j]), labels)
-        out[:, s] = checker.predict(test.prompts, list(test.responses[:, j]))
-    return out
 
 
 class AnswerScorer:

@@ -14,6 +14,8 @@ rule is `routers.cascade.replay_cascade` on a score per prompt and step:
     - a judge's verdict on the answer (`scorer: judge`): every step up to the answering one was called and
       is paid (`pays_rejected=True`). With the recorded scores as verdicts this is a perfect judge, the
       ceiling of any judge-scored cascade (the judge's own calls not counted).
+    - an answer checker's P(correct) of each step's recorded answer (`scorer: answer`,
+      `cascade_answer_scores`, `routers.answer_check`): every step called is paid, as with a judge.
 
 One threshold is shared by every step (the gateway's `threshold: 0.5`); its sweep gives the cascade's
 cost-quality curve, measured like a router's lambda sweep (AIQ, accuracy at cost, ...), and
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from routers.cascade import replay_cascade
+from routers.data import RoutingData
 from routers.decision import DEFAULT_GRID_SIZE, Sweep, Target, select_setting
 
 
@@ -138,3 +141,28 @@ def calibrate_cascade(step_scores: np.ndarray, steps: Sequence[int], target: Tar
     result = cascade_sweep(step_scores, scores, costs, steps, pays_rejected=pays_rejected)
     i = select_setting(result, target, models=models, reference_quality=np.nanmean(scores, axis=0))
     return float(result.knob[i])
+
+
+def cascade_answer_scores(train: RoutingData, test: RoutingData, steps: Sequence[int], **options) -> np.ndarray | None:
+    """[N_test, S] an answer checker's P(correct) of each step's recorded answer on the test prompts (the last
+    column 0: the last step always answers), each step's checker fitted on its training answers; None when a
+    step but the last has an answer missing or no wrong (or no right) training answer.
+
+    Args:
+        steps: [S] model columns of the cascade, cheapest first.
+        options: `AnswerChecker` arguments.
+    """
+    from routers.answer_check import AnswerChecker
+
+    if train.responses is None or test.responses is None:
+        return None
+    out = np.zeros((test.num_prompts, len(steps)))
+    for s, j in enumerate(steps[:-1]):
+        if any(r is None for r in (*train.responses[:, j], *test.responses[:, j])):
+            return None
+        labels = train.scores[:, j]
+        if np.isnan(labels).any() or (labels >= 0.5).all() or (labels < 0.5).all():
+            return None
+        checker = AnswerChecker(**options).fit(train.prompts, list(train.responses[:, j]), labels)
+        out[:, s] = checker.predict(test.prompts, list(test.responses[:, j]))
+    return out

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from routers.answer_check import cascade_answer_scores
 from routers.base import Router, make_router
+from routers.cascade_eval import cascade_answer_scores
 from routers.data import RoutingData
 from routers.features import Featurizer, Features
 from routers.measure import COST_FRACTIONS, CPT_FRACTIONS, SplitContext, measure, measure_cascade, split_context

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from routers.answer_check import (ANSWER_FEATURE_NAMES, AnswerChecker, AnswerScorer, answer_features, answer_row,
-                                  cascade_answer_scores, check_arithmetic, evaluate_expression, final_number,
+                                  check_arithmetic, evaluate_expression, final_number,
                                   load_answer_checker, save_answer_checker)
 from routers.cascade import Cascade, CascadeTrace
+from routers.cascade_eval import cascade_answer_scores
 from routers.calls import response_text
 from routers.data import RoutingData
 from routers.evaluate import EvalSettings, evaluate_split
