@@ -71,7 +71,8 @@ def _check(value: float | None, target: float, higher: bool = True) -> str:
 # --- RouterBench ----------------------------------------------------------------------------------------
 
 RB_COLUMNS = (("aiq", "AIQ"), ("max_quality", "max acc"), ("accuracy_at_25pct_best_cost", "acc@25%cost"),
-              ("accuracy_at_50pct_best_cost", "acc@50%cost"), ("cost_ratio_at_best_accuracy", "cost@gpt4acc"))
+              ("accuracy_at_50pct_best_cost", "acc@50%cost"), ("cost_ratio_at_best_accuracy", "cost@gpt4acc"),
+              ("auc_within_suite", "AUC in suite"))
 
 
 def routerbench(data_dir: Path, featurizer, num_splits: int) -> dict[str, Any]:
@@ -99,14 +100,16 @@ def print_routerbench(result: dict[str, Any]) -> None:
     n = len(result["resplits"]["splits"])
     header = f"{'router':15s}" + "".join(f"{label:>13s}" for _, label in RB_COLUMNS) + f"{f'AIQ {n} splits':>18s}"
     print(header)
-    print(f"{'zero router':15s}{_fmt(split['zero_router']['aiq'], 4):>13s}" + " " * 13 * 4 +
+    print(f"{'zero router':15s}{_fmt(split['zero_router']['aiq'], 4):>13s}" + " " * 13 * (len(RB_COLUMNS) - 1) +
           f"{_fmt(summary['zero_router']['aiq']['mean'], 4):>11s}±{_fmt(summary['zero_router']['aiq']['std'], 4)}")
     for name, metrics in split["routers"].items():
         row = f"{name:15s}" + "".join(f"{_fmt(metrics.get(key), 4):>13s}" for key, _ in RB_COLUMNS)
         agg = summary.get(name, {}).get("aiq")
         row += f"{_fmt(agg['mean'], 4):>11s}±{_fmt(agg['std'], 4)}" if agg else ""
         print(row)
-    print("(cost@gpt4acc: the cheapest operating point reaching gpt-4's accuracy, as a fraction of gpt-4's cost)")
+    print("(cost@gpt4acc: the cheapest operating point reaching gpt-4's accuracy, as a fraction of gpt-4's cost; "
+          "AUC in suite: how well the predicted quality ranks a model's right answers above its wrong ones within a "
+          "task, 0.5 for best-per-task: the per-prompt signal a router adds)")
     learned = {name: split["routers"][name] for name in LEARNED if name in split["routers"]}
     best = max(learned, key=lambda name: summary[name]["aiq"]["mean"])
     m, s = learned[best], summary[best]

@@ -57,14 +57,18 @@ def serve(
     from pydantic import ValidationError
 
     from link.app import create_app
-    from link.config import ConfigError
+    from link.config import ConfigError, load_config
+    from link.policies.base import PolicyError
+    from link.policies.store import config_policies
     from link.settings import get_settings
 
     overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
     try:
         settings = get_settings(**overrides)
-        gateway = create_app(settings)
-    except (ValidationError, ConfigError) as exc:
+        link_config = load_config(settings.config)
+        config_policies(link_config)        # a bad policy stops here, not as a traceback from the server's start-up
+        gateway = create_app(settings, link_config)
+    except (ValidationError, ConfigError, PolicyError) as exc:
         err_console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if settings.config is None:

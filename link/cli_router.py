@@ -243,7 +243,7 @@ def _fmt(value: Any, total: int = 0) -> str:
 # report key -> column header (ref: the best single model on the test prompts)
 HEADERS = {"aiq": "AIQ", "accuracy_at_best_cost": "acc @ ref cost", "cost_ratio_at_best_accuracy": "cost/ref @ ref acc",
            "accuracy_at_25pct_best_cost": "acc @ 25% ref cost", "accuracy_at_50pct_best_cost": "acc @ 50% ref cost",
-           "apgr": "APGR", "cpt50": "CPT(50%)", "cpt80": "CPT(80%)"}
+           "auc_within_suite": "AUC in suite", "apgr": "APGR", "cpt50": "CPT(50%)", "cpt80": "CPT(80%)"}
 
 
 def _metrics_table(title: str, rows: dict[str, dict[str, Any]], keys: list[str], total: int = 0) -> Table:
@@ -259,7 +259,7 @@ def _metrics_table(title: str, rows: dict[str, dict[str, Any]], keys: list[str],
 
 def _print_report(report: dict[str, Any]) -> None:
     keys = ["aiq", "accuracy_at_best_cost", "cost_ratio_at_best_accuracy", "accuracy_at_25pct_best_cost",
-            "accuracy_at_50pct_best_cost"]
+            "accuracy_at_50pct_best_cost", "auc_within_suite"]
     pair_keys = ["apgr", "cpt50", "cpt80"]
     if "split" in report:
         split = report["split"]

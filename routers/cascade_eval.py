@@ -58,6 +58,35 @@ def efficient_steps(scores: np.ndarray, costs: np.ndarray, candidates: Sequence[
     return steps
 
 
+def check_step_order(names: Sequence[str], models: Sequence[str], costs: np.ndarray) -> list[int]:
+    """The model columns of a cascade given by name, checked to go cheapest first.
+
+    Args:
+        names: [S] the steps' model names, in escalation order.
+        models: [M] the column names of `costs`.
+        costs: [N, M] recorded USD (NaN cells left out of the means).
+    Returns:
+        [S] column indices.
+    Raises:
+        KeyError: a name is not a column.
+        ValueError: fewer than two steps, or a step costing more on average than the one after it (a cascade
+            asks its cheapest model first; an expensive first step answers nearly every prompt at its price).
+    """
+    unknown = [m for m in names if m not in models]
+    if unknown:
+        raise KeyError(f"cascade model(s) {unknown} are not among the models {list(models)}")
+    if len(names) < 2:
+        raise ValueError(f"a cascade needs at least two models, got {list(names)}")
+    steps = [list(models).index(m) for m in names]
+    mean_cost = np.nanmean(np.asarray(costs, dtype=np.float64)[:, steps], axis=0)
+    for a, b, ca, cb in zip(names, names[1:], mean_cost, mean_cost[1:]):
+        if ca > cb:
+            cheapest_first = [names[i] for i in np.argsort(mean_cost, kind="stable")]
+            raise ValueError(f"a cascade's models go cheapest first, but {a} (${ca * 1e3:.4g} per 1k requests) costs "
+                             f"more than {b} (${cb * 1e3:.4g}) after it; give them as {','.join(cheapest_first)}")
+    return steps
+
+
 def threshold_grid(step_scores: np.ndarray, num: int = DEFAULT_GRID_SIZE) -> np.ndarray:
     """[K] ascending escalation thresholds: `num - 1` quantiles of the scores of every step but the last
     (the smallest accepts every prompt at the first step) and one just above the largest (every prompt goes

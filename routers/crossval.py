@@ -22,7 +22,7 @@ from routers.measure import COST_FRACTIONS, CPT_FRACTIONS, measure, split_contex
 from routers.features import Featurizer, Features
 
 SUMMARY_KEYS = ("aiq", "max_quality", "accuracy_at_best_cost", "cost_at_best_accuracy", "cost_ratio_at_best_accuracy",
-                *(f"accuracy_at_{int(f * 100)}pct_best_cost" for f in COST_FRACTIONS), "apgr",
+                *(f"accuracy_at_{int(f * 100)}pct_best_cost" for f in COST_FRACTIONS), "auc_within_suite", "apgr",
                 *(f"cpt{int(f * 100)}" for f in CPT_FRACTIONS))
 
 

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from routers.cascade_eval import cascade_picks, efficient_steps, threshold_grid
+from routers.cascade_eval import cascade_picks, check_step_order, efficient_steps, threshold_grid
 from routers.data import RoutingData
 from routers.decision import CostModel, choose, estimate_prompt_tokens, lambda_grid
-from routers.metrics import accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, threshold_curve
+from routers.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, threshold_curve,
+                             within_suite_auc)
 
 if TYPE_CHECKING:
     from routers.evaluate import EvalSettings
@@ -91,13 +92,15 @@ def _curve(knob_name: str, knobs: np.ndarray, cost: np.ndarray, qual: np.ndarray
 
 def measure(ctx: SplitContext, quality: np.ndarray) -> dict[str, Any]:
     """Metrics of one router's predicted quality [N, M] on the test prompts (NaN: a column it may not choose):
-    the lambda sweep charged on the recorded outcomes, its AIQ and reference points, and for a pair RouteLLM's
-    APGR and CPTs (keys as in `evaluate_split`; "curve" and "threshold_curve" when settings.keep_curves)."""
+    the lambda sweep charged on the recorded outcomes, its AIQ and reference points, the within-suite AUC of
+    its predictions (`metrics.within_suite_auc`), and for a pair RouteLLM's APGR and CPTs (keys as in
+    `evaluate_split`; "curve" and "threshold_curve" when settings.keep_curves)."""
     test = ctx.test
     lambdas = lambda_grid(quality, ctx.expected_cost, ctx.settings.num_lambdas)
     picks = np.stack([choose(quality, ctx.expected_cost, lam) for lam in lambdas])
     cost, qual = cost_quality_curve(picks, test.scores, test.costs)
     out = _curve_metrics(ctx, cost, qual)
+    out["auc_within_suite"] = within_suite_auc(quality, test.scores, test.suites)
     if ctx.pair is not None:
         strong, weak = ctx.pair
         out.update(_pair_metrics(ctx, quality[:, strong] - quality[:, weak]))
@@ -131,6 +134,7 @@ def split_context(train: RoutingData, test: RoutingData, settings: EvalSettings)
 
     Raises:
         KeyError: settings.pair, cascade_models or ensembles name a model the data lacks.
+        ValueError: settings.cascade_models are not cheapest first on the training costs.
     """
     costs = CostModel.from_data(train)
     expected = costs.expected_cost(estimate_prompt_tokens(test.prompts), test.suites)
@@ -149,8 +153,8 @@ def split_context(train: RoutingData, test: RoutingData, settings: EvalSettings)
         pair = (strong, int(single_cols[single_cols != strong][0]))
     steps = None
     if settings.cascade:
-        if settings.cascade_models is not None:
-            steps = [test.models.index(m) for m in settings.cascade_models]
+        if settings.cascade_models is not None:     # ordered by the training set's costs (the router's view)
+            steps = check_step_order(settings.cascade_models, train.models, train.costs)
         else:
             steps = efficient_steps(train.scores, train.costs, single_cols)
         steps = steps if len(steps) >= 2 else None

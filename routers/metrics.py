@@ -7,6 +7,8 @@
     apgr(share, quality, weak_q, strong_q)      # RouteLLM (Ong et al. 2024): average performance gap recovered
     cpt(0.5, share, quality, weak_q, strong_q)  # share of strong calls needed to recover 50% of the gap
     accuracy_at_cost(cost, quality, budget), cost_at_accuracy(cost, quality, target)
+    within_suite_auc(predicted, scores, suites)  # how well predicted quality ranks right above wrong answers
+                                                # of one model on one suite (0.5: no better than the suite mean)
 
 Costs are mean USD per request and qualities mean scores over the same prompts; shares are fractions in
 [0, 1] (RouteLLM prints them as percentages).
@@ -177,3 +179,46 @@ def cost_at_accuracy(costs, qualities, target: float) -> float:
     c, q = np.asarray(costs, dtype=np.float64), np.asarray(qualities, dtype=np.float64)
     ok = q >= target - 1e-12
     return float(c[ok].min()) if ok.any() else float("nan")
+
+
+# --- per-prompt discrimination ---------------------------------------------------------------------------
+
+def rank_auc(score: np.ndarray, label: np.ndarray) -> float:
+    """The area under the ROC curve of `score` [N] for binary `label` [N] (Mann-Whitney: the chance that a
+    random positive scores above a random negative, ties counting half). NaN when a class is missing."""
+    from scipy.stats import rankdata
+
+    label = np.asarray(label, dtype=bool)
+    num_pos, num_neg = int(label.sum()), int((~label).sum())
+    if num_pos == 0 or num_neg == 0:
+        return float("nan")
+    ranks = rankdata(np.asarray(score, dtype=np.float64))       # 1-based, ties averaged
+    return float((ranks[label].sum() - num_pos * (num_pos + 1) / 2) / (num_pos * num_neg))
+
+
+def within_suite_auc(predicted: np.ndarray, scores: np.ndarray, suites) -> float | None:
+    """How well a router's predicted quality separates a model's right answers from its wrong ones inside
+    one suite: the rank AUC per (suite, model) cell, averaged with weights = the cell's prompts.
+
+    A router that knows only each suite's mean (best model per task) scores 0.5, the oracle 1. It is the
+    per-prompt signal a router adds over the per-task baseline: near 0.5, its curve can only follow that
+    baseline's. Scores >= 0.5 count as right.
+
+    Args:
+        predicted, scores: [N, M] predicted quality and recorded scores (NaN: left out).
+        suites: [N] suite labels.
+    Returns:
+        the weighted mean AUC, or None when no cell has both right and wrong answers.
+    """
+    predicted, scores = np.asarray(predicted, dtype=np.float64), np.asarray(scores, dtype=np.float64)
+    labels = np.asarray(suites)
+    total, weight = 0.0, 0
+    for suite in np.unique(labels):
+        rows = labels == suite
+        for j in range(scores.shape[1]):
+            ok = rows & np.isfinite(scores[:, j]) & np.isfinite(predicted[:, j])
+            value = rank_auc(predicted[ok, j], scores[ok, j] >= 0.5) if ok.any() else float("nan")
+            if np.isfinite(value):
+                total += value * int(ok.sum())
+                weight += int(ok.sum())
+    return total / weight if weight else None

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router, load_router, make_router, save_router
-from routers.cascade_eval import calibrate_cascade, cascade_picks, cascade_sweep, efficient_steps
+from routers.cascade_eval import calibrate_cascade, cascade_picks, cascade_sweep, check_step_order, efficient_steps
 from routers.data import RoutingData
 from routers.decision import CostModel, Target, calibrate, choose, choose_threshold, estimate_prompt_tokens
 from routers.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
 from routers.evaluate import EvalSettings, evaluate_split
 from routers.features import Featurizer
+from routers.metrics import rank_auc
 
 
 def train_router(type_: str, data: RoutingData, *, options: dict[str, Any] | None = None,
@@ -155,10 +156,8 @@ def _calibrate_cascade_file(loaded, path, data: RoutingData, quality: np.ndarray
                             cascade_models: Sequence[str] | None, out) -> dict[str, Any]:
     """`calibrate_file` for rule "cascade" (see there)."""
     models = loaded.models
-    unknown = [m for m in cascade_models or () if m not in models]
-    if unknown:
-        raise KeyError(f"cascade model(s) {unknown} are not among the router's models {models}")
-    steps = [models.index(m) for m in cascade_models] if cascade_models else efficient_steps(data.scores, data.costs)
+    steps = (check_step_order(cascade_models, models, data.costs) if cascade_models
+             else efficient_steps(data.scores, data.costs))
     if len(steps) < 2:
         raise ValueError(f"a cascade needs at least two models, got {[models[j] for j in steps]}")
     step_quality = quality[:, steps]
@@ -240,8 +239,6 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
         KeyError: an unknown model. ValueError: no recorded answers of `model`, `target` without `strong`
             (or the reverse), `strong` equal to `model`, or too few right or wrong answers for the folds.
     """
-    from scipy.stats import rankdata
-
     from routers.answer_check import AnswerChecker, save_answer_checker
     from routers.data import kfold_indices
 
@@ -285,9 +282,7 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
         info["operating_point"] = point = {"cost_usd": float(at.mean_cost[0]), "quality": float(at.quality[0]),
                                            "escalated": float(at.share[0, 1])}
         point["target_met"] = _meets(point, target, strong, float(np.nanmax(np.nanmean(pair.scores, axis=0))))
-        ranks = rankdata(oof)   # Mann-Whitney: P(a right answer outranks a wrong one), ties half
-        auc = (ranks[right].sum() - right.sum() * (right.sum() + 1) / 2) / max(right.sum() * (~right).sum(), 1)
-        info.update(threshold=threshold, steps=[model, strong], auc=float(auc))
+        info.update(threshold=threshold, steps=[model, strong], auc=rank_auc(oof, right))
     checker = AnswerChecker(num_components=num_components).fit(data.prompts, answers, labels)
     info["path"] = str(save_answer_checker(checker, out, info={k: v for k, v in info.items() if k != "path"}))
     return info

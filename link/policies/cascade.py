@@ -37,6 +37,9 @@ from link.policies.router import LazyRouter, encoder_option, gateway_embedder, r
 OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder", "checker")
 JUDGE_TOKENS = 256  # a bound on the judge's instruction and framing around the request and the answer
 SCORERS = ("judge", "router", "answer")
+# the options only one scorer reads: given with another scorer they would be ignored, so they are refused
+SCORER_OPTIONS = {"judge": ("judge", "judge_logprobs"), "router": ("path",), "answer": ("checker",)}
+ENCODER_SCORERS = ("router", "answer")
 
 
 class CascadeExecutor(PlanExecutor):
@@ -127,6 +130,17 @@ def answer_scorer(options: dict[str, Any], first_step: str | None = None):
     return AnswerScorer(checker)
 
 
+def _check_scorer_options(options: dict[str, Any], scorer_name: str) -> None:
+    """Refuse an option that only another scorer reads (e.g. `checker` with scorer judge). Raises PolicyError."""
+    for key in (*(k for other, keys in SCORER_OPTIONS.items() if other != scorer_name for k in keys),
+                *(("encoder",) if scorer_name not in ENCODER_SCORERS else ())):
+        if key in options:
+            readers = [n for n, keys in SCORER_OPTIONS.items() if key in keys] or list(ENCODER_SCORERS)
+            raise PolicyError(f"options.{key} is read only by scorer {' or '.join(map(repr, readers))}, but this "
+                              f"cascade's scorer is {scorer_name!r}: drop options.{key} or set options.scorer",
+                              param=f"options.{key}")
+
+
 def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = None):
     """(a `routers.cascade.Cascade`, the LazyRouter of a router scorer or None) from a policy definition.
     Raises PolicyError."""
@@ -137,6 +151,7 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
     scorer_name = options.get("scorer", "judge")
     if scorer_name not in SCORERS:
         raise PolicyError(f"options.scorer must be one of {SCORERS}, got {scorer_name!r}", param="options.scorer")
+    _check_scorer_options(options, scorer_name)
     if scorer_name == "judge":
         judge = str_option(options, "judge", config.models[-1])
         if model_names is not None and judge not in model_names:

@@ -44,6 +44,23 @@ def _policy_error(exc: ValidationError) -> PolicyError:
     return PolicyError(f"{param or 'policy'}: {first.get('msg', 'invalid').removeprefix('Value error, ')}", param=param)
 
 
+def config_policies(config: LinkConfig) -> dict[str, Policy]:
+    """The config file's policies, built and checked (their router and checker files' headers are read; no
+    model is loaded). `link serve` calls it before the server starts, so a bad policy is one line of error.
+
+    Raises:
+        PolicyError: a policy is invalid; the message names the policy and the field.
+    """
+    model_names = tuple(config.model_names)
+    out = {}
+    for p in config.policies:
+        try:
+            out[p.name] = make_policy(p, model_names)
+        except PolicyError as exc:
+            raise PolicyError(f"policy {p.name!r}: {exc.message}", param=exc.param) from None
+    return out
+
+
 class PolicyStore:
     """Resolves names to `Policy` objects and manages the database policies.
 
@@ -60,7 +77,7 @@ class PolicyStore:
         self.model_names = tuple(config.model_names)
         self.ttl_s = ttl_s
         self.fixed = {name: implicit_fixed(name, self.model_names) for name in self.model_names}
-        self.configured = {p.name: make_policy(p, self.model_names) for p in config.policies}
+        self.configured = config_policies(config)
         self._stored: dict[str, Policy] = {}
         self.invalid: dict[str, str] = {}  # database policies not served: name -> why (see `reload`)
         self._loaded_at = float("-inf")

@@ -149,6 +149,11 @@ def test_cascade_validation(gateway):
                                    ({"scorer": "answer"}, ["small", "big"], "options.checker"),
                                    ({"scorer": "answer", "checker": "/no/such.safetensors"}, ["small", "big"],
                                     "options.checker"),
+                                   ({"checker": "x.safetensors"}, ["small", "big"], "options.checker"),   # judge's
+                                   ({"scorer": "answer", "checker": "x", "judge": "small"}, ["small", "big"],
+                                    "options.judge"),
+                                   ({"scorer": "router", "checker": "x"}, ["small", "big"], "options.checker"),
+                                   ({"encoder": "auto"}, ["small", "big"], "options.encoder"),
                                    ({}, ["small"], "models")):
         response = httpx.post(api, headers=AUTH, json={"name": "c-bad", "type": "cascade", "models": models, "options": options})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text

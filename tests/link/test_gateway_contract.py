@@ -16,6 +16,7 @@ import time
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
 from tests.link.sse import sse_events
@@ -210,3 +211,21 @@ def test_link_serve_refuses_a_bad_config_with_a_clear_error(tmp_path):
 
     result = CliRunner().invoke(app, ["serve", "--config", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and "cannot read config" in result.output
+
+
+def test_link_serve_refuses_a_bad_policy_before_the_server_starts(tmp_path):
+    """A policy whose router file is missing: one line naming the policy and the field, exit 2, no traceback."""
+    from typer.testing import CliRunner
+
+    from link.cli import app
+
+    config = tmp_path / "link.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [{"name": "m1", "kind": "openai", "api_base": "http://127.0.0.1:9/v1"},
+                   {"name": "m2", "kind": "openai", "api_base": "http://127.0.0.1:9/v1"}],
+        "policies": [{"name": "my-router", "type": "router", "models": ["m1", "m2"],
+                      "options": {"path": str(tmp_path / "none.safetensors")}}]}))
+    result = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", "1"])
+    assert result.exit_code == 2, result.output
+    assert "policy 'my-router': options.path: no router file" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

@@ -169,3 +169,5 @@ def test_evaluate_split_puts_cascades_and_hybrids_in_the_same_report(table_route
         evaluate_split(data, data, EvalSettings(types=(), baselines=(), ensembles=("nope",)), features=(feats, feats))
     with pytest.raises(ValueError, match="at least two"):
         EvalSettings(cascade_models=("cheap",))
+    with pytest.raises(ValueError, match="costs more than mid"):     # big (10 USD) before mid (3 USD)
+        split_context(data, data, EvalSettings(types=(), baselines=(), cascade_models=("cheap", "big", "mid")))

@@ -172,6 +172,9 @@ def test_calibrate_a_cascade_threshold_keeps_the_router_rule(tmp_path, files):
     bad = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--rule", "cascade",
                               "--cascade-models", "weak,nobody", "--target", "cost=0.0005"])
     assert bad.exit_code == 2 and "nobody" in bad.output
+    backwards = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--rule", "cascade",
+                                    "--cascade-models", "strong,weak", "--target", "cost=0.0005"])
+    assert backwards.exit_code == 2 and "cheapest first" in backwards.output and "weak,strong" in backwards.output
 
 
 def test_eval_with_a_hybrid_column(tmp_path):

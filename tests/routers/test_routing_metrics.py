@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routers.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt,
+from routers.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, rank_auc,
+                             within_suite_auc,
                              hull_quality_at, nondecreasing_convex_hull, threshold_curve)
 
 # (0, .5) (1, .7) (2, .8) are the hull; (1.5, .6) lies under it; (3, .75) falls after the best point
@@ -106,3 +107,29 @@ def test_accuracy_at_cost_and_cost_at_accuracy():
     assert cost_at_accuracy(costs, quality, 0.85) == 4.0
     assert cost_at_accuracy(costs, quality, 0.7) == 2.0
     assert np.isnan(cost_at_accuracy(costs, quality, 0.95))
+
+
+def test_rank_auc_by_hand_and_against_sklearn():
+    # positives score 3 and 1, negatives 2 and 1: pairs (3>2) 1, (3>1) 1, (1<2) 0, (1=1) 0.5 -> 2.5 / 4
+    assert rank_auc([3, 1, 2, 1], [1, 1, 0, 0]) == pytest.approx(0.625)
+    assert np.isnan(rank_auc([1, 2], [1, 1]))
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    score, label = rng.integers(0, 5, size=200).astype(float), rng.uniform(size=200) < 0.3
+    assert rank_auc(score, label) == pytest.approx(roc_auc_score(label, score))
+
+
+def test_within_suite_auc_weights_cells_and_ignores_the_suite_mean():
+    suites = ["a"] * 4 + ["b"] * 2
+    scores = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 1], [0, 1]], dtype=float)
+    perfect = scores.copy()
+    assert within_suite_auc(perfect, scores, suites) == pytest.approx(1.0)
+    # a suite's mean predicted for every prompt (best model per task) ranks nothing: 0.5
+    per_suite = np.array([[0.5, 0.5]] * 4 + [[0.5, 1.0]] * 2)
+    assert within_suite_auc(per_suite, scores, suites) == pytest.approx(0.5)
+    # cells: (a, model 0) 4 prompts AUC 1; (a, model 1) 4 prompts AUC 0; (b, model 0) 2 prompts AUC 1;
+    # (b, model 1) all right: left out -> (4 * 1 + 4 * 0 + 2 * 1) / 10
+    mixed = np.array([[1, 1], [0, 0], [1, 0], [0, 1], [1, 0], [0, 0]], dtype=float)
+    assert within_suite_auc(mixed, scores, suites) == pytest.approx(0.6)
+    assert within_suite_auc(np.ones((2, 1)), np.ones((2, 1)), ["a", "a"]) is None
