@@ -10,6 +10,9 @@ Parts:
   router (their convex hull), random, best model per task and the oracle; then the mean over 5 re-drawn
   train/test splits of the same test size (RouterBench, Hu et al. 2024: AIQ = area under the non-decreasing
   convex hull of the cost-quality curve over [0, the priciest model's cost], divided by that range).
+- signal: what per-prompt signal the RouterBench targets need: synthetic routers that know each task's
+  training accuracy per model plus a noisy hint of each test outcome, swept over the hint's strength, with
+  their AIQ and AUC in suite (the learned routers' AUC in suite is in the routerbench part).
 - add-model: each learned router trained on 10 of the 11 models, the 11th added from 300 labelled training
   prompts (`Router.add_model`), against a full retrain on all 11 (every model in turn; the acceptance
   model is Yi-34B-Chat, the cheap model that leads on ARC).
@@ -39,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-PARTS = ("routerbench", "add-model", "routellm")
+PARTS = ("routerbench", "signal", "add-model", "routellm")
 LEARNED = ("knn", "lgbm", "mf")
 REFERENCE = "gpt-4-1106-preview"
 ADD_MODEL = "zero-one-ai/Yi-34B-Chat"
@@ -128,6 +131,48 @@ def print_routerbench(result: dict[str, Any]) -> None:
           f"{_check(values[best_n], TARGETS['accuracy_at_25pct_best_cost'])}")
     print(f"  AIQ over best-per-task: test {m['aiq'] - bpt:+.4f}, splits {s['aiq']['mean'] - bpt_s:+.4f}: "
           f"{_check(s['aiq']['mean'] - bpt_s, TARGETS['aiq_over_best_per_task'])}")
+
+
+# --- the per-prompt signal the targets need -------------------------------------------------------------
+
+SIGNAL_STRENGTHS = (0.0, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.75, 1.0)
+
+
+def needed_signal(data_dir: Path, seed: int = 0) -> dict[str, Any]:
+    """How much a router must know of each prompt for RouterBench's targets: synthetic routers that know the
+    training accuracy of each model on each task (what best-per-task knows) plus a noisy hint of each test
+    outcome, logit(q) = logit(task accuracy) + d * (2 * score - 1) + N(0, 1), independently per cell, swept
+    over the hint's strength d and measured like the learned routers (AIQ, accuracy at 25% of gpt-4's cost,
+    the cost of gpt-4's accuracy) next to their AUC in suite."""
+    from routers.evaluate import EvalSettings, evaluate_split
+    from routers.features import Features, text_features
+
+    train, test = load("routerbench:train", data_dir), load("routerbench:test", data_dir)
+    task_accuracy = np.zeros_like(test.scores)
+    train_suites, test_suites = np.asarray(train.suites), np.asarray(test.suites)
+    for suite in np.unique(test_suites):
+        task_accuracy[test_suites == suite] = np.nanmean(train.scores[train_suites == suite], axis=0)
+    task_accuracy = np.clip(task_accuracy, 1e-3, 1 - 1e-3)
+    rng = np.random.default_rng(seed)
+    hinted = {}
+    for d in SIGNAL_STRENGTHS:
+        logit = np.log(task_accuracy / (1 - task_accuracy)) + d * (2 * test.scores - 1) + rng.normal(size=test.scores.shape)
+        hinted[f"hint d={d:g}"] = 1 / (1 + np.exp(-logit))
+    blank = (Features(np.zeros((train.num_prompts, 1)), text_features(train.prompts)),
+             Features(np.zeros((test.num_prompts, 1)), text_features(test.prompts)))
+    settings = EvalSettings(types=(), baselines=("best-per-task",), keep_curves=False, cascade=False)
+    return evaluate_split(train, test, settings, features=blank, extra=hinted)
+
+
+def print_needed_signal(report: dict[str, Any]) -> None:
+    print("\nThe per-prompt signal RouterBench's targets need (synthetic routers: each task's training accuracy "
+          "plus a noisy hint of each outcome)")
+    print(f"{'router':15s}" + "".join(f"{label:>13s}" for _, label in RB_COLUMNS))
+    for name, metrics in report["routers"].items():
+        print(f"{name:15s}" + "".join(f"{_fmt(metrics.get(key), 4):>13s}" for key, _ in RB_COLUMNS))
+    print(f"(targets: AIQ >= {TARGETS['aiq']}, acc@25%cost >= {TARGETS['accuracy_at_25pct_best_cost']}, "
+          f"cost@gpt4acc <= {TARGETS['cost_ratio_at_best_accuracy']}; compare the AUC in suite of the learned routers "
+          "in the routerbench part)")
 
 
 # --- adding a model -------------------------------------------------------------------------------------
@@ -238,6 +283,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "routerbench" in parts:
         out["routerbench"] = routerbench(args.data_dir, featurizer, args.splits)
         print_routerbench(out["routerbench"])
+    if "signal" in parts:
+        out["signal"] = needed_signal(args.data_dir)
+        print_needed_signal(out["signal"])
     if "add-model" in parts:
         models = None if args.add_models is None else (args.add_models or [ADD_MODEL])
         out["add_model"] = add_model(args.data_dir, featurizer, models)

@@ -123,6 +123,10 @@ def test_eval_a_split_with_resplits_writes_json_and_png(tmp_path, files):
     assert set(split["routers"]) == {"linear", "random", "best-per-task", "length", "oracle", "cascade:linear",
                                      "cascade:oracle"}
     assert split["routers"]["linear"]["apgr"] > split["routers"]["random"]["apgr"]
+    # the within-suite AUC: the oracle ranks perfectly, best-per-task knows only each suite's mean
+    assert split["routers"]["oracle"]["auc_within_suite"] == 1.0
+    assert split["routers"]["best-per-task"]["auc_within_suite"] == 0.5
+    assert split["routers"]["linear"]["auc_within_suite"] > 0.5 and "AUC in suite" in result.output
     cascade = split["routers"]["cascade:linear"]
     assert cascade["steps"] == ["weak", "strong"] and cascade["apgr"] > split["routers"]["random"]["apgr"]
     assert "cascade:<router> escalates weak -> strong" in result.output
@@ -146,6 +150,9 @@ def test_eval_cross_validation_and_errors(tmp_path, files):
     assert bad.exit_code == 2 and "lgbm" in bad.output
     bad = runner.invoke(app, ["router", "train", "--type", "nope", "--data", str(train), "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "unknown router type" in bad.output
+    backwards = runner.invoke(app, ["router", "eval", "--type", "linear", "--train", str(train), "--folds", "3",
+                                    "--cascade-models", "strong,weak"])
+    assert backwards.exit_code == 2 and "cheapest first" in backwards.output
 
 
 def test_calibrate_a_cascade_threshold_keeps_the_router_rule(tmp_path, files):
