@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router
+from routers.boosters import BoosterBag
 from routers.data import RoutingData
 from routers.features import BASE_FEATURE_NAMES, Features
 from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
@@ -67,8 +68,12 @@ class LGBMRouter(Router):
         add_rounds, add_params: rounds and parameter overrides (over `params`) of an added model's booster.
         unseen_quality: the quality predicted for a model without labelled prompts of the query's kind (with
             or without tools), in [0, 1].
+        num_bags: boosters per model, seeds params["seed"] + 0 .. num_bags - 1, their predictions averaged
+            (`routers.boosters.BoosterBag`); an added model's too. 5 by RouteLLM's MMLU folds (APGR +0.004 over
+            one, every fold higher; RouterBench's AIQ unchanged) for ~2.5x the fitting time and +1.2 ms a
+            decision over 11 models.
     Raises:
-        ValueError: an unknown layout, negative sizes or unseen_quality outside [0, 1].
+        ValueError: an unknown layout, negative sizes, num_bags < 1 or unseen_quality outside [0, 1].
     """
 
     type = "lgbm"
@@ -76,18 +81,18 @@ class LGBMRouter(Router):
     def __init__(self, models: Sequence[str], layout: str = "per-model", num_components: int = 32,
                  num_rounds: int = 200, params: dict[str, Any] | None = None, use_suites: bool = True,
                  neighbours: Sequence[int] = (10, 50), neighbour_prior: float = 4.0, add_rounds: int = 100,
-                 add_params: dict[str, Any] | None = None, unseen_quality: float = 0.0):
+                 add_params: dict[str, Any] | None = None, unseen_quality: float = 0.0, num_bags: int = 5):
         super().__init__(models)
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
-        if num_components < 0 or num_rounds < 1 or add_rounds < 1:
-            raise ValueError(f"need num_components >= 0 and rounds >= 1, got {num_components}, {num_rounds}, "
-                             f"{add_rounds}")
+        if num_components < 0 or num_rounds < 1 or add_rounds < 1 or num_bags < 1:
+            raise ValueError(f"need num_components >= 0, rounds >= 1 and num_bags >= 1, got {num_components}, "
+                             f"{num_rounds}, {add_rounds}, {num_bags}")
         self.layout, self.num_components, self.num_rounds = layout, int(num_components), int(num_rounds)
         self.params = {**DEFAULT_PARAMS, **(params or {})}
         self.use_suites = bool(use_suites)
         self.neighbours, self.neighbour_prior = [int(k) for k in neighbours], float(neighbour_prior)
-        self.add_rounds = int(add_rounds)
+        self.add_rounds, self.num_bags = int(add_rounds), int(num_bags)
         self.add_params = {**DEFAULT_ADD_PARAMS, **(add_params or {})}
         self.unseen_quality = check_unseen_quality(unseen_quality)
         self.model_kinds = np.ones((len(self.models), 2), dtype=bool)   # [M, 2] see routers.kinds
@@ -98,8 +103,8 @@ class LGBMRouter(Router):
         self.pca_components = np.zeros((0, 0), dtype=np.float32)       # [C, D]
         self.num_text_features: int | None = None   # F, the text columns read (set by fit; see _inputs)
         self.choice_embeddings = False              # fitted on Features.choices too (set by fit)
-        self.boosters: dict[str, Any] = {}      # base model (or SHARED) -> lightgbm.Booster
-        self.added: dict[str, Any] = {}         # added model -> lightgbm.Booster
+        self.boosters: dict[str, BoosterBag] = {}   # base model (or SHARED) -> its boosters
+        self.added: dict[str, BoosterBag] = {}      # added model -> its boosters
 
     # --- inputs -----------------------------------------------------------------------------------------
 
@@ -168,13 +173,11 @@ class LGBMRouter(Router):
         _, _, vt = np.linalg.svd(e - e.mean(axis=0), full_matrices=False)
         self.pca_components = vt[: min(self.num_components, *e.shape)].astype(np.float32)
 
-    def _train(self, x: np.ndarray, y: np.ndarray, categorical: list[int] | None = None, *, added: bool = False):
-        import lightgbm
-
-        dataset = lightgbm.Dataset(x, label=y, categorical_feature=categorical or "auto", free_raw_data=True,
-                                   params={"verbose": -1})
+    def _train(self, x: np.ndarray, y: np.ndarray, categorical: list[int] | None = None, *,
+               added: bool = False) -> BoosterBag:
         params = {**self.params, **self.add_params} if added else self.params
-        return lightgbm.train(params, dataset, num_boost_round=self.add_rounds if added else self.num_rounds)
+        return BoosterBag.train(params, x, y, num_rounds=self.add_rounds if added else self.num_rounds,
+                                num_bags=self.num_bags, categorical=categorical)
 
     # --- training ---------------------------------------------------------------------------------------
 
@@ -269,19 +272,18 @@ class LGBMRouter(Router):
                          "neighbours": self.neighbours, "neighbour_prior": self.neighbour_prior, "knn": knn_meta,
                          "add_rounds": self.add_rounds, "add_params": self.add_params, "base_models": self.base_models,
                          "unseen_quality": self.unseen_quality, "num_text_features": self.num_text_features,
+                         "num_bags": self.num_bags,
                          "choice_embeddings": self.choice_embeddings,
-                         "boosters": {k: b.model_to_string() for k, b in self.boosters.items()},
-                         "added": {k: b.model_to_string() for k, b in self.added.items()}})
+                         "boosters": {k: b.to_state() for k, b in self.boosters.items()},
+                         "added": {k: b.to_state() for k, b in self.added.items()}})
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> LGBMRouter:
-        import lightgbm
-
         router = cls(meta["models"], layout=meta["layout"], num_components=meta["num_components"],
                      num_rounds=meta["num_rounds"], params=meta["params"], use_suites=meta["use_suites"],
                      neighbours=meta["neighbours"], neighbour_prior=meta["neighbour_prior"],
                      add_rounds=meta["add_rounds"], add_params=meta["add_params"],
-                     unseen_quality=meta.get("unseen_quality", 0.0))
+                     unseen_quality=meta.get("unseen_quality", 0.0), num_bags=meta.get("num_bags", 1))
         router.base_models, router.suites = list(meta["base_models"]), list(meta["suites"])
         router.num_text_features = meta.get("num_text_features", LEGACY_NUM_TEXT_FEATURES)
         router.choice_embeddings = bool(meta.get("choice_embeddings", False))
@@ -291,6 +293,6 @@ class LGBMRouter(Router):
             router.knn = KNNRouter.from_state(knn_arrays, meta["knn"])
         router.pca_mean = np.asarray(arrays["pca_mean"], dtype=np.float32)
         router.pca_components = np.asarray(arrays["pca_components"], dtype=np.float32)
-        router.boosters = {k: lightgbm.Booster(model_str=s) for k, s in meta["boosters"].items()}
-        router.added = {k: lightgbm.Booster(model_str=s) for k, s in meta["added"].items()}
+        router.boosters = {k: BoosterBag.from_state(s) for k, s in meta["boosters"].items()}
+        router.added = {k: BoosterBag.from_state(s) for k, s in meta["added"].items()}
         return router

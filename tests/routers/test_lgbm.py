@@ -194,3 +194,36 @@ def test_a_router_fitted_on_choice_embeddings_reads_them_after_loading(tmp_path)
     np.testing.assert_allclose(loaded.predict(with_choices(test_f), test.suites), router.predict(with_choices(test_f), test.suites))
     with pytest.raises(ValueError, match="choice_embeddings=True"):
         loaded.predict(Features(test_f.embeddings, test_f.text), test.suites)
+
+
+@pytest.mark.parametrize("layout", ["per-model", "shared"])
+def test_a_bag_averages_boosters_of_successive_seeds_and_round_trips(tmp_path, layout):
+    import lightgbm
+
+    train, train_f = planted(300, seed=12)
+    test, test_f = planted(80, seed=13)
+    base = ["short", "long"]
+    # no stacked kNN features here: their cross-fitting folds are drawn from the seed too
+    bagged = LGBMRouter(base, layout=layout, num_components=4, neighbours=(), num_bags=3, **FAST)
+    bagged.fit(train.select_models(base), train_f)
+    bagged.add_model("either", train, train_f)
+    assert all(len(bag.boosters) == 3 for bag in (*bagged.boosters.values(), *bagged.added.values()))
+    # a bag of one with seed s is the booster of seed s: the bag's mean is the mean of three one-booster
+    # routers seeded 0, 1, 2 (row and feature subsampling on: they differ)
+    singles = [LGBMRouter(base, layout=layout, num_components=4, neighbours=(), num_bags=1,
+                          num_rounds=FAST["num_rounds"], params={**FAST["params"], "seed": s})
+               .fit(train.select_models(base), train_f).predict(test_f, test.suites) for s in range(3)]
+    assert not np.allclose(singles[0], singles[1])
+    np.testing.assert_allclose(bagged.predict(test_f, test.suites)[:, :2], np.mean(singles, axis=0), atol=1e-12)
+    loaded = load_router(save_router(bagged, tmp_path / "bag.safetensors")).router
+    assert loaded.num_bags == 3
+    np.testing.assert_allclose(loaded.predict(test_f, test.suites), bagged.predict(test_f, test.suites))
+    # one booster is stored as one text model, as files saved before bags were
+    one = LGBMRouter(base, num_components=4, neighbours=(), num_bags=1, **FAST)
+    arrays, meta = one.fit(train.select_models(base), train_f).state()
+    assert all(isinstance(text, str) for text in meta["boosters"].values()) and "num_bags" in meta
+    del meta["num_bags"]
+    old = LGBMRouter.from_state(arrays, {**meta, "models": base})
+    assert old.num_bags == 1 and isinstance(old.boosters["short"].boosters[0], lightgbm.Booster)
+    with pytest.raises(ValueError, match="num_bags"):
+        LGBMRouter(base, num_bags=0)
