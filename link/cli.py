@@ -23,6 +23,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from link.cli_errors import fail
+
 app = typer.Typer(help="TogetherLink: serve and route open LLMs behind one OpenAI-compatible API.", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
@@ -56,21 +58,26 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
+    from sqlalchemy.exc import SQLAlchemyError
+
     from link.app import create_app
     from link.config import ConfigError, load_config
     from link.policies.base import PolicyError
-    from link.policies.store import config_policies
+    from link.policies.store import check_config_policies
     from link.settings import get_settings
+    from link.state import served_config
 
     overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
     try:
         settings = get_settings(**overrides)
         link_config = load_config(settings.config)
-        config_policies(link_config)        # a bad policy stops here, not as a traceback from the server's start-up
+        # a bad policy stops here, not as a traceback from the server's start-up
+        check_config_policies(served_config(settings, link_config))
         gateway = create_app(settings, link_config)
+    except SQLAlchemyError as exc:
+        raise fail(f"cannot open the database: {str(exc).splitlines()[0]}") from None
     except (ValidationError, ConfigError, PolicyError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     if settings.config is None:
         from link.config import DEFAULT_AUTO_POLICY, DEFAULT_ROUTER_COMMAND, default_router_path
 
@@ -122,8 +129,7 @@ def chat(
         reader = console.input if sys.stdin.isatty() else stdin_reader(sys.stdin)
         interactive_chat(llm, params, reader, lambda text: console.print(text, markup=False, highlight=False), system)
     except ServingError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
 
 
 @engine_app.command("serve")
@@ -163,16 +169,14 @@ def engine_serve(
             adaptive=speculative_adaptive, disable_by_batch_size=speculative_disable_by_batch_size,
             step_cost=speculative_step_cost)
     except ValueError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
                           speculative=spec)
     try:  # load before binding the port, so an unknown model or a bad file is a one-line error
         loaded = load_model(default_registry().get(model), dtype)
     except ServingError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     uvicorn.run(create_engine_app(model, engine_config=config, loaded=loaded), host=host, port=port, log_level="info")
 
 
@@ -203,8 +207,7 @@ def bench_serving(
                                        kv_cache_mb, max_num_seqs, progress=lambda message: err_console.log(message, markup=False),
                                        workload=workload, save_mix=save_mix)
     except (ServingError, ValueError, FileNotFoundError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     show_and_save(render_report(result), result, json_path)
 
 
@@ -228,8 +231,7 @@ def bench_gateway(
         result = run_gateway_benchmark(concurrency, requests, warmup, system, mode, pin=pin,
                                        progress=lambda message: err_console.log(message, markup=False))
     except ValueError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     show_and_save(render_gateway_report(result), result, json_path)
 
 

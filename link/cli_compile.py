@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from link.cli_errors import fail
+
 compile_app = typer.Typer(help="Tune kernels for the shapes a model runs (issue 9).", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
@@ -55,8 +57,7 @@ def tune(
             outcome = tune_model(model, workload, budget_s, dtype=dtype, num_prompts=num_prompts, allow_lossy=quantized,
                                  concurrencies=levels, data_dir=data_dir, progress=progress)
         except (ServingError, ValueError, FileNotFoundError) as exc:
-            err_console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+            raise fail(exc) from None
     rejected = [r for r in outcome.results if r.status == "rejected"]
     console.print(f"{model}: {len(outcome.counts)} buckets recorded in {outcome.record_s:.0f} s; "
                   f"{len({r.bucket for r in outcome.results})} tuned in {outcome.tune_s:.0f} s; "
@@ -89,8 +90,7 @@ def tune_config(
         outcome = run_tuning(model, shapes, dtype=dtype, speedup=speedup, budget=budget, confirm=confirm, ttft_slack=ttft_slack, repeats=repeats,
                              space=default_space(not no_speculation), progress=lambda m: err_console.log(m, markup=False))
     except (ServingError, ValueError, FileNotFoundError) as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     row = outcome.stored
     table = Table(title=f"{model}: engine configuration for {len(shapes)} requests (mix {row.signature}), measured in one run")
     for column in ("configuration", "", "output tok/s", "p99 TTFT s"):

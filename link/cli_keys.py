@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from link.cli_errors import fail
+
 keys_app = typer.Typer(help="API keys of the gateway (stored hashed in the database).", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
@@ -32,8 +34,7 @@ def _keys_session(database_url: str | None):
     try:
         url = database_url or get_settings().database_url
     except ValidationError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(exc) from None
     upgrade(url)
     engine = make_db_engine(url, pool_size=1)
     try:
@@ -84,8 +85,7 @@ def keys_create(
     try:  # checked before the database is opened: one line naming the option, exit code 2
         ApiKeyCreate(name=name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm)
     except ValidationError as exc:
-        err_console.print(f"[red]error:[/red] {_key_option_error(exc)}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise fail(_key_option_error(exc)) from None
     with _keys_session(database_url) as session:
         key, plaintext = create_key(session, name, budget_usd=budget_usd, rpm_limit=rpm, tpm_limit=tpm,
                                     capture_traces=capture_traces)
@@ -127,7 +127,6 @@ def keys_revoke(
         try:
             key = revoke_key(session, key_id)
         except KeyNotFound as exc:
-            err_console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from None
+            raise fail(exc) from None
     console.print(f"revoked key {key.id} ({key.name}, {key.key_prefix}...)")
 

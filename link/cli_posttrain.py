@@ -18,6 +18,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from link.cli_errors import fail
+
 posttrain_app = typer.Typer(help="Post-training: fine-tune a local model on tool-call traces, score it, export it.",
                             no_args_is_help=True)
 console = Console()
@@ -28,10 +30,8 @@ DATA_HELP = ("Traces: bfcl[:DATA_DIR][:CATEGORIES] (e.g. bfcl::simple,irrelevanc
 
 
 def _fail(exc: BaseException) -> None:
-    """One line on stderr, exit code 2."""
-    err_console.print(f"[red]error:[/red] {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                      markup=True, highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    """One line on stderr (the message's first line), exit code 2."""
+    raise fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
 def _errors() -> tuple[type, ...]:

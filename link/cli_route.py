@@ -25,8 +25,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+
+from link.cli_errors import fail
 
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict]:
@@ -161,12 +162,6 @@ def _render(result: dict[str, Any], console: Console) -> None:
                       markup=False)
 
 
-def _fail(message: str) -> typer.Exit:
-    """Print `error: message` on one line (stderr) and return the exit (code 2) to raise."""
-    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
-
-
 def route(
     prompt: str = typer.Argument(..., help="The user message to route."),
     policy: str = typer.Option("link/auto", "--policy", "-p", help="A policy (or model) name from the config."),
@@ -189,9 +184,9 @@ def route(
         result = explain_route(prompt, policy, config, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd, suite=suite,
                                endpoint="completion" if completion else "chat", tools=tools)
     except (ConfigError, LookupError, PolicyError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except OpenAIError as exc:
-        raise _fail(exc.message) from None
+        raise fail(exc.message) from None
     if as_json:
         print(json.dumps(result, indent=2))
     else:

@@ -33,6 +33,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from link.cli_errors import fail
+
 router_app = typer.Typer(help="Learned routers: train on outcome tables, calibrate the cost knob, evaluate offline.",
                          no_args_is_help=True)
 console = Console()
@@ -45,8 +47,7 @@ DATA_HELP = ("Recorded sets (routerbench[:train|test], routellm-mmlu, routellm-g
 def _fail(exc: BaseException) -> typer.Exit:
     # an OSError's args[0] is its errno: its str() names the error and the path
     text = str(exc) if isinstance(exc, OSError) or not exc.args else str(exc.args[0])
-    typer.echo(f"error: {' '.join(text.split())}", err=True)
-    return typer.Exit(2)
+    return fail(' '.join(text.split()))
 
 
 def load_data(specs: list[str], data_dir: Path | None = None, *, task_by: str = "suite"):

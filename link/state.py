@@ -55,6 +55,17 @@ class GatewayState:
         return self.policies.model_names
 
 
+def served_config(settings: Settings, config: LinkConfig) -> LinkConfig:
+    """The config the gateway would serve: `config` plus the models registered in its database (migrated
+    first, as `open_gateway` does). Raises sqlalchemy.exc.SQLAlchemyError when the database is unreachable."""
+    upgrade(settings.database_url)
+    db = make_db_engine(settings.database_url)
+    try:
+        return with_registered_models(config, db)
+    finally:
+        db.dispose()
+
+
 async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     """Migrate the database and build every long-lived object; health checks start on the running loop. Models
     registered in the database (link/model_registration.py) are served besides the config's.

@@ -6,8 +6,9 @@
 
 With row and feature subsampling on (`bagging_fraction`, `feature_fraction`), each seed sees other rows and
 columns, so the mean has less variance than one booster (bagging, Breiman 1996). The per-prompt signal of a
-router is weak, which is where that pays: RouteLLM's MMLU pair, 5-fold CV, LightGBM router APGR 0.710 with one
-booster per model and 0.714 with five (every fold higher; subjects as suites 0.721 -> 0.726).
+router is weak, which is where that pays: RouteLLM's MMLU pair, 5-fold CV (`benchmarks/routing_eval.py --part
+routellm`), LightGBM router APGR 0.711 with one booster per model and 0.713 with five (subjects as suites 0.721 ->
+0.724); RouterBench's AIQ is unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +16,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+
+# LightGBM's seeds: "seed" derives the others unless they are given, so a given one is moved along too
+SEED_KEYS = ("seed", "bagging_seed", "feature_fraction_seed", "data_random_seed", "extra_seed", "drop_seed",
+             "objective_seed")
+
+
+def bag_params(params: dict[str, Any], b: int) -> dict[str, Any]:
+    """`params` for the bag's booster `b`: "seed" (default 0) and every seed given explicitly, plus b."""
+    out = {**params, "seed": int(params.get("seed", 0)) + b}
+    out.update({k: int(params[k]) + b for k in SEED_KEYS[1:] if k in params})
+    return out
 
 
 class BoosterBag:
@@ -34,7 +47,7 @@ class BoosterBag:
     @classmethod
     def train(cls, params: dict[str, Any], x: np.ndarray, y: np.ndarray, *, num_rounds: int, num_bags: int = 1,
               categorical: list[int] | None = None) -> BoosterBag:
-        """Fit `num_bags` boosters on x [N, F], labels y [N], seeds params["seed"] (default 0) + 0 .. num_bags - 1.
+        """Fit `num_bags` boosters on x [N, F], labels y [N], seeds `bag_params(params, 0 .. num_bags - 1)`.
 
         Raises:
             ValueError: num_bags < 1.
@@ -43,12 +56,11 @@ class BoosterBag:
 
         if num_bags < 1:
             raise ValueError(f"num_bags must be at least 1, got {num_bags}")
-        seed = int(params.get("seed", 0))
         boosters = []
         for b in range(num_bags):
             dataset = lightgbm.Dataset(x, label=y, categorical_feature=categorical or "auto", free_raw_data=True,
                                        params={"verbose": -1})
-            boosters.append(lightgbm.train({**params, "seed": seed + b}, dataset, num_boost_round=num_rounds))
+            boosters.append(lightgbm.train(bag_params(params, b), dataset, num_boost_round=num_rounds))
         return cls(boosters)
 
     def predict(self, x: np.ndarray) -> np.ndarray:

@@ -58,6 +58,9 @@ def efficient_steps(scores: np.ndarray, costs: np.ndarray, candidates: Sequence[
     return steps
 
 
+ORDER_TOLERANCE = 0.05   # a step may cost up to 5% more than the next (near-equal models: either order)
+
+
 def check_step_order(names: Sequence[str], models: Sequence[str], costs: np.ndarray) -> list[int]:
     """The model columns of a cascade given by name, checked to go cheapest first.
 
@@ -69,18 +72,25 @@ def check_step_order(names: Sequence[str], models: Sequence[str], costs: np.ndar
         [S] column indices.
     Raises:
         KeyError: a name is not a column.
-        ValueError: fewer than two steps, or a step costing more on average than the one after it (a cascade
-            asks its cheapest model first; an expensive first step answers nearly every prompt at its price).
+        ValueError: fewer than two steps, a model twice, a step without a recorded cost, or a step costing more
+            on average than ORDER_TOLERANCE over the one after it (a cascade asks its cheapest model first; an
+            expensive first step answers nearly every prompt at its price).
     """
     unknown = [m for m in names if m not in models]
     if unknown:
         raise KeyError(f"cascade model(s) {unknown} are not among the models {list(models)}")
     if len(names) < 2:
         raise ValueError(f"a cascade needs at least two models, got {list(names)}")
+    if len(set(names)) < len(names):
+        raise ValueError(f"a cascade asks each model once, got {list(names)}")
     steps = [list(models).index(m) for m in names]
-    mean_cost = np.nanmean(np.asarray(costs, dtype=np.float64)[:, steps], axis=0)
+    step_costs = np.asarray(costs, dtype=np.float64)[:, steps]
+    counted = np.isfinite(step_costs).any(axis=0)
+    if not counted.all():
+        raise ValueError(f"no recorded cost of cascade model(s) {[m for m, ok in zip(names, counted) if not ok]}")
+    mean_cost = np.nanmean(step_costs, axis=0)
     for a, b, ca, cb in zip(names, names[1:], mean_cost, mean_cost[1:]):
-        if ca > cb:
+        if ca > cb * (1 + ORDER_TOLERANCE):
             cheapest_first = [names[i] for i in np.argsort(mean_cost, kind="stable")]
             raise ValueError(f"a cascade's models go cheapest first, but {a} (${ca * 1e3:.4g} per 1k requests) costs "
                              f"more than {b} (${cb * 1e3:.4g}) after it; give them as {','.join(cheapest_first)}")

@@ -189,6 +189,8 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
     """
     featurizer = featurizer or Featurizer()
     train = train.complete_rows()
+    if settings.cascade and settings.cascade_models:       # once on all the training data, before any split
+        check_step_order(settings.cascade_models, train.models, train.costs)
     out: dict[str, Any] = {"settings": {"types": list(settings.types), "baselines": list(settings.baselines),
                                         "options": settings.options, "num_lambdas": settings.num_lambdas,
                                         "cascade": settings.cascade, "cascade_models": settings.cascade_models,

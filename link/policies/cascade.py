@@ -134,7 +134,7 @@ def _check_scorer_options(options: dict[str, Any], scorer_name: str) -> None:
     """Refuse an option that only another scorer reads (e.g. `checker` with scorer judge). Raises PolicyError."""
     for key in (*(k for other, keys in SCORER_OPTIONS.items() if other != scorer_name for k in keys),
                 *(("encoder",) if scorer_name not in ENCODER_SCORERS else ())):
-        if key in options:
+        if options.get(key) is not None:          # null: unset
             readers = [n for n, keys in SCORER_OPTIONS.items() if key in keys] or list(ENCODER_SCORERS)
             raise PolicyError(f"options.{key} is read only by scorer {' or '.join(map(repr, readers))}, but this "
                               f"cascade's scorer is {scorer_name!r}: drop options.{key} or set options.scorer",

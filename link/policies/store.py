@@ -44,21 +44,25 @@ def _policy_error(exc: ValidationError) -> PolicyError:
     return PolicyError(f"{param or 'policy'}: {first.get('msg', 'invalid').removeprefix('Value error, ')}", param=param)
 
 
-def config_policies(config: LinkConfig) -> dict[str, Policy]:
-    """The config file's policies, built and checked (their router and checker files' headers are read; no
-    model is loaded). `link serve` calls it before the server starts, so a bad policy is one line of error.
+def _named(policy: PolicyConfig, build):
+    """`build()`, with a PolicyError's message prefixed by the config policy's name."""
+    try:
+        return build()
+    except PolicyError as exc:
+        raise PolicyError(f"policy {policy.name!r}: {exc.message}", param=exc.param) from None
+
+
+def check_config_policies(config: LinkConfig) -> None:
+    """Check the config's policies against its models without building them (no router or encoder is loaded):
+    `link serve` runs it, on the config plus the database's registered models, before the server starts, so a
+    bad policy is one line of error rather than a traceback from the server's start-up.
 
     Raises:
         PolicyError: a policy is invalid; the message names the policy and the field.
     """
     model_names = tuple(config.model_names)
-    out = {}
     for p in config.policies:
-        try:
-            out[p.name] = make_policy(p, model_names)
-        except PolicyError as exc:
-            raise PolicyError(f"policy {p.name!r}: {exc.message}", param=exc.param) from None
-    return out
+        _named(p, lambda: policy_class(p.type).check(p, model_names))
 
 
 class PolicyStore:
@@ -77,7 +81,7 @@ class PolicyStore:
         self.model_names = tuple(config.model_names)
         self.ttl_s = ttl_s
         self.fixed = {name: implicit_fixed(name, self.model_names) for name in self.model_names}
-        self.configured = config_policies(config)
+        self.configured = {p.name: _named(p, lambda: make_policy(p, self.model_names)) for p in config.policies}
         self._stored: dict[str, Policy] = {}
         self.invalid: dict[str, str] = {}  # database policies not served: name -> why (see `reload`)
         self._loaded_at = float("-inf")

@@ -227,5 +227,39 @@ def test_link_serve_refuses_a_bad_policy_before_the_server_starts(tmp_path):
                       "options": {"path": str(tmp_path / "none.safetensors")}}]}))
     result = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", "1"])
     assert result.exit_code == 2, result.output
-    assert "policy 'my-router': options.path: no router file" in " ".join(result.output.split())
-    assert "Traceback" not in result.output
+    assert "policy 'my-router': options.path: no router file" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_link_serve_checks_policies_against_the_registered_models_too(tmp_path, monkeypatch):
+    """A cascade judged by a model registered in the database (not in link.yaml) is served: the start-up check
+    sees the database's models as the gateway does."""
+    import uvicorn
+    from sqlmodel import Session
+    from typer.testing import CliRunner
+
+    from link.cli import app
+    from link.db import make_db_engine, upgrade
+    from link.db.models import ModelRow
+
+    url = f"sqlite:///{tmp_path / 'link.db'}"
+    upgrade(url)
+    engine = make_db_engine(url)
+    with Session(engine) as session:
+        session.add(ModelRow(name="m3", kind="openai", config={"api_base": "http://127.0.0.1:9/v1"}))
+        session.commit()
+    engine.dispose()
+    config = tmp_path / "link.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [{"name": n, "kind": "openai", "api_base": "http://127.0.0.1:9/v1"} for n in ("m1", "m2")],
+        "policies": [{"name": "judged", "type": "cascade", "models": ["m1", "m2"], "options": {"judge": "m3"}}]}))
+    started = []
+    monkeypatch.setattr(uvicorn, "run", lambda app_, **kwargs: started.append(kwargs["port"]))
+    monkeypatch.setenv("LINK_DATABASE_URL", url)
+    result = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", "8799"])
+    assert result.exit_code == 0 and started == [8799], result.output
+    # without the registered model the same policy is refused before the server starts
+    monkeypatch.setenv("LINK_DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
+    result = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", "8799"])
+    assert result.exit_code == 2 and "policy 'judged': judge model 'm3' is not served" in result.output
+    assert started == [8799]

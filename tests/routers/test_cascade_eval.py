@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from routers.base import ROUTERS, Router, register_router
-from routers.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, efficient_steps,
+from routers.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, check_step_order, efficient_steps,
                                   threshold_grid)
 from routers.data import RoutingData
 from routers.decision import Target
@@ -171,3 +171,19 @@ def test_evaluate_split_puts_cascades_and_hybrids_in_the_same_report(table_route
         EvalSettings(cascade_models=("cheap",))
     with pytest.raises(ValueError, match="costs more than mid"):     # big (10 USD) before mid (3 USD)
         split_context(data, data, EvalSettings(types=(), baselines=(), cascade_models=("cheap", "big", "mid")))
+
+
+def test_check_step_order_wants_the_cheapest_first_within_a_tolerance():
+    models = ["a", "b", "c"]
+    costs = np.array([[1.0, 1.03, 3.0], [1.0, 1.03, np.nan]])    # means 1, 1.03, 3
+    assert check_step_order(["a", "c"], models, costs) == [0, 2]
+    # 3% apart: either order (cost means drift between folds)
+    assert check_step_order(["b", "a", "c"], models, costs) == [1, 0, 2]
+    with pytest.raises(ValueError, match="give them as a,c"):
+        check_step_order(["c", "a"], models, costs)
+    with pytest.raises(ValueError, match="each model once"):
+        check_step_order(["a", "a"], models, costs)
+    with pytest.raises(ValueError, match=r"no recorded cost of cascade model\(s\) \['b'\]"):
+        check_step_order(["b", "c"], models, np.array([[1.0, np.nan, 3.0]]))
+    with pytest.raises(KeyError, match="'z'"):
+        check_step_order(["a", "z"], models, costs)

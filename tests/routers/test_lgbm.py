@@ -227,3 +227,12 @@ def test_a_bag_averages_boosters_of_successive_seeds_and_round_trips(tmp_path, l
     assert old.num_bags == 1 and isinstance(old.boosters["short"].boosters[0], lightgbm.Booster)
     with pytest.raises(ValueError, match="num_bags"):
         LGBMRouter(base, num_bags=0)
+
+
+def test_bag_params_move_every_given_seed_along():
+    from routers.boosters import bag_params
+
+    assert bag_params({"learning_rate": 0.1}, 2) == {"learning_rate": 0.1, "seed": 2}
+    # a seed given explicitly would otherwise make every booster of the bag draw the same rows and columns
+    assert bag_params({"seed": 7, "bagging_seed": 3, "feature_fraction_seed": 5}, 1) == \
+        {"seed": 8, "bagging_seed": 4, "feature_fraction_seed": 6}
