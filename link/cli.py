@@ -57,7 +57,6 @@ def serve(
     """Run the gateway: one OpenAI-compatible API over the configured models and policies."""
     import uvicorn
     from pydantic import ValidationError
-
     from sqlalchemy.exc import SQLAlchemyError
 
     from link.app import create_app

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -29,7 +30,7 @@ DATA_HELP = ("Traces: bfcl[:DATA_DIR][:CATEGORIES] (e.g. bfcl::simple,irrelevanc
              "file, or log[:DATABASE_URL][?policy=P&key=ID&since=ISO&until=ISO]. Repeat for several.")
 
 
-def _fail(exc: BaseException) -> None:
+def _fail(exc: BaseException) -> NoReturn:
     """One line on stderr (the message's first line), exit code 2."""
     raise fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 

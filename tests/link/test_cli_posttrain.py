@@ -119,6 +119,7 @@ def test_a_schema_the_format_cannot_express(tmp_path, bfcl_jsonl, data_dir, trip
     result = runner.invoke(app, ["posttrain", "sft", "--data", str(bfcl_jsonl), "--tool-format", "no-such-format",
                                  "--out", str(tmp_path / "run")])
     _one_line_error(result, "unknown tool format")
+    assert not (tmp_path / "run").exists()          # a refused run leaves no output folder behind
 
 
 def test_an_empty_dataset(tmp_path, bfcl_jsonl, tripwires):
@@ -156,6 +157,7 @@ def test_an_empty_dataset_after_the_personal_data_filter(tmp_path, tripwires):
     _one_line_error(result, "no traces are left", "3 dropped")
     result = runner.invoke(app, ["posttrain", "sft", "--data", f"log:{url}?policy=other", "--out", str(tmp_path / "run")])
     _one_line_error(result, "holds no tool-call traces", "policies=['other']")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_base_model_that_is_not_local(tmp_path, bfcl_jsonl, tripwires):
