@@ -195,9 +195,11 @@ def request_text_features(body: dict) -> np.ndarray:
 
 @dataclass
 class Features:
-    """A router's input for N prompts: embeddings [N, 384] float32, text features [N, F] float32 and, from
-    `Featurizer(choice_embeddings=True)`, choice features [N, 6] float32 (`CHOICE_EMBEDDING_FEATURE_NAMES`;
-    None otherwise: kept apart from the text columns, which only ever grow by appending).
+    """A router's input for N prompts: embeddings [N, 384] float32, text features [N, F] float32, from
+    `Featurizer(choice_embeddings=True)` choice features [N, 6] float32 (`CHOICE_EMBEDDING_FEATURE_NAMES`;
+    None otherwise: kept apart from the text columns, which only ever grow by appending), and the [N] texts
+    read (a `Featurizer` keeps them for routers that read words, `LGBMRouter(lexical=True)`; None in
+    hand-made features).
 
     Raises:
         ValueError: the arrays disagree on N.
@@ -206,6 +208,7 @@ class Features:
     embeddings: np.ndarray
     text: np.ndarray
     choices: np.ndarray | None = None
+    texts: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.embeddings = np.asarray(self.embeddings, dtype=np.float32)
@@ -216,6 +219,10 @@ class Features:
             self.choices = np.asarray(self.choices, dtype=np.float32)
             if self.choices.shape != (len(self.text), len(CHOICE_EMBEDDING_FEATURE_NAMES)):
                 raise ValueError(f"choice features {self.choices.shape} for {len(self.text)} prompts")
+        if self.texts is not None:
+            self.texts = list(self.texts)
+            if len(self.texts) != len(self.text):
+                raise ValueError(f"{len(self.texts)} texts for {len(self.text)} prompts")
 
     @property
     def num_rows(self) -> int:
@@ -235,13 +242,19 @@ class Features:
     def subset(self, idx) -> Features:
         """The rows at `idx` (index array or bool mask)."""
         idx = np.asarray(idx)
-        return Features(self.embeddings[idx], self.text[idx], None if self.choices is None else self.choices[idx])
+        texts = None
+        if self.texts is not None:
+            rows = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)
+            texts = [self.texts[i] for i in rows]
+        return Features(self.embeddings[idx], self.text[idx], None if self.choices is None else self.choices[idx],
+                        texts)
 
     @classmethod
     def concat(cls, parts: list[Features]) -> Features:
-        """The rows of several parts; choice features only when every part has them."""
+        """The rows of several parts; choice features and texts only when every part has them."""
         choices = None if any(p.choices is None for p in parts) else np.vstack([p.choices for p in parts])
-        return cls(np.vstack([p.embeddings for p in parts]), np.vstack([p.text for p in parts]), choices)
+        texts = None if any(p.texts is None for p in parts) else [t for p in parts for t in p.texts]
+        return cls(np.vstack([p.embeddings for p in parts]), np.vstack([p.text for p in parts]), choices, texts)
 
 
 class Featurizer:
@@ -269,10 +282,10 @@ class Featurizer:
         (`RoutingData.has_tools`; None: none did)."""
         texts = list(texts)
         choices = choice_embedding_features(texts, self.embedder.embed) if self.choice_embeddings else None
-        return Features(self.embedder.embed(texts), text_features(texts, has_tools), choices)
+        return Features(self.embedder.embed(texts), text_features(texts, has_tools), choices, texts)
 
     def transform_request(self, body: dict) -> Features:
         """Features of one OpenAI request body (N = 1)."""
         prompt = request_text(body)
         choices = choice_embedding_features([prompt], self.embedder.embed) if self.choice_embeddings else None
-        return Features(self.embedder.embed([prompt]), request_text_features(body)[None, :], choices)
+        return Features(self.embedder.embed([prompt]), request_text_features(body)[None, :], choices, [prompt])

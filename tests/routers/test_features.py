@@ -140,8 +140,15 @@ def test_featurizer_transforms_texts_and_requests(tmp_path):
     np.testing.assert_array_equal(one.embeddings, feats.embeddings[1:])
     np.testing.assert_array_equal(one.text, feats.text[1:])
     assert Features.concat([feats, one]).num_rows == 3 and feats.subset([1]).num_rows == 1
+    # the texts read travel with the rows (LGBMRouter(lexical=True) reads their words)
+    assert feats.texts == ["x", "yy"] and one.texts == ["yy"]
+    assert Features.concat([feats, one]).texts == ["x", "yy", "yy"]
+    assert feats.subset([1, 0]).texts == ["yy", "x"] and feats.subset(np.array([False, True])).texts == ["yy"]
+    assert Features.concat([feats, Features(np.zeros((1, 384)), one.text)]).texts is None
     with pytest.raises(ValueError):
         Features(np.zeros((2, 384)), np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="texts"):
+        Features(np.zeros((2, 384)), np.zeros((2, 4)), texts=["only one"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None

@@ -236,3 +236,42 @@ def test_bag_params_move_every_given_seed_along():
     # a seed given explicitly would otherwise make every booster of the bag draw the same rows and columns
     assert bag_params({"seed": 7, "bagging_seed": 3, "feature_fraction_seed": 5}, 1) == \
         {"seed": 8, "bagging_seed": 4, "feature_fraction_seed": 6}
+
+
+def worded(n: int, seed: int):
+    """Like `planted`, but the rule is in the words only: model "short" is wrong on prompts with the word
+    "tricky"; the embeddings and text features are noise."""
+    rng = np.random.default_rng(seed)
+    tricky = rng.uniform(size=n) < 0.5
+    filler = ["apple", "river", "stone", "cloud", "paper", "glass"]
+    texts = [" ".join([*rng.choice(filler, 4), *(["tricky"] if t else [])]) for t in tricky]
+    scores = np.stack([~tricky, tricky], axis=1).astype(float)
+    data = RoutingData([f"p{i}" for i in range(n)], texts, ["all"] * n, ["short", "long"], scores,
+                       np.zeros_like(scores))
+    feats = Features(rng.normal(size=(n, 16)), rng.normal(size=(n, 4)), texts=texts)
+    return data, feats
+
+
+def test_a_lexical_router_reads_a_rule_only_the_words_carry(tmp_path):
+    train, train_f = worded(400, seed=20)
+    test, test_f = worded(200, seed=21)
+    plain = LGBMRouter(train.models, num_components=4, neighbours=(5,), **FAST).fit(train, train_f)
+    router = LGBMRouter(train.models, num_components=4, neighbours=(5,), lexical=True, **FAST).fit(train, train_f)
+    right = test.scores > 0.5
+    assert ((plain.predict(test_f, test.suites) > 0.5) == right).mean() < 0.7       # noise to the plain router
+    pred = router.predict(test_f, test.suites)
+    assert ((pred > 0.5) == right).mean() > 0.95
+    loaded = load_router(save_router(router, tmp_path / "lexical.safetensors")).router
+    assert loaded.lexical and loaded.lexical_model is not None
+    np.testing.assert_allclose(loaded.predict(test_f, test.suites), pred)
+    with pytest.raises(ValueError, match="Featurizer, which keeps the texts"):
+        router.predict(Features(test_f.embeddings, test_f.text), test.suites)
+    with pytest.raises(ValueError, match="lexical_c"):
+        LGBMRouter(train.models, lexical=True, lexical_c=0)
+    # a file without word models loads as before
+    arrays, meta = plain.state()
+    for key in ("lexical", "lexical_c", "lexical_model"):
+        del meta[key]
+    old = LGBMRouter.from_state(arrays, {**meta, "models": plain.models})
+    assert not old.lexical and old.lexical_model is None
+    np.testing.assert_array_equal(old.predict(test_f, test.suites), plain.predict(test_f, test.suites))
