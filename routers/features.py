@@ -219,6 +219,8 @@ class Features:
             self.choices = np.asarray(self.choices, dtype=np.float32)
             if self.choices.shape != (len(self.text), len(CHOICE_EMBEDDING_FEATURE_NAMES)):
                 raise ValueError(f"choice features {self.choices.shape} for {len(self.text)} prompts")
+        if isinstance(self.texts, str):
+            raise ValueError("texts must be a list of strings, one per prompt, not one string")
         if self.texts is not None:
             self.texts = list(self.texts)
             if len(self.texts) != len(self.text):
@@ -243,9 +245,8 @@ class Features:
         """The rows at `idx` (index array or bool mask)."""
         idx = np.asarray(idx)
         texts = None
-        if self.texts is not None:
-            rows = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64)
-            texts = [self.texts[i] for i in rows]
+        if self.texts is not None:      # numpy's own indexing of the row numbers: masks, arrays and scalars alike
+            texts = [self.texts[i] for i in np.atleast_1d(np.arange(len(self.texts))[idx])]
         return Features(self.embeddings[idx], self.text[idx], None if self.choices is None else self.choices[idx],
                         texts)
 

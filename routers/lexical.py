@@ -17,25 +17,33 @@ inputs raise the LightGBM router's APGR from 0.7092 to 0.7164 (`benchmarks/routi
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from scipy import sparse
 
-NUM_BITS = 17           # 131,072 hash buckets: MMLU's ~14k prompts hold ~200k distinct 1-2-grams
+NUM_BITS = 17           # 131,072 hash buckets (MMLU's 14k prompts hold 376k distinct 1-2-grams: rare ones share)
 NGRAM_RANGE = (1, 2)
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"     # words of two or more letters or digits ("A" and "I" are dropped)
+
+
+def prompt_hashes(texts: Sequence[str]) -> np.ndarray:
+    """[N] int64 a stable 64-bit hash of each text (BLAKE2b), to find a training prompt again."""
+    return np.array([int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+                     for t in texts], dtype=np.int64)
 
 
 def hashed_ngrams(texts: Sequence[str], num_bits: int = NUM_BITS) -> sparse.csr_matrix:
-    """[N, 2^num_bits] float32 counts of each text's lower-cased word unigrams and bigrams, hashed (no
-    vocabulary). Raises ValueError for num_bits outside [8, 24]."""
+    """[N, 2^num_bits] float32 counts of each text's lower-cased word unigrams and bigrams (words:
+    `TOKEN_PATTERN`), hashed (no vocabulary). Raises ValueError for num_bits outside [8, 24]."""
     from sklearn.feature_extraction.text import HashingVectorizer
 
     if not 8 <= num_bits <= 24:
         raise ValueError(f"num_bits must lie in [8, 24], got {num_bits}")
-    vectorizer = HashingVectorizer(ngram_range=NGRAM_RANGE, n_features=2 ** num_bits, alternate_sign=False,
-                                   norm=None, dtype=np.float32)
+    vectorizer = HashingVectorizer(ngram_range=NGRAM_RANGE, token_pattern=TOKEN_PATTERN, n_features=2 ** num_bits,
+                                   alternate_sign=False, norm=None, dtype=np.float32)
     return vectorizer.transform(list(texts)).tocsr()
 
 
@@ -47,16 +55,17 @@ class LexicalModel:
         c: inverse regularisation strength (scikit-learn's C); 1 by RouteLLM's MMLU folds (0.3 and 3 about
             as good).
     Raises:
-        ValueError: c <= 0.
+        ValueError: c not > 0 (NaN included).
     """
 
     def __init__(self, num_bits: int = NUM_BITS, c: float = 1.0):
-        if c <= 0:
-            raise ValueError(f"c must be > 0, got {c}")
+        if not c > 0 or not np.isfinite(c):
+            raise ValueError(f"c must be a finite number > 0, got {c}")
         self.num_bits, self.c = int(num_bits), float(c)
         self.idf = np.zeros(0, dtype=np.float32)          # [H]
         self.coef = np.zeros((0, 0), dtype=np.float32)    # [M, H]
         self.intercept = np.zeros(0, dtype=np.float32)    # [M]
+        self._coef_t: np.ndarray | None = None             # [H, M] C-order copy for predict (a view would be copied per call)
 
     def _weigh(self, counts: sparse.spmatrix) -> sparse.csr_matrix:
         from sklearn.preprocessing import normalize
@@ -64,13 +73,13 @@ class LexicalModel:
         x = sparse.csr_matrix(counts, dtype=np.float32, copy=True)
         if x.shape[1] != len(self.idf):
             raise ValueError(f"counts have {x.shape[1]} columns, the model {len(self.idf)} (num_bits {self.num_bits})")
-        x.data = 1.0 + np.log(x.data)
-        return normalize(x @ sparse.diags(self.idf), norm="l2", copy=False)
+        x.data = (1.0 + np.log(x.data)) * self.idf[x.indices]
+        return normalize(x, norm="l2", copy=False)
 
     def fit(self, counts: sparse.spmatrix, scores: np.ndarray) -> LexicalModel:
         """Fit on `counts` [P, 2^num_bits] and `scores` [P, M] in [0, 1] (NaN: not run, skipped). A fractional
         score s counts as a right answer of weight s and a wrong one of weight 1 - s; a model whose labels are
-        all one value predicts that value.
+        all one value predicts that value (clipped to [1e-4, 1 - 1e-4]), one without labels 0.5.
 
         Raises:
             ValueError: counts and scores disagree on P, or the counts' width is not 2^num_bits.
@@ -88,6 +97,7 @@ class LexicalModel:
         m = scores.shape[1]
         self.coef = np.zeros((m, counts.shape[1]), dtype=np.float32)
         self.intercept = np.zeros(m, dtype=np.float32)
+        self._coef_t = None
         for j in range(m):
             ok = np.flatnonzero(np.isfinite(scores[:, j]))
             y = scores[ok, j]
@@ -112,15 +122,23 @@ class LexicalModel:
             RuntimeError: not fitted. ValueError: the counts' width is not 2^num_bits."""
         if not len(self.idf):
             raise RuntimeError("the lexical model is not fitted")
-        logits = np.asarray(self._weigh(counts) @ self.coef.T) + self.intercept
+        if self._coef_t is None:
+            self._coef_t = np.ascontiguousarray(self.coef.T)
+        logits = np.asarray(self._weigh(counts) @ self._coef_t) + self.intercept
         return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return ({"idf": self.idf, "coef": self.coef, "intercept": self.intercept},
-                {"num_bits": self.num_bits, "c": self.c})
+                {"num_bits": self.num_bits, "c": self.c, "ngram_range": list(NGRAM_RANGE), "token_pattern": TOKEN_PATTERN})
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> LexicalModel:
+        """Raises ValueError when the file's words were cut otherwise (n-gram range or token pattern) than this
+        version cuts them: its coefficients would read other hash buckets."""
+        saved = (list(meta.get("ngram_range", NGRAM_RANGE)), meta.get("token_pattern", TOKEN_PATTERN))
+        if saved != (list(NGRAM_RANGE), TOKEN_PATTERN):
+            raise ValueError(f"the word model was saved with n-grams {saved[0]} and token pattern {saved[1]!r}; this "
+                             f"version reads {list(NGRAM_RANGE)} and {TOKEN_PATTERN!r}: retrain the router")
         model = cls(num_bits=meta["num_bits"], c=meta["c"])
         model.idf = np.asarray(arrays["idf"], dtype=np.float32)
         model.coef = np.asarray(arrays["coef"], dtype=np.float32)

@@ -39,7 +39,7 @@ from routers.data import RoutingData
 from routers.features import BASE_FEATURE_NAMES, Features
 from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
                            labelled_kinds)
-from routers.lexical import NUM_BITS, LexicalModel, cross_fitted, hashed_ngrams
+from routers.lexical import NUM_BITS, LexicalModel, cross_fitted, hashed_ngrams, prompt_hashes
 from routers.knn import KNNRouter
 
 LAYOUTS = ("per-model", "shared")
@@ -77,7 +77,8 @@ class LGBMRouter(Router):
         lexical: also read the prompt's words: stacked per-model logistic regressions on hashed word 1-2-grams
             (`routers.lexical`; needs `Features.texts`, which a `Featurizer` keeps). RouteLLM's MMLU pair, 5-fold
             CV, mean over fold seeds 0-2: APGR 0.7092 -> 0.7164, higher for every seed and on 13 of 15 folds;
-            fitting takes ~2.5x as long and the file grows by M x 512 KiB.
+            fitting takes ~2.5x as long (RouteLLM's pair; six logistic regressions per model) and the file grows
+            by (M + 1) x 512 KiB, plus 8 + 4 x M bytes per training prompt.
         lexical_c: the word models' inverse regularisation strength.
     Raises:
         ValueError: an unknown layout, negative sizes, num_bags < 1, unseen_quality outside [0, 1] or
@@ -104,10 +105,14 @@ class LGBMRouter(Router):
         self.add_rounds, self.num_bags = int(add_rounds), int(num_bags)
         self.add_params = {**DEFAULT_ADD_PARAMS, **(add_params or {})}
         self.unseen_quality = check_unseen_quality(unseen_quality)
-        if lexical_c <= 0:
-            raise ValueError(f"lexical_c must be > 0, got {lexical_c}")
+        if not lexical_c > 0 or not np.isfinite(lexical_c):
+            raise ValueError(f"lexical_c must be a finite number > 0, got {lexical_c}")
         self.lexical, self.lexical_c = bool(lexical), float(lexical_c)
         self.lexical_model: LexicalModel | None = None   # the word models (set by fit when lexical)
+        # the training prompts' text hashes [P] and cross-fitted word predictions [P, M0]: `add_model` reads a
+        # training prompt through these, as the boosters did, not through word models that saw its label
+        self.lexical_hashes = np.zeros(0, dtype=np.int64)
+        self.lexical_train = np.zeros((0, 0), dtype=np.float32)
         self.model_kinds = np.ones((len(self.models), 2), dtype=bool)   # [M, 2] see routers.kinds
         self.base_models: list[str] = []        # the models at fit time (the columns of the kNN features)
         self.knn: KNNRouter | None = None       # the bank of the stacked features
@@ -178,6 +183,12 @@ class LGBMRouter(Router):
         """[P] the cross-fitting fold of each training prompt (the kNN and the word models share them)."""
         return np.random.default_rng(self.params.get("seed", 0)).permutation(num_prompts) % NUM_STACKING_FOLDS
 
+    def _cross_fitted_words(self, data: RoutingData, features: Features) -> np.ndarray:
+        """[P, M] the training prompts' word-model predictions, each fold's from word models fitted on the other
+        folds (the kNN features' folds)."""
+        return cross_fitted(self._counts(features), data.scores, self._stacking_folds(data.num_prompts),
+                            c=self.lexical_c)
+
     def _cross_fitted_neighbours(self, data: RoutingData, features: Features) -> np.ndarray:
         """[P, K * M] the training prompts' kNN features, each fold's from a bank of the other folds
         (cross-fitting: unlike leave-one-out it cannot leak a prompt's own label through tied neighbours)."""
@@ -216,6 +227,7 @@ class LGBMRouter(Router):
         if features.num_rows != data.num_prompts:
             raise ValueError(f"{features.num_rows} feature rows for {data.num_prompts} prompts")
         self.base_models, self.added, self.knn, self.lexical_model = list(self.models), {}, None, None
+        self.lexical_hashes, self.lexical_train = np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.float32)
         self.model_kinds = labelled_kinds(data.scores, features.has_tools)
         self.suites = sorted(set(data.suites)) if self.use_suites and len(set(data.suites)) > 1 else []
         self.num_text_features = features.text.shape[1]
@@ -227,10 +239,10 @@ class LGBMRouter(Router):
             x = np.hstack([x, self._cross_fitted_neighbours(data, features)])
             self.knn = self._make_knn(data.models).fit(data, features)
         if self.lexical:
-            counts = self._counts(features)
-            x = np.hstack([x, cross_fitted(counts, data.scores, self._stacking_folds(data.num_prompts),
-                                           c=self.lexical_c)])
-            self.lexical_model = LexicalModel(c=self.lexical_c).fit(counts, data.scores)
+            self.lexical_train = self._cross_fitted_words(data, features)
+            self.lexical_hashes = prompt_hashes(features.texts)
+            x = np.hstack([x, self.lexical_train])
+            self.lexical_model = LexicalModel(c=self.lexical_c).fit(self._counts(features), data.scores)
         self.boosters = {}
         if self.layout == "per-model":
             for j, model in enumerate(self.models):
@@ -262,7 +274,14 @@ class LGBMRouter(Router):
         kinds = labelled_kinds(y[:, None], features.has_tools)                 # [1, 2]
         # prompts already in the kNN bank leave themselves out, as the training prompts did
         exclude = self.knn.find_in_bank(features, data.suites) if self.knn is not None else None
-        x = self._added_inputs(self._inputs(features, data.suites, exclude), data.suites)
+        x = self._inputs(features, data.suites, exclude)
+        if self.lexical_model is not None:
+            # a training prompt's word inputs as the boosters saw them (cross-fitted), not in-sample predictions
+            row = {h: i for i, h in enumerate(self.lexical_hashes.tolist())}
+            found = np.array([row.get(h, -1) for h in prompt_hashes(features.texts).tolist()], dtype=np.int64)
+            hit = found >= 0
+            x[hit, -len(self.base_models):] = self.lexical_train[found[hit]]
+        x = self._added_inputs(x, data.suites)
         self.added[name] = self._train(x[ok], y[ok], added=True)
         self.model_kinds = np.vstack([self.model_kinds, kinds])
         self.models.append(name)
@@ -301,6 +320,7 @@ class LGBMRouter(Router):
         if self.lexical_model is not None:
             lexical_arrays, lexical_meta = self.lexical_model.state()
             arrays.update({f"lexical.{k}": v for k, v in lexical_arrays.items()})
+            arrays.update({"lexical_train.hashes": self.lexical_hashes, "lexical_train.predictions": self.lexical_train})
         return (arrays, {"layout": self.layout, "num_components": self.num_components, "num_rounds": self.num_rounds,
                          "params": self.params, "use_suites": self.use_suites, "suites": self.suites,
                          "neighbours": self.neighbours, "neighbour_prior": self.neighbour_prior, "knn": knn_meta,
@@ -330,6 +350,8 @@ class LGBMRouter(Router):
         if meta.get("lexical_model") is not None:
             lexical_arrays = {k.removeprefix("lexical."): v for k, v in arrays.items() if k.startswith("lexical.")}
             router.lexical_model = LexicalModel.from_state(lexical_arrays, meta["lexical_model"])
+            router.lexical_hashes = np.asarray(arrays["lexical_train.hashes"], dtype=np.int64)
+            router.lexical_train = np.asarray(arrays["lexical_train.predictions"], dtype=np.float32)
         router.pca_mean = np.asarray(arrays["pca_mean"], dtype=np.float32)
         router.pca_components = np.asarray(arrays["pca_components"], dtype=np.float32)
         router.boosters = {k: BoosterBag.from_state(s) for k, s in meta["boosters"].items()}

@@ -8,6 +8,7 @@ import pytest
 from routers.base import load_router, save_router
 from routers.data import RoutingData
 from routers.features import BASE_FEATURE_NAMES, HAS_TOOLS, TEXT_FEATURE_NAMES, Features
+from routers.lexical import hashed_ngrams
 from routers.lgbm import LGBMRouter
 
 FAST = {"num_rounds": 60, "params": {"learning_rate": 0.2, "min_data_in_leaf": 5}}
@@ -275,3 +276,33 @@ def test_a_lexical_router_reads_a_rule_only_the_words_carry(tmp_path):
     old = LGBMRouter.from_state(arrays, {**meta, "models": plain.models})
     assert not old.lexical and old.lexical_model is None
     np.testing.assert_array_equal(old.predict(test_f, test.suites), plain.predict(test_f, test.suites))
+
+
+def test_the_word_inputs_are_cross_fitted_in_training_and_when_adding_a_model():
+    train, train_f = worded(300, seed=22)
+    router = LGBMRouter(["short"], num_components=4, neighbours=(5,), lexical=True, **FAST)
+    router.fit(train.select_models(["short"]), train_f)
+    # what the boosters were trained on: the other folds' word models (the kNN's folds), never a prompt's own label
+    np.testing.assert_array_equal(router.lexical_train, router._cross_fitted_words(train.select_models(["short"]), train_f))
+    flipped = train.select_models(["short"])
+    flipped.scores[0] = 1 - flipped.scores[0]
+    again = router._cross_fitted_words(flipped, train_f)
+    np.testing.assert_array_equal(again[0], router.lexical_train[0])
+    assert (again[1:] != router.lexical_train[1:]).any()
+    # adding a model reads a training prompt through those cross-fitted predictions, a new prompt through the
+    # word models fitted on all training prompts
+    seen = {}
+    original = router._added_inputs
+    router._added_inputs = lambda x, suites: seen.setdefault("x", x.copy()) is not None and original(x, suites)
+    new, new_f = worded(50, seed=23)         # prompts never trained on: other ids, a word of their own
+    texts = [f"{t} fresh" for t in new.prompts]
+    fresh = RoutingData([f"new{i}" for i in range(50)], texts, new.suites, new.models, new.scores, new.costs)
+    fresh_f = Features(new_f.embeddings, new_f.text, texts=texts)
+    both = RoutingData.concat([train.subset(np.arange(100)), fresh])
+    router.add_model("long", both.select_models(["long"]), Features.concat([train_f.subset(np.arange(100)), fresh_f]))
+    words = seen["x"][:, -1]
+    # (a text that occurs twice in training is read through one of its rows: compare the texts seen once)
+    once = np.array([train.prompts.count(t) == 1 for t in train.prompts[:100]])
+    assert once.sum() > 50
+    np.testing.assert_allclose(words[:100][once], router.lexical_train[:100, 0][once])
+    np.testing.assert_allclose(words[100:], router.lexical_model.predict(hashed_ngrams(fresh_f.texts))[:, 0], rtol=1e-6)
