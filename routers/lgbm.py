@@ -350,8 +350,8 @@ class LGBMRouter(Router):
         if meta.get("lexical_model") is not None:
             lexical_arrays = {k.removeprefix("lexical."): v for k, v in arrays.items() if k.startswith("lexical.")}
             router.lexical_model = LexicalModel.from_state(lexical_arrays, meta["lexical_model"])
-            router.lexical_hashes = np.asarray(arrays["lexical_train.hashes"], dtype=np.int64)
-            router.lexical_train = np.asarray(arrays["lexical_train.predictions"], dtype=np.float32)
+            router.lexical_hashes = np.asarray(arrays.get("lexical_train.hashes", np.zeros(0)), dtype=np.int64)
+            router.lexical_train = np.asarray(arrays.get("lexical_train.predictions", np.zeros((0, 0))), dtype=np.float32)
         router.pca_mean = np.asarray(arrays["pca_mean"], dtype=np.float32)
         router.pca_components = np.asarray(arrays["pca_components"], dtype=np.float32)
         router.boosters = {k: BoosterBag.from_state(s) for k, s in meta["boosters"].items()}
