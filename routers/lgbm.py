@@ -183,11 +183,11 @@ class LGBMRouter(Router):
         """[P] the cross-fitting fold of each training prompt (the kNN and the word models share them)."""
         return np.random.default_rng(self.params.get("seed", 0)).permutation(num_prompts) % NUM_STACKING_FOLDS
 
-    def _cross_fitted_words(self, data: RoutingData, features: Features) -> np.ndarray:
+    def _cross_fitted_words(self, data: RoutingData, features: Features, counts=None) -> np.ndarray:
         """[P, M] the training prompts' word-model predictions, each fold's from word models fitted on the other
-        folds (the kNN features' folds)."""
-        return cross_fitted(self._counts(features), data.scores, self._stacking_folds(data.num_prompts),
-                            c=self.lexical_c)
+        folds (the kNN features' folds); `counts` the prompts' hashed n-grams when already computed."""
+        counts = self._counts(features) if counts is None else counts
+        return cross_fitted(counts, data.scores, self._stacking_folds(data.num_prompts), c=self.lexical_c)
 
     def _cross_fitted_neighbours(self, data: RoutingData, features: Features) -> np.ndarray:
         """[P, K * M] the training prompts' kNN features, each fold's from a bank of the other folds
@@ -239,10 +239,11 @@ class LGBMRouter(Router):
             x = np.hstack([x, self._cross_fitted_neighbours(data, features)])
             self.knn = self._make_knn(data.models).fit(data, features)
         if self.lexical:
-            self.lexical_train = self._cross_fitted_words(data, features)
+            counts = self._counts(features)       # hashed once, for the cross-fitted and the final word models
+            self.lexical_train = self._cross_fitted_words(data, features, counts)
             self.lexical_hashes = prompt_hashes(features.texts)
             x = np.hstack([x, self.lexical_train])
-            self.lexical_model = LexicalModel(c=self.lexical_c).fit(self._counts(features), data.scores)
+            self.lexical_model = LexicalModel(c=self.lexical_c).fit(counts, data.scores)
         self.boosters = {}
         if self.layout == "per-model":
             for j, model in enumerate(self.models):
