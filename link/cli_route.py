@@ -147,7 +147,11 @@ def _render(result: dict[str, Any], console: Console) -> None:
         console.print(table)
         knob = (f"lambda (cost penalty) = {decision['cost_penalty']:g} quality points per USD" if "cost_penalty" in decision
                 else f"threshold = {decision.get('threshold')}")
-        console.print(f"{knob}; routing took {decision.get('routing_ms', 0):.1f} ms")
+        console.print(f"{knob}; routing took {decision.get('routing_ms', 0):.1f} ms (loading the router not counted)")
+        if decision.get("over_max_cost"):
+            console.print(f"every candidate is expected to cost more than the ceiling of {decision['max_cost_usd']:g} USD: "
+                          f"the cheapest, {decision['chosen']}, answers (the answer carries x-link-over-max-cost: true)",
+                          markup=False)
     if "proposers" in decision or "moa_plan" in decision:
         moa = decision.get("moa_plan") or decision
         proposers = ", ".join(p["model"] + (f" @ T={p['temperature']:g}" if p.get("temperature") is not None else "")

@@ -50,15 +50,24 @@ def _fail(exc: BaseException) -> typer.Exit:
     return fail(' '.join(text.split()))
 
 
-def load_data(specs: list[str], data_dir: Path | None = None, *, task_by: str = "suite"):
+def load_data(specs: list[str], data_dir: Path | None = None, *, task_by: str = "suite", min_models: int = 2):
     """A `RoutingData` of the merged outcome tables of `specs`; `task_by` "subject" relabels each prompt's
-    suite with its group (MMLU subjects), so per-task baselines and routers see subjects."""
+    suite with its group (MMLU subjects), so per-task baselines and routers see subjects.
+
+    Raises:
+        ValueError: no spec, or fewer than `min_models` models in the tables (routing chooses between two or
+            more; adding a model or fitting an answer checker reads one).
+    """
     from evals.recorded import load_source
     from routers.data import RoutingData
 
     if not specs:
         raise ValueError("give at least one --data/--train source")
     data = RoutingData.from_outcomes(itertools.chain.from_iterable(load_source(s, data_dir) for s in specs))
+    if data.num_models < min_models:
+        raise ValueError(f"this needs outcomes of at least {min_models} model{'s' if min_models > 1 else ''}; {', '.join(specs)} "
+                         f"{'has' if len(specs) == 1 else 'have'} only {', '.join(data.models) or 'none'}: "
+                         "add another --data/--train source with the other models' outcomes on the same prompts")
     return data if task_by == "suite" else data.with_suites(data.groups(task_by))
 
 
@@ -141,7 +150,7 @@ def train_checker(
     try:
         if components < 0:
             raise ValueError(f"--components must be >= 0, got {components}")
-        result = train_checker_and_save(load_data(data, data_dir), model, out, num_components=components, strong=strong,
+        result = train_checker_and_save(load_data(data, data_dir, min_models=1), model, out, num_components=components, strong=strong,
                                         target=Target.parse(target) if target else None)
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
@@ -173,7 +182,7 @@ def add_model(
     from routers.pipeline import add_model_to_file
 
     try:
-        table = load_data(data, data_dir)
+        table = load_data(data, data_dir, min_models=1)
         result = add_model_to_file(file, table, model, out=out,
                                    prices=_prices([model], data_dir) if prices else None)
     except (ValueError, KeyError, OSError) as exc:

@@ -190,12 +190,16 @@ class LoadedRouter:
         return self.router.models
 
     def expected_cost(self, body: dict) -> np.ndarray:
-        """[M] expected USD of each model's answer to `body` (zeros without a cost model)."""
+        """[M] expected USD of each model's answer to `body` (zeros without a cost model); a priced model's
+        expected output is capped at the request's `max_completion_tokens` or `max_tokens`."""
         if self.costs is None:
             return np.zeros(len(self.models))
         suite = (body.get("metadata") or {}).get("suite")
         tokens = estimate_prompt_tokens([request_text(body)])
-        return self.costs.select_models(self.models).expected_cost(tokens, [suite] if suite else None)[0]
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        limit = float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else np.nan
+        return self.costs.select_models(self.models).expected_cost(tokens, [suite] if suite else None,
+                                                                   np.array([limit]))[0]
 
     def decide(self, body: dict, *, cost_penalty: float | None = None, max_cost_usd: float | None = None,
                allowed: Sequence[str] | None = None) -> RoutingDecision:

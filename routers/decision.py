@@ -78,11 +78,14 @@ class CostModel:
         """[M] bool: the model has input and output prices."""
         return np.isfinite(self.input_per_million) & np.isfinite(self.output_per_million)
 
-    def expected_cost(self, prompt_tokens: np.ndarray, suites: list[str] | None = None) -> np.ndarray:
+    def expected_cost(self, prompt_tokens: np.ndarray, suites: list[str] | None = None,
+                      max_output_tokens: np.ndarray | None = None) -> np.ndarray:
         """[N, M] expected USD of each model's answer to N prompts of `prompt_tokens` [N] tokens.
 
         Args:
             suites: [N] task labels, for the per-suite intercepts (None or an unknown suite: the global one).
+            max_output_tokens: [N] the requests' completion-token limits (`max_tokens`; NaN: none): a priced
+                model's expected output is capped there (a model without prices keeps its fitted cost).
         """
         t = np.asarray(prompt_tokens, dtype=np.float64).reshape(-1, 1)
         out = np.broadcast_to(self.mean_cost, (len(t), self.num_models)).copy()
@@ -97,7 +100,10 @@ class CostModel:
             out[:, fitted] = line[:, fitted]
         priced = self.has_price
         if priced.any():
-            out_tokens = np.nan_to_num(self.expected_output_tokens, nan=0.0)
+            out_tokens = np.broadcast_to(np.nan_to_num(self.expected_output_tokens, nan=0.0), out.shape)
+            if max_output_tokens is not None:
+                limit = np.asarray(max_output_tokens, dtype=np.float64).reshape(-1, 1)
+                out_tokens = np.minimum(out_tokens, np.where(np.isnan(limit), np.inf, limit))
             by_price = (self.input_per_million * t + self.output_per_million * out_tokens) / 1e6
             out[:, priced] = by_price[:, priced]
         return out

@@ -32,7 +32,8 @@ from link.config import PolicyConfig
 from link.policies.base import CostBound, Plan, Policy, PolicyError, PolicyRequest
 from link.policies.moa import MoAExecutor, build_moa, moa_cost_bound
 from link.policies.options import number_option, str_option
-from link.policies.router import LazyRouter, encoder_option, knob_options, request_overrides, router_path
+from link.policies.router import (LazyRouter, encoder_option, knob_options, request_overrides, require_text_prompt,
+                                 router_path)
 
 OPTIONS = ("path", "moa", "moa_column", "moa_gain", "cost_penalty", "max_cost_usd", "encoder")
 DEFAULT_MOA_COLUMN = "link/moa"
@@ -113,8 +114,8 @@ class HybridPolicy(Policy):
 
     def decide(self, body: dict[str, Any], cost_penalty: float | None, max_cost_usd: float | None) -> dict[str, Any]:
         """The request log's decision dict, "order" holding the ranked options (blocking; a worker thread)."""
-        started = time.perf_counter()
-        loaded = self.router.get()
+        loaded = self.router.get()                 # waits for the file and the encoder on the first request
+        started = time.perf_counter()              # routing_ms: the decision itself
         scores = loaded.router.score(body)
         costs = dict(zip(loaded.models, (float(c) for c in loaded.expected_cost(body))))
         if cost_penalty is None:
@@ -134,9 +135,11 @@ class HybridPolicy(Policy):
                     "order": ranked, "routing_ms": round((time.perf_counter() - started) * 1000, 3)}
         if max_cost_usd is not None:
             decision["max_cost_usd"] = max_cost_usd
+            decision["over_max_cost"] = cost[ranked[0]] > max_cost_usd   # every option was over: the cheapest
         return decision
 
     async def plan(self, request: PolicyRequest) -> Plan:
+        require_text_prompt(request.body)
         penalty, max_cost = request_overrides(request.body)
         penalty = self.cost_penalty if penalty is None else penalty
         max_cost = self.max_cost_usd if max_cost is None else max_cost

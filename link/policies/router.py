@@ -112,6 +112,20 @@ def request_overrides(body: dict[str, Any]) -> tuple[float | None, float | None]
     return values[0], values[1]
 
 
+def require_text_prompt(body: dict[str, Any]) -> None:
+    """Refuse a /v1/completions prompt of token ids: a router reads the prompt's text, and ids of one model's
+    tokenizer mean other words to another candidate's.
+
+    Raises:
+        OpenAIError: 400 (param "prompt") for a prompt of token ids (a list of ints, or of lists of ints).
+    """
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) and not isinstance(p, bool) for p in prompt):
+        raise OpenAIError(400, "a routing policy reads the prompt's text, and token ids name different words in each "
+                          "candidate's tokenizer: send the prompt as text, or send token ids to one model by name",
+                          param="prompt")
+
+
 class LazyRouter:
     """A router file loaded once, on first use, from any thread (`routers.base.load_router`).
 
@@ -223,8 +237,8 @@ class RouterPolicy(Policy):
     def decide(self, body: dict[str, Any], cost_penalty: float | None, max_cost_usd: float | None) -> dict[str, Any]:
         """The routing decision for one request, as the request log's decision dict (blocking; a worker thread).
         "order" is the plan: the chosen model, then the others by the objective."""
-        started = time.perf_counter()
-        loaded = self.router.get()
+        loaded = self.router.get()                 # waits for the file and the encoder on the first request
+        started = time.perf_counter()              # routing_ms: the decision itself
         decision = loaded.decide(body, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd, allowed=self.config.models)
         result = {"type": self.type, "router": loaded.router.type, "rule": decision.rule,
                   "scores": decision.quality, "expected_cost_usd": decision.expected_cost, "chosen": decision.chosen,
@@ -236,10 +250,13 @@ class RouterPolicy(Policy):
             result["threshold"] = decision.knob
         if max_cost_usd is not None:
             result["max_cost_usd"] = max_cost_usd
+            # every model was expected over the ceiling: the cheapest answers, and the answer says so
+            result["over_max_cost"] = decision.expected_cost[decision.chosen] > max_cost_usd
         result["routing_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return result
 
     async def plan(self, request: PolicyRequest) -> Plan:
+        require_text_prompt(request.body)
         penalty, max_cost = request_overrides(request.body)
         penalty = self.cost_penalty if penalty is None else penalty
         max_cost = self.max_cost_usd if max_cost is None else max_cost

@@ -12,7 +12,9 @@ A request's life (`handle`):
        (a chat request with `tools` of an opted-in key or policy is also recorded as a tool-call trace: link/traces.py)
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
-requested name); a whole (non-streamed) answer also carries `x-link-cost-usd`, its cost in USD.
+requested name; UTF-8 percent-encoded outside printable ASCII); a whole (non-streamed) answer also carries
+`x-link-cost-usd`, its cost in USD; an answer routed under a cost ceiling (`metadata.link_max_cost_usd`) that every
+candidate was expected to exceed carries `x-link-over-max-cost: true` (the cheapest candidate answered).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import logging
 import math
 from typing import AsyncIterator
+from urllib.parse import quote
 
 import anyio
 from fastapi import APIRouter, Request
@@ -66,11 +69,26 @@ class GatewayStream(StreamingResponse):
                 await self.accounting.finish(self.record)
 
 
+# printable ASCII but "%": what a header value keeps as it is (HTTP allows no line breaks, and Latin-1 at most)
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def header_value(text: str) -> str:
+    """`text` as an HTTP header value: UTF-8 percent-encoded outside printable ASCII (as RFC 3986 encodes a
+    URL), so that a model or policy name such as "路由" or one holding a line break cannot break the answer."""
+    return quote(text, safe=_HEADER_SAFE)
+
+
 def _headers(record: RequestRecord, requested: str) -> dict[str, str]:
-    """The x-link-* headers; `requested` is the `model` the client sent ("" when unreadable)."""
+    """The x-link-* headers; `requested` is the `model` the client sent ("" when unreadable). Names are
+    percent-encoded outside printable ASCII (`header_value`)."""
     attempts = record.decision.get("attempts") or [{}]
     model = record.model or attempts[-1].get("model") or requested
-    return {"x-link-request-id": record.request_id, "x-link-policy": record.policy or requested, "x-link-model": model}
+    headers = {"x-link-request-id": header_value(record.request_id),
+               "x-link-policy": header_value(record.policy or requested), "x-link-model": header_value(model)}
+    if record.decision.get("over_max_cost"):
+        headers["x-link-over-max-cost"] = "true"
+    return headers
 
 
 async def _rate_limit(state: GatewayState, record: RequestRecord) -> None:

@@ -31,7 +31,8 @@ def gateway(mock, new_database_url, tmp_path_factory):
 
     config = parse_config({"models": [mock_deployment("mock-a", mock.api_base), mock_deployment("down", refused_url()),
                                       mock_deployment("down-too", refused_url())],
-                           "policies": [{"name": "fb-down", "type": "fallback", "models": ["down", "down-too"]}]})
+                           "policies": [{"name": "fb-down", "type": "fallback", "models": ["down", "down-too"]},
+                                        {"name": "路由", "type": "fixed", "models": ["mock-a"]}]})
     settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"))
     with start_gateway_thread(settings, config) as server:
         yield server
@@ -164,6 +165,20 @@ def test_error_answers_name_the_model_and_policy(gateway):
     not_json = httpx.post(gateway.base_url + "/chat/completions", content=b"{", headers=AUTH)
     assert not_json.status_code == 400 and not_json.headers["x-link-request-id"]
     assert "x-link-model" in not_json.headers and "x-link-policy" in not_json.headers
+
+
+
+def test_names_outside_printable_ascii_are_percent_encoded_in_the_headers(gateway):
+    # an HTTP header holds Latin-1 at most and no line break: such a name once turned the answer into a 500
+    answered = post(gateway, {**CHAT, "model": "路由"})
+    assert answered.status_code == 200, answered.text
+    assert answered.headers["x-link-policy"] == "%E8%B7%AF%E7%94%B1" and answered.headers["x-link-model"] == "mock-a"
+    unknown = post(gateway, {**CHAT, "model": "模型"})
+    assert error_of(unknown, 404)["code"] == "model_not_found"
+    assert unknown.headers["x-link-model"] == "%E6%A8%A1%E5%9E%8B"
+    injected = post(gateway, {**CHAT, "model": "a\r\nx-evil: 1"})
+    assert error_of(injected, 404)["code"] == "model_not_found" and "x-evil" not in injected.headers
+    assert injected.headers["x-link-model"] == "a%0D%0Ax-evil: 1"
 
 
 @pytest.mark.parametrize("limits,kind", [({"tpm_limit": 5}, "tokens"), ({"rpm_limit": 1}, "requests")])

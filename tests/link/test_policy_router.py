@@ -104,11 +104,26 @@ def test_metadata_overrides_lambda_and_the_cost_ceiling(gateway, client):
     decision = decision_of(gateway, raw)
     assert raw.headers["x-link-model"] == "small" and decision["excluded"] == ["big"] and decision["max_cost_usd"] == 0.005
     assert decision["candidates"] == ["small"]
+    assert decision["over_max_cost"] is False and "x-link-over-max-cost" not in raw.headers
+    # a ceiling under every expected cost (small 0.001, big 0.01): the cheapest answers, and the answer says so
+    raw, _ = ask(client, "auto", "a math question", metadata={"link_max_cost_usd": "0.0001"})
+    decision = decision_of(gateway, raw)
+    assert raw.headers["x-link-model"] == "small" and decision["excluded"] == ["big"] and decision["over_max_cost"] is True
+    assert raw.headers["x-link-over-max-cost"] == "true"
     with pytest.raises(openai.BadRequestError) as info:
         ask(client, "auto", "hi", metadata={"link_cost_penalty": "cheap"})
     assert info.value.body["param"] == "metadata.link_cost_penalty"
     with pytest.raises(openai.BadRequestError):
         ask(client, "auto", "hi", metadata={"link_max_cost_usd": "-1"})
+
+
+@pytest.mark.parametrize("policy", ["auto", "hybrid"])
+def test_a_prompt_of_token_ids_is_refused_by_a_routing_policy(gateway, client, policy):
+    for prompt in ([1, 2, 3], [[1, 2], [3]]):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=policy, prompt=prompt, max_tokens=5)
+        assert info.value.body["param"] == "prompt" and "as text" in info.value.body["message"]
+    assert client.completions.create(model=policy, prompt="say hello", max_tokens=5).choices[0].text
 
 
 def test_a_dead_first_choice_falls_back_to_the_next_by_the_objective(gateway, client):
@@ -152,6 +167,9 @@ def test_hybrid_without_a_column_adds_the_gain_to_the_best_proposer(gateway, cli
     raw, _ = ask(client, "hybrid-gain", "say hello", metadata={"link_cost_penalty": "100"})
     decision = decision_of(gateway, raw)  # 0.75 - 2.1 < 0.6 - 0.1 = 0.5 and 0.7 - 1.0: small
     assert decision["chosen"] == "small" and raw.headers["x-link-model"] == "small" and "calls" not in decision and "moa" not in decision
+    raw, _ = ask(client, "hybrid-gain", "say hello", metadata={"link_max_cost_usd": "0.0001"})
+    decision = decision_of(gateway, raw)  # every option is expected over the ceiling: the cheapest, small
+    assert decision["chosen"] == "small" and decision["over_max_cost"] is True and raw.headers["x-link-over-max-cost"] == "true"
 
 
 def test_link_route_prints_the_decision(router_files, tmp_path):
@@ -169,6 +187,10 @@ def test_link_route_prints_the_decision(router_files, tmp_path):
     assert result.exit_code == 0, result.output
     explained = json.loads(result.output)
     assert explained["models"] == ["small", "big"] and explained["decision"]["cost_penalty"] == 100.0
+    result = runner.invoke(app, ["route", "hi", "-p", "auto", "-c", str(config), "--max-cost-usd", "0"])
+    assert result.exit_code == 0, result.output
+    assert "every candidate is expected to cost more than the ceiling of 0 USD: the cheapest, small, answers" in \
+        " ".join(result.output.split())
     result = runner.invoke(app, ["route", "hi", "-p", "hybrid-gain", "-c", str(config)])
     assert result.exit_code == 0 and "Mixture-of-Agents: proposers small, big -> aggregator big" in result.output
     result = runner.invoke(app, ["route", "hi", "-p", "nope", "-c", str(config)])

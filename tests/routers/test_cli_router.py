@@ -155,6 +155,16 @@ def test_eval_cross_validation_and_errors(tmp_path, files):
     assert backwards.exit_code == 2 and "cheapest first" in backwards.output
 
 
+def test_routing_commands_refuse_outcomes_of_one_model(tmp_path, files):
+    train, _ = files
+    one = OutcomeTable.read(train).select(models=["strong"]).write(tmp_path / "strong.jsonl")
+    for args in (["train", "--type", "linear", "--data", str(one), "--out", str(tmp_path / "r.safetensors")],
+                 ["eval", "--type", "linear", "--train", str(one), "--folds", "3"]):
+        result = runner.invoke(app, ["router", *args])
+        assert result.exit_code == 2, result.output
+        assert "at least 2 models" in result.output and "only strong" in result.output
+
+
 def test_calibrate_a_cascade_threshold_keeps_the_router_rule(tmp_path, files):
     train, test = files
     out = tmp_path / "r.safetensors"

@@ -90,6 +90,15 @@ def test_cost_model_clips_a_negative_slope_and_uses_prices():
     assert model.select_models(["m1"]).models == ["m1"]
 
 
+def test_the_requests_max_tokens_caps_a_priced_models_expected_output():
+    model = CostModel(["a", "b", "unpriced"], input_per_million=[1.0, 2.0, np.nan], output_per_million=[10.0, 20.0, np.nan],
+                      expected_output_tokens=[100.0, 50.0, np.nan], mean_cost=[0.0, 0.0, 0.005])
+    cost = model.expected_cost(np.array([1000.0, 1000.0, 1000.0]), None, np.array([np.nan, 10.0, 80.0]))
+    np.testing.assert_allclose(cost, [[(1000 + 10 * 100) / 1e6, (2 * 1000 + 20 * 50) / 1e6, 0.005],    # no limit
+                                      [(1000 + 10 * 10) / 1e6, (2 * 1000 + 20 * 10) / 1e6, 0.005],     # 10 tokens
+                                      [(1000 + 10 * 80) / 1e6, (2 * 1000 + 20 * 50) / 1e6, 0.005]])    # 80: b's 50 stay
+
+
 def test_target_parse():
     assert Target.parse("cost=0.001") == Target("cost", 0.001)
     assert Target.parse("share:gpt-4-1106-preview=0.3") == Target("share", 0.3, "gpt-4-1106-preview")

@@ -160,6 +160,10 @@ def test_loaded_router_decides_with_the_saved_knob_and_overrides(tmp_path):
     assert free_lunch.decide(body, cost_penalty=30.0).chosen == "mid"
     # lambda = 500: 0.9 - 5, 0.7 - 0.5, 0.3 -> free
     assert LoadedRouter(router, costs, {"rule": "lambda", "cost_penalty": 500.0}).decide(body).chosen == "free"
+    priced = LoadedRouter(router, CostModel(data.models, [0.0] * 3, [1000.0] * 3, [100.0, 10.0, 1.0], [0.0] * 3))
+    np.testing.assert_allclose(priced.expected_cost(body), [0.1, 0.01, 0.001])          # 1000 USD / M output tokens
+    np.testing.assert_allclose(priced.expected_cost({**body, "max_tokens": 5}), [0.005, 0.005, 0.001])
+    np.testing.assert_allclose(priced.expected_cost({**body, "max_tokens": 50, "max_completion_tokens": 2}), [0.002] * 2 + [0.001])
     capped = free_lunch.decide(body, max_cost_usd=0.005)
     assert capped.chosen == "mid" and capped.excluded == ["big"]
     assert free_lunch.decide(body, allowed=["free", "mid"]).chosen == "mid"
