@@ -85,7 +85,9 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
                   tools: list[dict] | None = None) -> dict[str, Any]:
     """Plan one request with a config policy (or a model name): {"policy", "type", "models" (the plan's order, or
     every model an executed plan calls), "decision", "executed" (a cascade or MoA plan), "tools" (the names of
-    the functions the request offers)}.
+    the functions the request offers)}; a cascade scored by a router's predicted quality, decided before any
+    call, also gives "steps" ([{"model", "predicted_quality", "threshold", "answers"}], the last step's
+    prediction and threshold None) and "models" is then the one model called.
 
     Args:
         prompt: the user message (chat) or the prompt (endpoint "completion").
@@ -101,6 +103,7 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
     """
     from link.config import load_config
     from link.policies import PolicyRequest, make_policy
+    from link.policies.cascade import predicted_steps
     from link.policies.fixed import implicit_fixed
     from link.schemas import validate_request
     from link.settings import get_settings
@@ -126,8 +129,13 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
         available = [*names, *(p.name for p in config.policies)]
         raise LookupError(f"no policy or model named {policy_name!r}; the config has {', '.join(available)}")
     plan = asyncio.run(policy.plan(PolicyRequest(endpoint, body, names)))  # type: ignore[arg-type]
-    return {"policy": plan.policy, "type": policy.type, "models": plan.models, "decision": plan.decision,
-            "executed": plan.executor is not None, "tools": [t["function"]["name"] for t in tools or []]}
+    result = {"policy": plan.policy, "type": policy.type, "models": plan.models, "decision": plan.decision,
+              "executed": plan.executor is not None, "tools": [t["function"]["name"] for t in tools or []]}
+    steps = predicted_steps(plan.executor, body)
+    if steps is not None:
+        result["steps"] = steps
+        result["models"] = [next(step["model"] for step in steps if step["answers"])]
+    return result
 
 
 def _render(result: dict[str, Any], console: Console) -> None:
@@ -157,7 +165,17 @@ def _render(result: dict[str, Any], console: Console) -> None:
         proposers = ", ".join(p["model"] + (f" @ T={p['temperature']:g}" if p.get("temperature") is not None else "")
                               for p in moa["proposers"])
         console.print(f"Mixture-of-Agents: proposers {proposers} -> aggregator {moa['aggregator']}")
-    if "thresholds" in decision:
+    if "steps" in result:
+        for step in result["steps"]:
+            if step["threshold"] is None:
+                console.print(f"cascade step {step['model']} (the last): {'answers' if step['answers'] else 'not reached'}",
+                              markup=False)
+                continue
+            verdict = ("answers" if step["answers"] else
+                       "skipped: predicted under its threshold" if step["predicted_quality"] < step["threshold"] else "not reached")
+            console.print(f"cascade step {step['model']}: predicted quality {step['predicted_quality']:.4f}, threshold "
+                          f"{step['threshold']:g}: {verdict}", markup=False)
+    elif "thresholds" in decision:
         console.print(f"cascade: {' -> '.join(result['models'])}, scorer {decision['scorer']}, thresholds {decision['thresholds']}")
     if result.get("executed"):
         console.print(f"models called: {', '.join(result['models'])}", markup=False)

@@ -179,6 +179,23 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
         raise PolicyError(f"cascade: {exc}", param="options.threshold" if "threshold" in str(exc) else "models") from None
 
 
+def predicted_steps(executor: Any, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """What a cascade scored by the router's predicted quality will do with `body`, decided before any call:
+    [{"model", "predicted_quality", "threshold", "answers"}] per step (the last step's prediction and threshold
+    None); the first step at or over its threshold answers (else the last) and the steps before it are skipped.
+    None for any other plan (a judge or an answer checker scores answers, known only once they exist).
+    Blocking: the router embeds the prompt."""
+    cascade = getattr(executor, "cascade", None)
+    predict = getattr(getattr(cascade, "scorer", None), "predict", None)
+    if cascade is None or predict is None or cascade.scorer.needs_answer:
+        return None
+    scores = predict(body)
+    answers = executor.replay_model(body)
+    return [*({"model": m, "predicted_quality": float(scores[m]), "threshold": t, "answers": m == answers}
+              for m, t in zip(cascade.models, cascade.thresholds)),
+            {"model": cascade.models[-1], "predicted_quality": None, "threshold": None, "answers": cascade.models[-1] == answers}]
+
+
 class CascadePolicy(Policy):
     """A cascade over the policy's models (see the module docstring)."""
 

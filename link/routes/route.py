@@ -4,17 +4,21 @@
     POST /api/route   a /v1/chat/completions body (`model` = a policy or model name)
         200 {"policy", "type", "models": the plan's order (or every model an executed plan calls),
              "decision": {... "scores": {model: predicted quality}, "expected_cost_usd": {model: USD},
-                          "chosen": model ...} for router and hybrid policies, "executed": bool}
+                          "chosen": model ...} for router and hybrid policies, "executed": bool; a cascade scored
+             by predicted quality also "steps" (link.policies.cascade.predicted_steps), "models" the one called}
         400 an invalid body (OpenAI error naming the field), 404 an unknown policy or model
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter, Request
 
 from link.deps import AdminDep, StateDep
 from link.policies import PolicyRequest
 from link.policies.base import PolicyError
+from link.policies.cascade import predicted_steps
 from link.schemas import OpenAIError, model_not_found, parse_json_object, validate_request
 
 router = APIRouter(prefix="/api/route", tags=["policies"])
@@ -32,5 +36,10 @@ async def explain(request: Request, state: StateDep, _: AdminDep) -> dict:
         plan = await policy.plan(PolicyRequest("chat", body, state.model_names))
     except PolicyError as exc:
         raise OpenAIError(400, exc.message, param=exc.param, code="invalid_policy") from None
-    return {"policy": plan.policy, "type": policy.type, "models": plan.models, "decision": plan.decision,
-            "executed": plan.executor is not None}
+    result = {"policy": plan.policy, "type": policy.type, "models": plan.models, "decision": plan.decision,
+              "executed": plan.executor is not None}
+    steps = await asyncio.to_thread(predicted_steps, plan.executor, body)
+    if steps is not None:
+        result["steps"] = steps
+        result["models"] = [next(step["model"] for step in steps if step["answers"])]
+    return result

@@ -42,6 +42,8 @@ def policies(files) -> list[dict]:
                      "moa_column": "moa-col", "cost_penalty": 0}},
         {"name": "hybrid-gain", "type": "hybrid", "models": ["small", "big"],
          "options": {"path": str(files["main"]), "moa": {"aggregator": "big"}, "moa_gain": 0.05, "cost_penalty": 0}},
+        {"name": "predicted", "type": "cascade", "models": ["small", "big"],
+         "options": {"scorer": "router", "path": str(files["main"]), "threshold": 0.5}},
     ]
 
 
@@ -172,6 +174,14 @@ def test_hybrid_without_a_column_adds_the_gain_to_the_best_proposer(gateway, cli
     assert decision["chosen"] == "small" and decision["over_max_cost"] is True and raw.headers["x-link-over-max-cost"] == "true"
 
 
+def test_api_route_explains_a_cascade_scored_by_predicted_quality(gateway):
+    body = {"model": "predicted", "messages": [{"role": "user", "content": "a math question"}]}
+    explained = httpx.post(gateway.url + "/api/route", json=body, headers=AUTH, timeout=30).json()
+    assert explained["models"] == ["big"] and explained["executed"] is True
+    assert [(s["model"], s["answers"]) for s in explained["steps"]] == [("small", False), ("big", True)]
+    assert explained["steps"][0]["predicted_quality"] == pytest.approx(0.2) and explained["steps"][0]["threshold"] == 0.5
+
+
 def test_link_route_prints_the_decision(router_files, tmp_path):
     from link.cli import app
 
@@ -191,6 +201,15 @@ def test_link_route_prints_the_decision(router_files, tmp_path):
     assert result.exit_code == 0, result.output
     assert "every candidate is expected to cost more than the ceiling of 0 USD: the cheapest, small, answers" in \
         " ".join(result.output.split())
+    # a cascade scored by predicted quality: small 0.6 >= 0.5 answers "hello"; on math small 0.2 is skipped
+    result = runner.invoke(app, ["route", "say hello", "-p", "predicted", "-c", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "cascade step small: predicted quality 0.6000, threshold 0.5: answers" in result.output
+    assert "cascade step big (the last): not reached" in result.output and "models called: small\n" in result.output
+    result = runner.invoke(app, ["route", "a math question", "-p", "predicted", "-c", str(config), "--json"])
+    explained = json.loads(result.output)
+    assert explained["models"] == ["big"] and [s["answers"] for s in explained["steps"]] == [False, True]
+    assert explained["steps"][0]["predicted_quality"] == pytest.approx(0.2)
     result = runner.invoke(app, ["route", "hi", "-p", "hybrid-gain", "-c", str(config)])
     assert result.exit_code == 0 and "Mixture-of-Agents: proposers small, big -> aggregator big" in result.output
     result = runner.invoke(app, ["route", "hi", "-p", "nope", "-c", str(config)])
