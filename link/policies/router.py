@@ -100,15 +100,25 @@ def request_overrides(body: dict[str, Any]) -> tuple[float | None, float | None]
     """(cost penalty, max cost in USD) a request sets in `metadata`, None where not set.
 
     Raises:
-        OpenAIError: 400 naming `metadata.<key>` for a value that is not a number >= 0.
+        OpenAIError: 400 naming `metadata.<key>` for a value that is not a number in [0, MAX_COST_PENALTY] or
+            [0, MAX_COST_USD], or for another key starting "link_" (a misspelt knob would be ignored).
     """
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    limits = {METADATA_COST_PENALTY: MAX_COST_PENALTY, METADATA_MAX_COST: MAX_COST_USD}
+    unknown = sorted(k for k in metadata if isinstance(k, str) and k.startswith("link_") and k not in limits)
+    if unknown:
+        raise OpenAIError(400, f"unknown metadata key {unknown[0]!r}: a routing policy reads {METADATA_COST_PENALTY} "
+                          f"(lambda, quality points per USD) and {METADATA_MAX_COST} (USD per request)",
+                          param=f"metadata.{unknown[0]}")
     values = []
-    for key in (METADATA_COST_PENALTY, METADATA_MAX_COST):
+    for key, high in limits.items():
         try:
-            values.append(nonnegative_number(metadata.get(key), key, f"metadata.{key}"))
+            value = nonnegative_number(metadata.get(key), key, f"metadata.{key}")
         except PolicyError as exc:
             raise OpenAIError(400, exc.message, param=exc.param) from None
+        if value is not None and value > high:
+            raise OpenAIError(400, f"{key} must be at most {high:g}, got {metadata[key]!r}", param=f"metadata.{key}")
+        values.append(value)
     return values[0], values[1]
 
 

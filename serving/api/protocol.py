@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from serving.api.chat_fields import CHAT_ROLES, check_messages, check_response_format, check_tools, json_type, problem
 from serving.sampling_params import MAX_LOGIT_BIAS
 
+MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512   # OpenAI's `metadata` limits
+
 __all__ = ["CHAT_ROLES", "ChatCompletionRequest", "CompletionRequest", "ErrorBody", "StreamOptions", "ValidationProblem",
            "check_messages", "client_param", "describe_errors", "error_body", "json_type", "usage"]
 
@@ -106,6 +108,21 @@ class ChatCompletionRequest(SamplingFields):
     functions: list[dict[str, Any]] | None = None  # legacy, superseded by tools / tool_choice
     function_call: str | dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _openai_metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        # OpenAI's limits: at most 16 pairs, keys of at most 64 characters, values of at most 512
+        if metadata is None:
+            return None
+        if len(metadata) > MAX_METADATA_PAIRS:
+            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs, got {len(metadata)}")
+        for key, value in metadata.items():
+            if len(key) > MAX_METADATA_KEY_CHARS:
+                raise ValueError(f"keys are at most {MAX_METADATA_KEY_CHARS} characters, got {len(key)} in {key[:20]!r}...")
+            if len(value) > MAX_METADATA_VALUE_CHARS:
+                raise ValueError(f"values are at most {MAX_METADATA_VALUE_CHARS} characters, got {len(value)} for {key!r}")
+        return metadata
 
     @model_validator(mode="after")
     def _nested_objects_and_combinations(self):

@@ -168,6 +168,17 @@ def test_error_answers_name_the_model_and_policy(gateway):
 
 
 
+@pytest.mark.parametrize("metadata,says", [
+    ({f"k{i}": "v" for i in range(17)}, "at most 16 key-value pairs, got 17"),
+    ({"k" * 65: "v"}, "keys are at most 64 characters, got 65"),
+    ({"note": "x" * 513}, "values are at most 512 characters, got 513"),
+])
+def test_metadata_keeps_openais_limits(gateway, metadata, says):
+    error = error_of(post(gateway, {**CHAT, "metadata": metadata}))
+    assert error["param"] == "metadata" and says in error["message"]
+    assert post(gateway, {**CHAT, "metadata": {f"k{i}": "v" * 512 for i in range(16)}}).status_code == 200
+
+
 def test_names_outside_printable_ascii_are_percent_encoded_in_the_headers(gateway):
     # an HTTP header holds Latin-1 at most and no line break: such a name once turned the answer into a 500
     answered = post(gateway, {**CHAT, "model": "路由"})

@@ -117,6 +117,12 @@ def test_metadata_overrides_lambda_and_the_cost_ceiling(gateway, client):
     assert info.value.body["param"] == "metadata.link_cost_penalty"
     with pytest.raises(openai.BadRequestError):
         ask(client, "auto", "hi", metadata={"link_max_cost_usd": "-1"})
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, "auto", "hi", metadata={"link_cost_penalty": "1e300"})
+    assert info.value.body["param"] == "metadata.link_cost_penalty" and "at most 1e+09" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:        # a misspelt knob would be ignored
+        ask(client, "auto", "hi", metadata={"link_cost_penallty": "5"})
+    assert info.value.body["param"] == "metadata.link_cost_penallty" and "link_cost_penalty" in info.value.body["message"]
 
 
 @pytest.mark.parametrize("policy", ["auto", "hybrid"])
