@@ -201,6 +201,9 @@ def route(
     from link.policies.base import PolicyError
     from link.schemas import OpenAIError
 
+    for flag, value in (("--cost-penalty", cost_penalty), ("--max-cost-usd", max_cost_usd)):
+        if value is not None and not 0 <= value < float("inf"):
+            raise fail(f"{flag} must be a finite number >= 0, got {value:g}")
     try:
         tools = None if tools_path is None else load_tools(tools_path)
         result = explain_route(prompt, policy, config, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd, suite=suite,

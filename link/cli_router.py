@@ -211,10 +211,14 @@ def calibrate(
     from routers.pipeline import calibrate_file
 
     try:
-        result = calibrate_file(file, load_data(data, data_dir, task_by=task_by), Target.parse(target), rule=rule,
+        goal = Target.parse(target)
+        result = calibrate_file(file, load_data(data, data_dir, task_by=task_by), goal, rule=rule,
                                 strong=strong, weak=weak, cascade_models=_names(cascade_models), out=out)
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
+    missed = _missed_target(goal, result)
+    if missed:
+        console.print(f"warning: {missed}", style="yellow", markup=False)
     knob = {"threshold": "threshold", "cascade": f"cascade {' -> '.join(result.get('steps', []))}: escalation threshold"
             }.get(rule, "cost penalty (lambda)")
     console.print(f"{knob} = {result['knob']:.6g} on {result['num_prompts']} prompts: mean cost "
@@ -224,6 +228,19 @@ def calibrate(
     if rule == "cascade":
         console.print(f"cascade policy: models {result['steps']}, options {{scorer: router, path: {result['path']}, "
                       f"threshold: {result['knob']:.6g}}}")
+
+
+def _missed_target(goal, result: dict[str, Any], share_tolerance: float = 0.01) -> str | None:
+    """What a calibration could not reach, in words (None when it met `goal`, a `routers.decision.Target`): a
+    cost ceiling under every operating point, or a share more than `share_tolerance` from every reachable one."""
+    if goal.kind == "cost" and result["mean_cost_usd"] > goal.value * (1 + 1e-9):
+        return (f"no setting keeps the mean cost at or under {goal.value:g} USD on these prompts; this is the "
+                f"cheapest one ({result['mean_cost_usd']:.6g} USD)")
+    if goal.kind == "share":
+        share = result["share"].get(goal.model, 0.0)
+        if abs(share - goal.value) > share_tolerance:
+            return (f"no setting sends {goal.value:.1%} of these prompts to {goal.model}; the nearest sends {share:.1%}")
+    return None
 
 
 def _reports(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -218,5 +218,7 @@ def test_link_route_prints_the_decision(router_files, tmp_path):
     assert explained["steps"][0]["predicted_quality"] == pytest.approx(0.2)
     result = runner.invoke(app, ["route", "hi", "-p", "hybrid-gain", "-c", str(config)])
     assert result.exit_code == 0 and "Mixture-of-Agents: proposers small, big -> aggregator big" in result.output
+    result = runner.invoke(app, ["route", "hi", "-p", "auto", "-c", str(config), "--cost-penalty", "-1"])
+    assert result.exit_code == 2 and "--cost-penalty must be a finite number >= 0, got -1" in result.output
     result = runner.invoke(app, ["route", "hi", "-p", "nope", "-c", str(config)])
     assert result.exit_code == 2 and "no policy or model named 'nope'" in result.output

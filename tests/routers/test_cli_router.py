@@ -101,6 +101,12 @@ def test_train_then_calibrate_a_lambda_and_a_threshold(tmp_path, files):
     result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--target", "cost=0.0002"])
     assert result.exit_code == 0, result.output
     assert load_router(out).decision["cost_penalty"] > 0 and load_router(out).decide(hard).chosen == "weak"
+    assert "warning" not in result.output
+    # under the weak model's 1e-5 USD no setting reaches it: the cheapest is kept, with a warning
+    result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--target", "cost=0.000001"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "warning: no setting keeps the mean cost at or under 1e-06 USD" in said and "(1e-05 USD)" in said
 
     other = tmp_path / "t.safetensors"
     result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--rule", "threshold",
