@@ -13,7 +13,8 @@ A request's life (`handle`):
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
 requested name; UTF-8 percent-encoded outside printable ASCII); a whole (non-streamed) answer also carries
-`x-link-cost-usd`, its cost in USD; an answer routed under a cost ceiling (`metadata.link_max_cost_usd`) that every
+`x-link-cost-usd`, its cost in USD; an answer a router or hybrid policy planned carries `x-link-chosen`, its
+choice (a model, or "moa" for the Mixture-of-Agents plan, whose aggregator is then the `x-link-model`); an answer routed under a cost ceiling (`metadata.link_max_cost_usd`) that every
 candidate was expected to exceed carries `x-link-over-max-cost: true` (the cheapest candidate answered).
 """
 
@@ -86,6 +87,8 @@ def _headers(record: RequestRecord, requested: str) -> dict[str, str]:
     model = record.model or attempts[-1].get("model") or requested
     headers = {"x-link-request-id": header_value(record.request_id),
                "x-link-policy": header_value(record.policy or requested), "x-link-model": header_value(model)}
+    if isinstance(record.decision.get("chosen"), str):       # a router's or hybrid's choice ("moa": the MoA plan)
+        headers["x-link-chosen"] = header_value(record.decision["chosen"])
     if record.decision.get("over_max_cost"):
         headers["x-link-over-max-cost"] = "true"
     return headers

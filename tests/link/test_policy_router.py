@@ -88,6 +88,7 @@ def decision_of(gateway, raw) -> dict:
 def test_the_objective_picks_the_model_and_orders_the_fallbacks(gateway, client):
     raw, answer = ask(client, "auto", "say hello")
     assert raw.headers["x-link-policy"] == "auto" and raw.headers["x-link-model"] == "small" and answer.model == "small"
+    assert raw.headers["x-link-chosen"] == "small"
     decision = decision_of(gateway, raw)
     assert decision["type"] == "router" and decision["router"] == "table-test" and decision["rule"] == "lambda"
     assert decision["scores"] == pytest.approx({"small": 0.6, "big": 0.7})
@@ -161,6 +162,7 @@ def test_hybrid_plans_the_moa_when_its_column_wins(gateway, client):
     raw, answer = ask(client, "hybrid", "a math question")  # lambda 0: moa-col 0.99 beats big 0.9
     decision = decision_of(gateway, raw)
     assert decision["chosen"] == "moa" and raw.headers["x-link-model"] == "big" and answer.model == "big"
+    assert raw.headers["x-link-chosen"] == "moa"
     assert decision["scores"] == pytest.approx({"small": 0.2, "big": 0.9, "moa": 0.99})
     assert decision["expected_cost_usd"]["moa"] == pytest.approx(0.02)
     assert [p["model"] for p in decision["moa"]["proposals"]] == ["small", "big"] and decision["moa"]["aggregator"] == "big"
