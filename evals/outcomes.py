@@ -189,7 +189,10 @@ class OutcomeTable:
             for number, record in numbered:
                 try:
                     rows.append(Outcome.from_dict(record if isinstance(record, dict) else json.loads(record)))
-                except (KeyError, ValueError, TypeError) as exc:
+                except KeyError as exc:   # a required column is missing
+                    raise ValueError(f"{path}:{number}: bad outcome row: missing field {exc}; an outcome row needs "
+                                     "prompt_id, model and score") from exc
+                except (ValueError, TypeError) as exc:
                     raise ValueError(f"{path}:{number}: bad outcome row: {exc}") from exc
         return cls(rows)
 

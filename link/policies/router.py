@@ -109,15 +109,16 @@ def request_overrides(body: dict[str, Any]) -> tuple[float | None, float | None]
     if unknown:
         raise OpenAIError(400, f"unknown metadata key {unknown[0]!r}: a routing policy reads {METADATA_COST_PENALTY} "
                           f"(lambda, quality points per USD) and {METADATA_MAX_COST} (USD per request)",
-                          param=f"metadata.{unknown[0]}")
+                          param=f"metadata.{unknown[0]}", log_status="invalid_request")
     values = []
     for key, high in limits.items():
         try:
             value = nonnegative_number(metadata.get(key), key, f"metadata.{key}")
         except PolicyError as exc:
-            raise OpenAIError(400, exc.message, param=exc.param) from None
+            raise OpenAIError(400, exc.message, param=exc.param, log_status="invalid_request") from None
         if value is not None and value > high:
-            raise OpenAIError(400, f"{key} must be at most {high:g}, got {metadata[key]!r}", param=f"metadata.{key}")
+            raise OpenAIError(400, f"{key} must be at most {high:g}, got {metadata[key]!r}", param=f"metadata.{key}",
+                              log_status="invalid_request")
         values.append(value)
     return values[0], values[1]
 
@@ -133,7 +134,7 @@ def require_text_prompt(body: dict[str, Any]) -> None:
     if isinstance(prompt, list) and prompt and all(isinstance(p, (int, list)) and not isinstance(p, bool) for p in prompt):
         raise OpenAIError(400, "a routing policy reads the prompt's text, and token ids name different words in each "
                           "candidate's tokenizer: send the prompt as text, or send token ids to one model by name",
-                          param="prompt")
+                          param="prompt", log_status="invalid_request")
 
 
 class LazyRouter:

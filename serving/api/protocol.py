@@ -204,6 +204,8 @@ def describe_errors(errors: list[dict], skip: int = 0) -> tuple[str, str | None]
     param = client_param(first["loc"])
     if first.get("type") == "missing":
         return f"Missing required parameter: '{param}'.", param
+    if first.get("type") == "too_short" and isinstance(first.get("input"), list) and not first["input"]:
+        return f"[] is too short - '{param}': give at least {(first.get('ctx') or {}).get('min_length', 1)} item", param
     tag_at = next((i for i, part in enumerate(first["loc"]) if isinstance(part, str) and _TYPE_TAG.match(part)), None)
     if tag_at is not None:  # a union: say which types it takes, unless the value matched one member's shape
         prefix = first["loc"][:tag_at]

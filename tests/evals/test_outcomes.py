@@ -87,6 +87,9 @@ def test_read_names_the_line_of_a_bad_row(tmp_path):
     path.write_text('{"prompt_id": "p", "model": "m", "score": 1}\n{"prompt_id": "q", "model": "m", "score": 2}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: bad outcome row: score"):
         OutcomeTable.read(path)
+    path.write_text('{"prompt_id": "p", "score": 1}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: bad outcome row: missing field 'model'; an outcome row needs"):
+        OutcomeTable.read(path)
     csv_path = tmp_path / "bad.csv"
     csv_path.write_text("prompt_id,model,score\np,m,1\nq,m,x\n")
     with pytest.raises(ValueError, match=r"bad\.csv:3"):

@@ -179,6 +179,11 @@ def test_metadata_keeps_openais_limits(gateway, metadata, says):
     assert post(gateway, {**CHAT, "metadata": {f"k{i}": "v" * 512 for i in range(16)}}).status_code == 200
 
 
+def test_empty_messages_are_too_short_as_openai_says(gateway):
+    error = error_of(post(gateway, {**CHAT, "messages": []}))
+    assert error["param"] == "messages" and error["message"].startswith("[] is too short - 'messages'")
+
+
 def test_names_outside_printable_ascii_are_percent_encoded_in_the_headers(gateway):
     # an HTTP header holds Latin-1 at most and no line break: such a name once turned the answer into a 500
     answered = post(gateway, {**CHAT, "model": "路由"})
