@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,7 +53,7 @@ def stream_once(url: str, model: str, question: str, max_tokens: int, timeout_s:
                       headers={"Authorization": f"Bearer {MASTER_KEY}"}) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{model}: HTTP {response.status_code}: {response.read().decode()[:500]}")
-        served = response.headers.get("x-link-model")
+        served = unquote(response.headers.get("x-link-model") or "") or None   # the gateway percent-encodes names
         for line in response.iter_lines():
             now = time.perf_counter()
             if not line:

@@ -192,7 +192,7 @@ class OutcomeTable:
                 except KeyError as exc:   # a required column is missing
                     raise ValueError(f"{path}:{number}: bad outcome row: missing field {exc}; an outcome row needs "
                                      "prompt_id, model and score") from exc
-                except (ValueError, TypeError) as exc:
+                except (ValueError, TypeError, AttributeError) as exc:   # AttributeError: a row that is not an object
                     raise ValueError(f"{path}:{number}: bad outcome row: {exc}") from exc
         return cls(rows)
 

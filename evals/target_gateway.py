@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import openai
@@ -123,7 +124,7 @@ class GatewayTarget:
         usage = response.usage
         prompt_tokens = usage.prompt_tokens if usage else 0
         completion_tokens = usage.completion_tokens if usage else 0
-        served = raw.headers.get(MODEL_HEADER) or response.model or self.name
+        served = unquote(raw.headers.get(MODEL_HEADER) or "") or response.model or self.name   # percent-encoded
         return Completion(text=text, tool_calls=calls, finish_reason=choice.finish_reason, model=served,
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                           cost_usd=self._cost(raw.headers, served, prompt_tokens, completion_tokens), latency_s=latency,

@@ -86,8 +86,7 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
     """Plan one request with a config policy (or a model name): {"policy", "type", "models" (the plan's order, or
     every model an executed plan calls), "decision", "executed" (a cascade or MoA plan), "tools" (the names of
     the functions the request offers)}; a cascade scored by a router's predicted quality, decided before any
-    call, also gives "steps" ([{"model", "predicted_quality", "threshold", "answers"}], the last step's
-    prediction and threshold None) and "models" is then the one model called.
+    call, also gives "steps" (`link.policies.cascade.predicted_steps`) and "models" is then the one model called.
 
     Args:
         prompt: the user message (chat) or the prompt (endpoint "completion").
@@ -134,7 +133,7 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
     steps = predicted_steps(plan.executor, body)
     if steps is not None:
         result["steps"] = steps
-        result["models"] = [next(step["model"] for step in steps if step["answers"])]
+        result["models"] = [next(step["model"] for step in steps if step["status"] == "answers")]
     return result
 
 
@@ -167,14 +166,12 @@ def _render(result: dict[str, Any], console: Console) -> None:
         console.print(f"Mixture-of-Agents: proposers {proposers} -> aggregator {moa['aggregator']}")
     if "steps" in result:
         for step in result["steps"]:
+            verdict = "skipped: predicted under its threshold" if step["status"] == "skipped" else step["status"]
             if step["threshold"] is None:
-                console.print(f"cascade step {step['model']} (the last): {'answers' if step['answers'] else 'not reached'}",
-                              markup=False)
-                continue
-            verdict = ("answers" if step["answers"] else
-                       "skipped: predicted under its threshold" if step["predicted_quality"] < step["threshold"] else "not reached")
-            console.print(f"cascade step {step['model']}: predicted quality {step['predicted_quality']:.4f}, threshold "
-                          f"{step['threshold']:g}: {verdict}", markup=False)
+                console.print(f"cascade step {step['model']} (the last): {verdict}", markup=False)
+            else:
+                console.print(f"cascade step {step['model']}: predicted quality {step['predicted_quality']:.4f}, threshold "
+                              f"{step['threshold']:g}: {verdict}", markup=False)
     elif "thresholds" in decision:
         console.print(f"cascade: {' -> '.join(result['models'])}, scorer {decision['scorer']}, thresholds {decision['thresholds']}")
     if result.get("executed"):
@@ -201,14 +198,16 @@ def route(
     from link.policies.base import PolicyError
     from link.schemas import OpenAIError
 
-    for flag, value in (("--cost-penalty", cost_penalty), ("--max-cost-usd", max_cost_usd)):
-        if value is not None and not 0 <= value < float("inf"):
-            raise fail(f"{flag} must be a finite number >= 0, got {value:g}")
+    from link.policies.router import MAX_COST_PENALTY, MAX_COST_USD
+
+    for flag, value, high in (("--cost-penalty", cost_penalty, MAX_COST_PENALTY), ("--max-cost-usd", max_cost_usd, MAX_COST_USD)):
+        if value is not None and not 0 <= value <= high:
+            raise fail(f"{flag} must be a number in [0, {high:g}], got {value:g}")
     try:
         tools = None if tools_path is None else load_tools(tools_path)
         result = explain_route(prompt, policy, config, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd, suite=suite,
                                endpoint="completion" if completion else "chat", tools=tools)
-    except (ConfigError, LookupError, PolicyError, ValueError) as exc:
+    except (ConfigError, LookupError, PolicyError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     except OpenAIError as exc:
         raise fail(exc.message) from None

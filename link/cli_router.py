@@ -232,10 +232,16 @@ def calibrate(
 
 def _missed_target(goal, result: dict[str, Any], share_tolerance: float = 0.01) -> str | None:
     """What a calibration could not reach, in words (None when it met `goal`, a `routers.decision.Target`): a
-    cost ceiling under every operating point, or a share more than `share_tolerance` from every reachable one."""
+    cost ceiling under every operating point, a quality fraction over every one, or a share more than
+    `share_tolerance` from every reachable one."""
     if goal.kind == "cost" and result["mean_cost_usd"] > goal.value * (1 + 1e-9):
         return (f"no setting keeps the mean cost at or under {goal.value:g} USD on these prompts; this is the "
                 f"cheapest one ({result['mean_cost_usd']:.6g} USD)")
+    if goal.kind == "quality":
+        reach = result["quality"] / result["best_single_quality"] if result["best_single_quality"] > 0 else 1.0
+        if reach < goal.value - 1e-9:
+            return (f"no setting keeps {goal.value:.1%} of the best single model's quality on these prompts; the best "
+                    f"keeps {reach:.1%}")
     if goal.kind == "share":
         share = result["share"].get(goal.model, 0.0)
         if abs(share - goal.value) > share_tolerance:

@@ -196,7 +196,8 @@ class LoadedRouter:
             return np.zeros(len(self.models))
         suite = (body.get("metadata") or {}).get("suite")
         tokens = estimate_prompt_tokens([request_text(body)])
-        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        limit = body.get("max_completion_tokens")
+        limit = body.get("max_tokens") if limit is None else limit
         limit = float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else np.nan
         return self.costs.select_models(self.models).expected_cost(tokens, [suite] if suite else None,
                                                                    np.array([limit]))[0]

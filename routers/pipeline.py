@@ -113,7 +113,8 @@ def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule:
     policy's `options.threshold`).
 
     Returns:
-        {"rule", "knob", "target", "num_prompts", "mean_cost_usd", "quality", "share": {model: fraction}, "path"}
+        {"rule", "knob", "target", "num_prompts", "mean_cost_usd", "quality", "share": {model: fraction}, "path",
+         "best_single_quality": the best single model's mean quality on the prompts}
         (+ "steps" for a cascade).
     Raises:
         ValueError: a threshold rule without strong and weak, a cascade of fewer than two models, an unknown
@@ -149,7 +150,8 @@ def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule:
                 info={**loaded.info, "calibrated_on": data.num_prompts})
     return {"rule": rule, "knob": knob, "target": decision["target"], "num_prompts": data.num_prompts,
             "mean_cost_usd": float(data.costs[rows, picks].mean()), "quality": float(data.scores[rows, picks].mean()),
-            "share": {m: float(np.mean(picks == j)) for j, m in enumerate(models)}, "path": str(target_path)}
+            "share": {m: float(np.mean(picks == j)) for j, m in enumerate(models)}, "path": str(target_path),
+            "best_single_quality": float(np.max(data.scores.mean(axis=0)))}
 
 
 def _calibrate_cascade_file(loaded, path, data: RoutingData, quality: np.ndarray, target: Target,
@@ -173,7 +175,8 @@ def _calibrate_cascade_file(loaded, path, data: RoutingData, quality: np.ndarray
                 info={**loaded.info, "cascade_calibrated_on": data.num_prompts})
     return {"rule": "cascade", "knob": knob, "steps": names, "target": target_info, "num_prompts": data.num_prompts,
             "mean_cost_usd": float(paid[0].mean()), "quality": float(data.scores[rows, picks[0]].mean()),
-            "share": {m: float(np.mean(picks[0] == j)) for j, m in enumerate(models)}, "path": str(target_path)}
+            "share": {m: float(np.mean(picks[0] == j)) for j, m in enumerate(models)}, "path": str(target_path),
+            "best_single_quality": float(np.max(data.scores.mean(axis=0)))}
 
 
 def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalSettings, *, num_splits: int = 0,

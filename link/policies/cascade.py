@@ -32,7 +32,7 @@ from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.config import PolicyConfig
 from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
 from link.policies.options import bool_option, check_options, number_value, str_option
-from link.policies.router import LazyRouter, encoder_option, gateway_embedder, router_path
+from link.policies.router import LazyRouter, encoder_option, gateway_embedder, require_text_prompt, router_path
 
 OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder", "checker")
 JUDGE_TOKENS = 256  # a bound on the judge's instruction and framing around the request and the answer
@@ -181,19 +181,26 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
 
 def predicted_steps(executor: Any, body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """What a cascade scored by the router's predicted quality will do with `body`, decided before any call:
-    [{"model", "predicted_quality", "threshold", "answers"}] per step (the last step's prediction and threshold
-    None); the first step at or over its threshold answers (else the last) and the steps before it are skipped.
-    None for any other plan (a judge or an answer checker scores answers, known only once they exist).
-    Blocking: the router embeds the prompt."""
+    [{"model", "predicted_quality", "threshold", "status"}] per step, status "skipped" (predicted under its
+    threshold), "answers" (the first step at or over its threshold, else the last) or "not reached"; the last
+    step's prediction and threshold are None. None for any other plan (a judge or an answer checker scores
+    answers, known only once they exist). Blocking: the router embeds the prompt once.
+
+    Raises:
+        OSError, ValueError: the router file cannot be read (as `routers.base.load_router`).
+    """
     cascade = getattr(executor, "cascade", None)
     predict = getattr(getattr(cascade, "scorer", None), "predict", None)
     if cascade is None or predict is None or cascade.scorer.needs_answer:
         return None
     scores = predict(body)
-    answers = executor.replay_model(body)
-    return [*({"model": m, "predicted_quality": float(scores[m]), "threshold": t, "answers": m == answers}
-              for m, t in zip(cascade.models, cascade.thresholds)),
-            {"model": cascade.models[-1], "predicted_quality": None, "threshold": None, "answers": cascade.models[-1] == answers}]
+    steps, answered = [], False
+    for model, threshold in zip(cascade.models, [*cascade.thresholds, None]):
+        quality = None if threshold is None else float(scores[model])
+        status = ("not reached" if answered else "answers" if threshold is None or quality >= threshold else "skipped")
+        answered = answered or status == "answers"
+        steps.append({"model": model, "predicted_quality": quality, "threshold": threshold, "status": status})
+    return steps
 
 
 class CascadePolicy(Policy):
@@ -227,6 +234,7 @@ class CascadePolicy(Policy):
                          prompt_tokens_per_max_token=1, extra_prompt_tokens=JUDGE_TOKENS)
 
     async def plan(self, request: PolicyRequest) -> Plan:
+        require_text_prompt(request.body)   # its steps may read token ids differently, and its scorer reads text
         scorer = self.cascade.scorer
         decision = {"type": self.type, "scorer": scorer.name, "thresholds": self.cascade.thresholds}
         judge = getattr(scorer, "model", None)

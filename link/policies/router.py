@@ -13,7 +13,10 @@
 The plan is [the chosen model, then the other candidates by the same objective] (fallbacks before the
 first byte). The decision (each model's predicted quality and expected cost, lambda, the chosen model)
 goes into the request log. A request may override the knobs in its OpenAI `metadata` (string values):
-`{"link_cost_penalty": "50"}` and `{"link_max_cost_usd": "0.001"}`.
+`{"link_cost_penalty": "50"}` and `{"link_max_cost_usd": "0.001"}`; a key that is nearly one of these (a
+misspelling, another case) is refused, the client's other tags pass. When every candidate is expected to cost
+more than the ceiling, the cheapest answers and the decision says `over_max_cost` (the answer's header
+`x-link-over-max-cost: true`).
 
 The file is read when the policy is built (at gateway start), in a daemon thread that also scores one
 warm-up request (loading the embedding model takes seconds); a request arriving before that waits for it.
@@ -34,6 +37,7 @@ per LINK_HOME, in a child process.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import math
 import threading
@@ -101,15 +105,18 @@ def request_overrides(body: dict[str, Any]) -> tuple[float | None, float | None]
 
     Raises:
         OpenAIError: 400 naming `metadata.<key>` for a value that is not a number in [0, MAX_COST_PENALTY] or
-            [0, MAX_COST_USD], or for another key starting "link_" (a misspelt knob would be ignored).
+            [0, MAX_COST_USD], or for a key that is nearly one of the two (a misspelt knob would be ignored;
+            the client's other tags pass).
     """
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
     limits = {METADATA_COST_PENALTY: MAX_COST_PENALTY, METADATA_MAX_COST: MAX_COST_USD}
-    unknown = sorted(k for k in metadata if isinstance(k, str) and k.startswith("link_") and k not in limits)
-    if unknown:
-        raise OpenAIError(400, f"unknown metadata key {unknown[0]!r}: a routing policy reads {METADATA_COST_PENALTY} "
-                          f"(lambda, quality points per USD) and {METADATA_MAX_COST} (USD per request)",
-                          param=f"metadata.{unknown[0]}", log_status="invalid_request")
+    for key in metadata:
+        if isinstance(key, str) and key not in limits:
+            near = difflib.get_close_matches(key.lower(), list(limits), n=1, cutoff=0.85)
+            if near:
+                raise OpenAIError(400, f"metadata key {key!r} is not one a routing policy reads: did you mean {near[0]!r}? "
+                                  f"({METADATA_COST_PENALTY}: lambda, quality points per USD; {METADATA_MAX_COST}: USD "
+                                  "per request)", param=f"metadata.{key}", log_status="invalid_request")
     values = []
     for key, high in limits.items():
         try:

@@ -12,7 +12,8 @@ A request's life (`handle`):
        (a chat request with `tools` of an opted-in key or policy is also recorded as a tool-call trace: link/traces.py)
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
-requested name; UTF-8 percent-encoded outside printable ASCII); a whole (non-streamed) answer also carries
+requested name; UTF-8 percent-encoded outside printable ASCII, and "%" itself, so `urllib.parse.unquote` reads
+them back); a whole (non-streamed) answer also carries
 `x-link-cost-usd`, its cost in USD; an answer a router or hybrid policy planned carries `x-link-chosen`, its
 choice (a model, or "moa" for the Mixture-of-Agents plan, whose aggregator is then the `x-link-model`); an answer routed under a cost ceiling (`metadata.link_max_cost_usd`) that every
 candidate was expected to exceed carries `x-link-over-max-cost: true` (the cheapest candidate answered).
@@ -75,8 +76,9 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
 def header_value(text: str) -> str:
-    """`text` as an HTTP header value: UTF-8 percent-encoded outside printable ASCII (as RFC 3986 encodes a
-    URL), so that a model or policy name such as "路由" or one holding a line break cannot break the answer."""
+    """`text` as an HTTP header value: UTF-8 percent-encoded outside printable ASCII and "%" itself (as RFC 3986
+    encodes a URL; `urllib.parse.unquote` reverses it), so that a model or policy name such as "路由" or one
+    holding a line break cannot break the answer."""
     return quote(text, safe=_HEADER_SAFE)
 
 

@@ -38,8 +38,12 @@ async def explain(request: Request, state: StateDep, _: AdminDep) -> dict:
         raise OpenAIError(400, exc.message, param=exc.param, code="invalid_policy") from None
     result = {"policy": plan.policy, "type": policy.type, "models": plan.models, "decision": plan.decision,
               "executed": plan.executor is not None}
-    steps = await asyncio.to_thread(predicted_steps, plan.executor, body)
+    try:
+        steps = await asyncio.to_thread(predicted_steps, plan.executor, body)
+    except (OSError, ValueError) as exc:   # the cascade's router file went missing or bad since the policy was built
+        raise OpenAIError(400, f"the cascade's router cannot score this request: {exc}", param="model",
+                          code="invalid_policy") from None
     if steps is not None:
         result["steps"] = steps
-        result["models"] = [next(step["model"] for step in steps if step["answers"])]
+        result["models"] = [next(step["model"] for step in steps if step["status"] == "answers")]
     return result

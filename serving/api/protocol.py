@@ -112,16 +112,21 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("metadata")
     @classmethod
     def _openai_metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        # OpenAI's limits: at most 16 pairs, keys of at most 64 characters, values of at most 512
+        # OpenAI's limits and wording: at most 16 pairs, keys of at most 64 characters, values of at most 512
         if metadata is None:
             return None
         if len(metadata) > MAX_METADATA_PAIRS:
-            raise ValueError(f"at most {MAX_METADATA_PAIRS} key-value pairs, got {len(metadata)}")
+            raise problem("object_above_max_properties", f"Invalid 'metadata': too many properties. Expected an object "
+                          f"with at most {MAX_METADATA_PAIRS} properties, but got an object with {len(metadata)} "
+                          "properties instead.", "metadata")
         for key, value in metadata.items():
             if len(key) > MAX_METADATA_KEY_CHARS:
-                raise ValueError(f"keys are at most {MAX_METADATA_KEY_CHARS} characters, got {len(key)} in {key[:20]!r}...")
+                raise problem("string_above_max_length", f"Invalid 'metadata': key too long. Expected a key with maximum "
+                              f"length {MAX_METADATA_KEY_CHARS}, but got a key with length {len(key)} instead.", "metadata")
             if len(value) > MAX_METADATA_VALUE_CHARS:
-                raise ValueError(f"values are at most {MAX_METADATA_VALUE_CHARS} characters, got {len(value)} for {key!r}")
+                raise problem("string_above_max_length", f"Invalid 'metadata.{key}': string too long. Expected a string "
+                              f"with maximum length {MAX_METADATA_VALUE_CHARS}, but got a string with length {len(value)} "
+                              "instead.", f"metadata.{key}")
         return metadata
 
     @model_validator(mode="after")
@@ -205,7 +210,8 @@ def describe_errors(errors: list[dict], skip: int = 0) -> tuple[str, str | None]
     if first.get("type") == "missing":
         return f"Missing required parameter: '{param}'.", param
     if first.get("type") == "too_short" and isinstance(first.get("input"), list) and not first["input"]:
-        return f"[] is too short - '{param}': give at least {(first.get('ctx') or {}).get('min_length', 1)} item", param
+        return (f"Invalid '{param}': empty array. Expected an array with minimum length "
+                f"{(first.get('ctx') or {}).get('min_length', 1)}, but got an empty array instead."), param
     tag_at = next((i for i, part in enumerate(first["loc"]) if isinstance(part, str) and _TYPE_TAG.match(part)), None)
     if tag_at is not None:  # a union: say which types it takes, unless the value matched one member's shape
         prefix = first["loc"][:tag_at]

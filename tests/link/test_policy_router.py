@@ -113,6 +113,11 @@ def test_metadata_overrides_lambda_and_the_cost_ceiling(gateway, client):
     decision = decision_of(gateway, raw)
     assert raw.headers["x-link-model"] == "small" and decision["excluded"] == ["big"] and decision["over_max_cost"] is True
     assert raw.headers["x-link-over-max-cost"] == "true"
+    streamed = client.chat.completions.with_raw_response.create(   # a stream's headers say the same
+        model="auto", messages=[{"role": "user", "content": "a math question"}], max_tokens=20, stream=True,
+        metadata={"link_max_cost_usd": "0.0001"})
+    assert streamed.headers["x-link-chosen"] == "small" and streamed.headers["x-link-over-max-cost"] == "true"
+    assert "".join(c.choices[0].delta.content or "" for c in streamed.parse() if c.choices)
     with pytest.raises(openai.BadRequestError) as info:
         ask(client, "auto", "hi", metadata={"link_cost_penalty": "cheap"})
     assert info.value.body["param"] == "metadata.link_cost_penalty"
@@ -121,18 +126,22 @@ def test_metadata_overrides_lambda_and_the_cost_ceiling(gateway, client):
     with pytest.raises(openai.BadRequestError) as info:
         ask(client, "auto", "hi", metadata={"link_cost_penalty": "1e300"})
     assert info.value.body["param"] == "metadata.link_cost_penalty" and "at most 1e+09" in info.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as info:        # a misspelt knob would be ignored
-        ask(client, "auto", "hi", metadata={"link_cost_penallty": "5"})
-    assert info.value.body["param"] == "metadata.link_cost_penallty" and "link_cost_penalty" in info.value.body["message"]
+    for misspelt in ("link_cost_penallty", "Link_Cost_Penalty", "link_max_cost"):   # a misspelt knob would be ignored
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(client, "auto", "hi", metadata={misspelt: "5"})
+        assert info.value.body["param"] == f"metadata.{misspelt}" and "did you mean" in info.value.body["message"]
+    raw, _ = ask(client, "auto", "say hello", metadata={"link_id": "7", "team": "a"})   # the client's own tags pass
+    assert raw.headers["x-link-model"] == "small"
 
 
-@pytest.mark.parametrize("policy", ["auto", "hybrid"])
+@pytest.mark.parametrize("policy", ["auto", "hybrid", "predicted"])
 def test_a_prompt_of_token_ids_is_refused_by_a_routing_policy(gateway, client, policy):
     for prompt in ([1, 2, 3], [[1, 2], [3]]):
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(model=policy, prompt=prompt, max_tokens=5)
         assert info.value.body["param"] == "prompt" and "as text" in info.value.body["message"]
     assert client.completions.create(model=policy, prompt="say hello", max_tokens=5).choices[0].text
+    assert client.completions.create(model=policy, prompt=["say hello"], max_tokens=5).choices[0].text
 
 
 def test_a_dead_first_choice_falls_back_to_the_next_by_the_objective(gateway, client):
@@ -186,7 +195,7 @@ def test_api_route_explains_a_cascade_scored_by_predicted_quality(gateway):
     body = {"model": "predicted", "messages": [{"role": "user", "content": "a math question"}]}
     explained = httpx.post(gateway.url + "/api/route", json=body, headers=AUTH, timeout=30).json()
     assert explained["models"] == ["big"] and explained["executed"] is True
-    assert [(s["model"], s["answers"]) for s in explained["steps"]] == [("small", False), ("big", True)]
+    assert [(s["model"], s["status"]) for s in explained["steps"]] == [("small", "skipped"), ("big", "answers")]
     assert explained["steps"][0]["predicted_quality"] == pytest.approx(0.2) and explained["steps"][0]["threshold"] == 0.5
 
 
@@ -214,13 +223,16 @@ def test_link_route_prints_the_decision(router_files, tmp_path):
     assert result.exit_code == 0, result.output
     assert "cascade step small: predicted quality 0.6000, threshold 0.5: answers" in result.output
     assert "cascade step big (the last): not reached" in result.output and "models called: small\n" in result.output
+    assert [s["status"] for s in json.loads(runner.invoke(app, ["route", "say hello", "-p", "predicted", "-c", str(config),
+                                                                 "--json"]).output)["steps"]] == ["answers", "not reached"]
     result = runner.invoke(app, ["route", "a math question", "-p", "predicted", "-c", str(config), "--json"])
     explained = json.loads(result.output)
-    assert explained["models"] == ["big"] and [s["answers"] for s in explained["steps"]] == [False, True]
+    assert explained["models"] == ["big"] and [s["status"] for s in explained["steps"]] == ["skipped", "answers"]
     assert explained["steps"][0]["predicted_quality"] == pytest.approx(0.2)
     result = runner.invoke(app, ["route", "hi", "-p", "hybrid-gain", "-c", str(config)])
     assert result.exit_code == 0 and "Mixture-of-Agents: proposers small, big -> aggregator big" in result.output
-    result = runner.invoke(app, ["route", "hi", "-p", "auto", "-c", str(config), "--cost-penalty", "-1"])
-    assert result.exit_code == 2 and "--cost-penalty must be a finite number >= 0, got -1" in result.output
+    for flag, value in (("--cost-penalty", "-1"), ("--cost-penalty", "1e10"), ("--max-cost-usd", "2e6")):
+        result = runner.invoke(app, ["route", "hi", "-p", "auto", "-c", str(config), flag, value])
+        assert result.exit_code == 2 and f"{flag} must be a number in [0, " in result.output, result.output
     result = runner.invoke(app, ["route", "hi", "-p", "nope", "-c", str(config)])
     assert result.exit_code == 2 and "no policy or model named 'nope'" in result.output

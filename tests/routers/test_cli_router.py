@@ -107,6 +107,12 @@ def test_train_then_calibrate_a_lambda_and_a_threshold(tmp_path, files):
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "warning: no setting keeps the mean cost at or under 1e-06 USD" in said and "(1e-05 USD)" in said
+    # at lambda 0 the weak model already takes the easy two thirds, and a cost penalty only adds to them: 5% is
+    # out of reach and the nearest share is said
+    result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--target", "share:weak=0.05"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "warning: no setting sends 5.0% of these prompts to weak; the nearest sends 66.7%" in said, said
 
     other = tmp_path / "t.safetensors"
     result = runner.invoke(app, ["router", "calibrate", str(out), "--data", str(test), "--rule", "threshold",
