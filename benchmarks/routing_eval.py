@@ -13,7 +13,7 @@ Parts:
 - signal: what per-prompt signal the RouterBench targets need: synthetic routers that know each task's
   training accuracy per model plus a noisy hint of each test outcome, swept over the hint's strength, with
   their AIQ and AUC in suite (the learned routers' AUC in suite is in the routerbench part).
-- agreement: whether a cascade that reads the cheap models' answers could do what the prompt-only routers
+- agreement (benchmarks/routing_agreement.py): whether a cascade that reads the cheap models' answers could do what the prompt-only routers
   cannot, judged with hindsight on RouterBench's test rows: every set of cheap models (mean cost under a
   quarter of gpt-4's) answers each multiple-choice prompt (ARC, Winogrande); their answer is kept when all
   of them give the same letter, else gpt-4 answers too (every model asked is paid); other prompts (MBPP) go
@@ -42,10 +42,8 @@ Prints one table per part with each acceptance target and whether it is met; --j
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -185,85 +183,13 @@ def print_needed_signal(report: dict[str, Any]) -> None:
           "in the routerbench part)")
 
 
-# --- answer agreement: what a cascade reading the cheap models' answers could reach ----------------------
-
-LETTER = re.compile(r"\b([A-D])\b")
-
-
-def answer_letter(response: Any) -> str | None:
-    """The first standalone capital A-D of a recorded answer (RouterBench's multiple-choice answers are
-    stringified lists such as "['B']" or "['A)']"), None when it has none."""
-    found = None if response is None else LETTER.search(str(response))
-    return found.group(1) if found else None
-
-
-def agreement_cascades(test, reference: str, cheap: list[str], multiple_choice: set[str]) -> list[dict[str, Any]]:
-    """Every non-empty subset of `cheap` as a unanimity cascade on `test` (RoutingData with responses): on a
-    prompt of a `multiple_choice` suite every model of the subset is paid, and the first one's recorded score
-    counts when all of them give the same letter (`answer_letter`), else `reference` is paid too and its score
-    counts; a prompt of another suite goes to the model best on that suite's rows (accuracy, then cost).
-
-    Returns: [{"models", "accuracy", "cost_ratio" (mean cost / the reference's), "escalated" (share of
-    prompts sent on to the reference)}], one per subset. Raises: KeyError for a model `test` lacks."""
-    col = {m: j for j, m in enumerate(test.models)}
-    ref = col[reference]
-    letters = np.array([[answer_letter(r) for r in row] for row in test.responses], dtype=object)
-    suites = np.asarray(test.suites)
-    choice = np.isin(suites, sorted(multiple_choice))
-    other_score, other_cost = np.zeros(test.num_prompts), np.zeros(test.num_prompts)
-    for suite in np.unique(suites[~choice]):
-        rows = suites == suite
-        best = np.lexsort((test.costs[rows].mean(axis=0), -test.scores[rows].mean(axis=0)))[0]
-        other_score[rows], other_cost[rows] = test.scores[rows, best], test.costs[rows, best]
-    out = []
-    for size in range(1, len(cheap) + 1):
-        for subset in itertools.combinations(cheap, size):
-            cols = [col[m] for m in subset]
-            first = letters[:, cols[0]]
-            agree = np.array([f is not None for f in first]) & np.all(letters[:, cols] == first[:, None], axis=1)
-            score = np.where(agree, test.scores[:, cols[0]], test.scores[:, ref])
-            cost = test.costs[:, cols].sum(axis=1) + np.where(agree, 0.0, test.costs[:, ref])
-            score, cost = np.where(choice, score, other_score), np.where(choice, cost, other_cost)
-            out.append({"models": list(subset), "accuracy": float(score.mean()),
-                        "cost_ratio": float(cost.mean() / test.costs[:, ref].mean()),
-                        "escalated": float(np.mean(choice & ~agree))})
-    return out
-
+# --- answer agreement (benchmarks/routing_agreement.py) --------------------------------------------------
 
 def agreement(data_dir: Path) -> dict[str, Any]:
-    test = load("routerbench:test", data_dir)
-    ref_cost = test.costs[:, test.models.index(REFERENCE)].mean()
-    cheap = [m for j, m in enumerate(test.models) if m != REFERENCE and test.costs[:, j].mean() < ref_cost / 4]
-    sets = agreement_cascades(test, REFERENCE, cheap, {"arc-challenge", "winogrande"})
-    ref_accuracy = float(np.mean(test.scores[:, test.models.index(REFERENCE)]))
+    from routing_agreement import agreement_bound
 
-    def cheapest(accuracy: float) -> dict[str, Any] | None:
-        return min((s for s in sets if s["accuracy"] >= accuracy), key=lambda s: s["cost_ratio"], default=None)
-
-    def best(ratio: float) -> dict[str, Any] | None:
-        return max((s for s in sets if s["cost_ratio"] <= ratio), key=lambda s: s["accuracy"], default=None)
-
-    return {"reference_accuracy": ref_accuracy, "cheap": cheap, "num_sets": len(sets),
-            "cheapest_at_reference_accuracy": cheapest(ref_accuracy),
-            "cheapest_at_0.86": cheapest(TARGETS["accuracy_at_25pct_best_cost"]),
-            "best_at_25pct_cost": best(0.25), "best_at_50pct_cost": best(TARGETS["cost_ratio_at_best_accuracy"])}
-
-
-def print_agreement(result: dict[str, Any]) -> None:
-    print(f"\nAnswer-agreement cascades on RouterBench's test rows, with hindsight ({result['num_sets']} sets of "
-          f"the {len(result['cheap'])} models under a quarter of gpt-4's cost)")
-
-    def line(label: str, s: dict[str, Any] | None) -> None:
-        text = "none" if s is None else (f"accuracy {s['accuracy']:.4f} at {s['cost_ratio']:.3f} of gpt-4's cost, "
-                                         f"{s['escalated']:.1%} escalated: " + " + ".join(m.split('/')[-1] for m in s["models"]))
-        print(f"  {label:44s}{text}")
-
-    line(f"cheapest reaching gpt-4's accuracy {result['reference_accuracy']:.4f}", result["cheapest_at_reference_accuracy"])
-    line("cheapest reaching 0.86", result["cheapest_at_0.86"])
-    line("most accurate at <= 25% of gpt-4's cost", result["best_at_25pct_cost"])
-    line("most accurate at <= 50% of gpt-4's cost", result["best_at_50pct_cost"])
-    print(f"(targets: gpt-4's accuracy at <= {TARGETS['cost_ratio_at_best_accuracy']} of its cost, >= "
-          f"{TARGETS['accuracy_at_25pct_best_cost']} at <= 25%)")
+    return agreement_bound(load("routerbench:test", data_dir), REFERENCE, TARGETS["cost_ratio_at_best_accuracy"],
+                           TARGETS["accuracy_at_25pct_best_cost"])
 
 
 # --- adding a model -------------------------------------------------------------------------------------
@@ -384,8 +310,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         out["signal"] = needed_signal(args.data_dir)
         print_needed_signal(out["signal"])
     if "agreement" in parts:
+        from routing_agreement import print_agreement
+
         out["agreement"] = agreement(args.data_dir)
-        print_agreement(out["agreement"])
+        print_agreement(out["agreement"], TARGETS["cost_ratio_at_best_accuracy"], TARGETS["accuracy_at_25pct_best_cost"])
     if "add-model" in parts:
         models = None if args.add_models is None else (args.add_models or [ADD_MODEL])
         out["add_model"] = add_model(args.data_dir, featurizer, models)

@@ -1,4 +1,4 @@
-"""benchmarks/routing_eval.py's answer-agreement part: unanimity cascades replayed by hand on four prompts."""
+"""benchmarks/routing_agreement.py (routing_eval.py --part agreement): unanimity cascades replayed by hand on four prompts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from routers.data import RoutingData
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from routing_eval import agreement_cascades, answer_letter  # noqa: E402
+from routing_agreement import agreement_cascades, answer_letter  # noqa: E402
 
 
 def test_answer_letter_reads_the_first_standalone_choice():
