@@ -131,8 +131,8 @@ def request_overrides(body: dict[str, Any]) -> tuple[float | None, float | None]
 
 
 def require_text_prompt(body: dict[str, Any]) -> None:
-    """Refuse a /v1/completions prompt of token ids: a router reads the prompt's text, and ids of one model's
-    tokenizer mean other words to another candidate's.
+    """Refuse a /v1/completions prompt of token ids (router, hybrid and cascade policies): a router or scorer
+    reads the prompt's text, and ids of one model's tokenizer mean other words to another candidate's.
 
     Raises:
         OpenAIError: 400 (param "prompt") for a prompt of token ids (a list of ints, or of lists of ints).

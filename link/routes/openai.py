@@ -12,11 +12,13 @@ A request's life (`handle`):
        (a chat request with `tools` of an opted-in key or policy is also recorded as a tool-call trace: link/traces.py)
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
-requested name; UTF-8 percent-encoded outside printable ASCII, and "%" itself, so `urllib.parse.unquote` reads
-them back); a whole (non-streamed) answer also carries
-`x-link-cost-usd`, its cost in USD; an answer a router or hybrid policy planned carries `x-link-chosen`, its
-choice (a model, or "moa" for the Mixture-of-Agents plan, whose aggregator is then the `x-link-model`); an answer routed under a cost ceiling (`metadata.link_max_cost_usd`) that every
-candidate was expected to exceed carries `x-link-over-max-cost: true` (the cheapest candidate answered).
+requested name). Their values are UTF-8 percent-encoded outside printable ASCII, and "%" itself, so
+`urllib.parse.unquote` reads them back. Also:
+- a whole (non-streamed) answer carries `x-link-cost-usd`, its cost in USD;
+- an answer a router or hybrid policy planned carries `x-link-chosen`, its choice (a model, or "moa" for the
+  Mixture-of-Agents plan, whose aggregator is then the `x-link-model`);
+- an answer routed under a cost ceiling (`metadata.link_max_cost_usd`) that every candidate was expected to
+  exceed carries `x-link-over-max-cost: true` (the cheapest candidate answered).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def header_value(text: str) -> str:
 
 def _headers(record: RequestRecord, requested: str) -> dict[str, str]:
     """The x-link-* headers; `requested` is the `model` the client sent ("" when unreadable). Names are
-    percent-encoded outside printable ASCII (`header_value`)."""
+    percent-encoded outside printable ASCII and "%" (`header_value`)."""
     attempts = record.decision.get("attempts") or [{}]
     model = record.model or attempts[-1].get("model") or requested
     headers = {"x-link-request-id": header_value(record.request_id),
