@@ -45,6 +45,50 @@ def _line_style(name: str) -> str:
     return "--" if name in ("oracle", "random") else "-"
 
 
+# label offsets from the point, in points, tried in order: right above, right below, left above, left below,
+# then further up and down
+_OFFSETS = ((4, 4), (4, -10), (-4, 4), (-4, -10), (4, 13), (4, -19), (-4, 13), (-4, -19), (4, 22), (4, -28))
+
+
+def place_labels(ax, points: list[tuple[str, float, float]], fontsize: float = 7) -> list:
+    """Label each (name, x, y) data point, each label at the first offset where it overlaps no label placed
+    before it and stays inside the axes (none does: the offset with the least overlap). Call once the axes'
+    scales, limits and position are final (e.g. after `fig.draw_without_rendering()`).
+
+    Returns:
+        The matplotlib Annotations, in the order of `points`.
+    """
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed, labels = [], []
+    for name, x, y in points:
+        best = None
+        for dx, dy in _OFFSETS:
+            label = ax.annotate(name, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
+                                ha="left" if dx > 0 else "right", va="bottom")
+            box = label.get_window_extent(renderer)
+            overlap = sum(_overlap_area(box, other) for other in placed)
+            outside = box.width * box.height - _overlap_area(box, frame)
+            cost = overlap + outside
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (cost, label, box)
+            else:
+                label.remove()
+            if cost == 0:
+                break
+        placed.append(best[2])
+        labels.append(best[1])
+    return labels
+
+
+def _overlap_area(a, b) -> float:
+    width = min(a.x1, b.x1) - max(a.x0, b.x0)
+    height = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(width, 0.0) * max(height, 0.0)
+
+
 def report_figure(report: dict[str, Any], *, title: str = ""):
     """A matplotlib Figure of `report` (see the module docstring). Routers without a kept curve are skipped."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -77,9 +121,6 @@ def report_figure(report: dict[str, Any], *, title: str = ""):
         if members:
             ax.scatter([singles[n]["cost_usd"] for n in members], [singles[n]["accuracy"] for n in members], color="black",
                        marker=marker, s=22, zorder=4, label=label)
-    for i, (name, s) in enumerate(sorted(singles.items(), key=lambda kv: kv[1]["cost_usd"])):
-        ax.annotate(name.split("/")[-1], (s["cost_usd"], s["accuracy"]), fontsize=7, xytext=(3, 5 if i % 2 else -9),
-                    textcoords="offset points")
     if min(costs) > 0:
         ax.set_xscale("log")
     else:
@@ -89,7 +130,11 @@ def report_figure(report: dict[str, Any], *, title: str = ""):
     ax.set_ylabel("mean quality")
     ax.set_title(title or f"cost-quality ({report['num_test']} test prompts)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    # the legend beside the axes, so it hides no model; then the layout is fixed and the labels placed in it
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.draw_without_rendering()
+    place_labels(ax, [(name.split("/")[-1], s["cost_usd"], s["accuracy"])
+                      for name, s in sorted(singles.items(), key=lambda kv: kv[1]["cost_usd"])])
     if has_pair:
         pair = report["pair"]
         bx = axes[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from routers.plot import plot_report, report_figure, split_report
+from routers.plot import _overlap_area, place_labels, plot_report, report_figure, split_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -42,3 +42,31 @@ def test_split_report_finds_the_first_split_and_free_models_plot():
     free = report(False)
     free["single_models"]["a"]["cost_usd"] = 0.0                 # a free local model: symlog axis
     assert report_figure(free).axes[0].get_xscale() == "symlog"
+
+
+def test_model_labels_do_not_overlap_each_other_the_legend_or_the_frame():
+    crowded = report(False)                                    # RouterBench's case: models at nearly one point
+    crowded["single_models"] = {f"org/model-{i}": {"accuracy": 0.60 + 0.004 * (i % 3), "cost_usd": 3e-4 * (1 + i / 40)}
+                                for i in range(6)}
+    crowded["single_models"]["far-right-model-with-a-long-name"] = {"accuracy": 0.9, "cost_usd": 1.0}
+    fig = report_figure(crowded)
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    labels = [text for text in ax.texts]
+    assert sorted(t.get_text() for t in labels) == sorted(["far-right-model-with-a-long-name"] +
+                                                          [f"model-{i}" for i in range(6)])
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    frame = ax.get_window_extent(renderer)
+    for i, box in enumerate(boxes):
+        assert _overlap_area(box, frame) == pytest.approx(box.width * box.height)      # inside the axes
+        assert all(_overlap_area(box, other) == 0 for other in boxes[i + 1:])
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.x0 > frame.x1                                  # beside the axes: it covers no point
+
+
+def test_place_labels_overlap_area_by_hand():
+    from matplotlib.transforms import Bbox
+    assert _overlap_area(Bbox([[0, 0], [4, 2]]), Bbox([[3, 1], [10, 10]])) == 1.0
+    assert _overlap_area(Bbox([[0, 0], [1, 1]]), Bbox([[2, 2], [3, 3]])) == 0.0
+    fig = report_figure(report(False))
+    assert place_labels(fig.axes[0], []) == []
