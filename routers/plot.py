@@ -5,7 +5,8 @@
 Left panel: mean quality against mean USD per request (log axis; symlog when a model is free), each
 router's non-decreasing convex hull as a line (its AIQ in the legend) over its operating points as dots
 (cascades dotted, hybrids dash-dotted, the oracle and random dashed), the single models as labelled black
-points (ensemble columns, e.g. link/moa, as diamonds). Right panel, for a strong/weak pair: quality against the
+points (ensemble columns, e.g. link/moa, as diamonds; each label where it overlaps no other and stays inside the
+axes, `place_labels`), the legend beside the axes. Right panel, for a strong/weak pair: quality against the
 share of strong-model calls, RouteLLM's view (APGR in the legend). Matplotlib's object API on the Agg
 canvas: no pyplot, no global backend, safe headless and from threads.
 """
@@ -62,20 +63,18 @@ def place_labels(ax, points: list[tuple[str, float, float]], fontsize: float = 7
     frame = ax.get_window_extent(renderer)
     placed, labels = [], []
     for name, x, y in points:
-        best = None
+        best = None                                  # (overlapping area in pixels^2, label, its box)
         for dx, dy in _OFFSETS:
             label = ax.annotate(name, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=fontsize,
                                 ha="left" if dx > 0 else "right", va="bottom")
             box = label.get_window_extent(renderer)
-            overlap = sum(_overlap_area(box, other) for other in placed)
-            outside = box.width * box.height - _overlap_area(box, frame)
-            cost = overlap + outside
-            if best is None or cost < best[0]:
-                if best is not None:
-                    best[1].remove()
-                best = (cost, label, box)
-            else:
+            cost = sum(_overlap_area(box, other) for other in placed) + box.width * box.height - _overlap_area(box, frame)
+            if best is not None and cost >= best[0]:
                 label.remove()
+                continue
+            if best is not None:
+                best[1].remove()
+            best = (cost, label, box)
             if cost == 0:
                 break
         placed.append(best[2])
@@ -130,11 +129,7 @@ def report_figure(report: dict[str, Any], *, title: str = ""):
     ax.set_ylabel("mean quality")
     ax.set_title(title or f"cost-quality ({report['num_test']} test prompts)")
     ax.grid(alpha=0.3)
-    # the legend beside the axes, so it hides no model; then the layout is fixed and the labels placed in it
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.draw_without_rendering()
-    place_labels(ax, [(name.split("/")[-1], s["cost_usd"], s["accuracy"])
-                      for name, s in sorted(singles.items(), key=lambda kv: kv[1]["cost_usd"])])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)   # beside: hides no model
     if has_pair:
         pair = report["pair"]
         bx = axes[1]
@@ -152,6 +147,9 @@ def report_figure(report: dict[str, Any], *, title: str = ""):
         bx.set_title("strong/weak threshold sweep (RouteLLM)")
         bx.grid(alpha=0.3)
         bx.legend(fontsize=7, loc="lower right")
+    fig.draw_without_rendering()      # the whole figure is built: the layout and the axes' pixels are final
+    place_labels(ax, [(name.split("/")[-1], s["cost_usd"], s["accuracy"])
+                      for name, s in sorted(singles.items(), key=lambda kv: kv[1]["cost_usd"])])
     return fig
 
 
