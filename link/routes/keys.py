@@ -21,6 +21,7 @@ from link.db.models import ApiKeyCreate, ApiKeyPublic, ApiKeyUpdate
 from link.deps import AdminDep, SessionDep
 from link.keys import KeyNotFound, create_key, get_key, list_keys, revoke_key, update_key
 from link.request_log import MAX_ID
+from link.routes.bodies import json_body
 from link.schemas import OpenAIError, parse_body
 
 router = APIRouter(prefix="/api/keys", tags=["keys"])
@@ -33,16 +34,11 @@ class ApiKeyCreated(ApiKeyPublic):
     key: str
 
 
-def _json_body(schema) -> dict:
-    """The OpenAPI request body of a route that parses its JSON itself (to refuse unknown fields)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
-
-
 def _not_found(exc: KeyNotFound) -> OpenAIError:
     return OpenAIError(404, str(exc), param="id", code="key_not_found")
 
 
-@router.post("", status_code=201, response_model=ApiKeyCreated, openapi_extra=_json_body(ApiKeyCreate))
+@router.post("", status_code=201, response_model=ApiKeyCreated, openapi_extra=json_body(ApiKeyCreate))
 async def create(request: Request, session: SessionDep, _: AdminDep):
     body = parse_body(await request.body(), ApiKeyCreate, "an API key")
     key, plaintext = create_key(session, body.name, budget_usd=body.budget_usd, rpm_limit=body.rpm_limit,
@@ -63,7 +59,7 @@ def one(key_id: KeyId, session: SessionDep, _: AdminDep):
         raise _not_found(exc) from None
 
 
-@router.patch("/{key_id}", response_model=ApiKeyPublic, openapi_extra=_json_body(ApiKeyUpdate))
+@router.patch("/{key_id}", response_model=ApiKeyPublic, openapi_extra=json_body(ApiKeyUpdate))
 async def update(key_id: KeyId, request: Request, session: SessionDep, _: AdminDep):
     changes = parse_body(await request.body(), ApiKeyUpdate, "an API key")
     try:

@@ -41,7 +41,9 @@ from link.deps import StateDep
 from link.executor import ExecutedStream, GatewayCaller, execute_whole, executed_frames, start_executed_stream
 from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
-from link.schemas import OpenAIError, model_card, model_not_found, parse_json_object, validate_request
+from link.routes.bodies import json_body
+from link.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError, model_card, model_not_found,
+                          parse_json_object, validate_request)
 from link.state import GatewayState
 from link.traces import finish_whole, watch
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
@@ -194,13 +196,26 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
             await state.accounting.finish(record)
 
 
-@router.post("/v1/chat/completions")
+# The chat messages as OpenAI documents them (the request model types them loosely: link/schemas.py checks
+# each message's fields by hand, to name the client's field path in an error).
+_TEXT = {"type": "string"}
+_MESSAGES = {"type": "array", "minItems": 1, "items": {"oneOf": [
+    {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+     "properties": {"role": {"enum": ["system", "developer", "user"]}, "content": _TEXT, "name": _TEXT}},
+    {"type": "object", "required": ["role", "content"], "additionalProperties": False,
+     "properties": {"role": {"const": "assistant"}, "content": {"type": ["string", "null"]}, "name": _TEXT}},
+    {"type": "object", "required": ["role", "content", "tool_call_id"], "additionalProperties": False,
+     "properties": {"role": {"const": "tool"}, "content": _TEXT, "tool_call_id": _TEXT}}]}}
+
+
+@router.post("/v1/chat/completions",
+             openapi_extra=json_body(ChatCompletionRequest, properties={"messages": _MESSAGES}))
 async def chat_completions(request: Request, state: StateDep) -> Response:
     """OpenAI Chat Completions (whole or streamed)."""
     return await handle(request, state, "chat")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request, state: StateDep) -> Response:
     """OpenAI (legacy) Completions, for base models (whole or streamed)."""
     return await handle(request, state, "completion")

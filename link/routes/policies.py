@@ -24,6 +24,7 @@ from link.db.models import PolicyCreate, PolicyPublic, PolicyUpdate
 from link.deps import AdminDep, SessionDep, StateDep
 from link.policies.base import PolicyError
 from link.policies.store import PolicyConflict, PolicyNotFound
+from link.routes.bodies import json_body
 from link.schemas import OpenAIError, parse_body
 
 router = APIRouter(prefix="/api/policies", tags=["policies"])
@@ -58,7 +59,7 @@ def _call(method, *args, **kwargs):
         raise OpenAIError(409, str(exc), param="name", code="policy_conflict") from None
 
 
-@router.post("", status_code=201, response_model=PolicyPublic)
+@router.post("", status_code=201, response_model=PolicyPublic, openapi_extra=json_body(PolicyCreate))
 def create_policy(body: CreateBody, state: StateDep, session: SessionDep):
     return _call(state.policies.create, session, body)
 
@@ -81,12 +82,12 @@ def get_policy(name: str, state: StateDep, session: SessionDep, _: AdminDep):
     return _call(state.policies.get, session, name)
 
 
-@router.put("/{name:path}", response_model=PolicyPublic)
+@router.put("/{name:path}", response_model=PolicyPublic, openapi_extra=json_body(PolicyChange))
 def replace_policy(name: str, body: ChangeBody, state: StateDep, session: SessionDep):
     return _call(state.policies.update, session, name, body, replace=True)
 
 
-@router.patch("/{name:path}", response_model=PolicyPublic)
+@router.patch("/{name:path}", response_model=PolicyPublic, openapi_extra=json_body(PolicyChange))
 def update_policy(name: str, body: ChangeBody, state: StateDep, session: SessionDep):
     return _call(state.policies.update, session, name, body)
 

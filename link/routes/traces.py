@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from link.deps import AdminDep, SessionDep
+from link.request_log import MAX_ID
 from link.traces import fine_tuning_example, query_traces
 
 router = APIRouter(prefix="/api/traces", tags=["traces"])
 JSONL = "application/jsonl"
+KeyId = Annotated[int, Field(ge=0, le=MAX_ID)]  # beyond 64 bits no query can run (a 400, not the database's 500)
 
 
 class FineTuningExample(BaseModel):
@@ -43,7 +45,7 @@ def _utc(value: datetime | None) -> datetime | None:
     "description": "JSON Lines, one OpenAI fine-tuning example per trace, oldest first (schema: one line)",
     "content": {JSONL: {"schema": FineTuningExample.model_json_schema()}}}})
 def export_traces(session: SessionDep, _: AdminDep,
-                  api_key_id: list[int] | None = Query(None, description="traces of these keys (repeatable)"),
+                  api_key_id: list[KeyId] | None = Query(None, description="traces of these keys (repeatable)"),
                   policy: list[str] | None = Query(None, description="traces of these policies (repeatable)"),
                   since: datetime | None = Query(None, description="created at or after (ISO 8601, UTC)"),
                   until: datetime | None = Query(None, description="created before (ISO 8601, UTC)"),
