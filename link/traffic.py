@@ -75,7 +75,10 @@ def traffic_stats(session: Session, *, since: datetime | None = None, until: dat
         ValueError: num_buckets outside 1..500, or since not before until.
     """
     until = _utc(until) if until is not None else utcnow()
-    since = _utc(since) if since is not None else until - DEFAULT_RANGE
+    if since is None:  # the default range, clipped at the calendar's start (an `until` in year 1 is valid)
+        since = until - DEFAULT_RANGE if until - datetime.min.replace(tzinfo=timezone.utc) > DEFAULT_RANGE \
+            else datetime.min.replace(tzinfo=timezone.utc)
+    since = _utc(since)
     if not 1 <= num_buckets <= MAX_BUCKETS:
         raise ValueError(f"num_buckets must be in 1..{MAX_BUCKETS}, got {num_buckets}")
     if since >= until:

@@ -62,3 +62,11 @@ def test_filters_and_naive_times(session, policy):
 def test_invalid_arguments(session, kwargs):
     with pytest.raises(ValueError):
         traffic_stats(session, **{"since": T0 - timedelta(hours=1), "until": T0, **kwargs})
+
+
+def test_a_range_ending_in_the_first_day_of_the_calendar_starts_at_its_beginning(session):
+    # the default 24 hours before an `until` of year 1 would be before datetime.min: the fuzzer's 500
+    until = datetime(1, 1, 1, 4, 3, 10, tzinfo=timezone.utc)
+    stats = traffic_stats(session, until=until)
+    assert stats["since"] == "0001-01-01T00:00:00+00:00" and stats["totals"]["requests"] == 0
+    assert stats["bucket_s"] == pytest.approx((4 * 3600 + 3 * 60 + 10) / 24)
