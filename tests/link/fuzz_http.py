@@ -69,8 +69,9 @@ def fuzz_gateway(url: str, *, headers: dict[str, str], max_examples: int = 25, n
         max_examples: generated requests per operation and mode (positive, negative).
         max_latency_s: an answer slower than this counts as a failure (a hang).
         skip: operation labels ("DELETE /api/keys/{key_id}") not to fuzz.
-        models: names the server serves: every other generated body that names a `model` gets one of them
-            instead (a random name only reaches the 404), so the requests also exercise the backends.
+        models: names the server serves, the first a model: every other generated body that names a `model` gets
+            one of them instead (a random name only reaches the 404), so the requests also exercise the backends,
+            and one with `models` (a policy) gets the first.
     Returns:
         the counts per operation and status, and every failure (5xx, timeout or slow answer).
     """
@@ -93,10 +94,12 @@ def fuzz_gateway(url: str, *, headers: dict[str, str], max_examples: int = 25, n
                       phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case) -> None:
-                if models and isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
-                    picked = report.num_requests % (2 * len(models))
-                    if picked < len(models):
+                picked = report.num_requests % (2 * len(models)) if models else len(models)
+                if picked < len(models) and isinstance(case.body, dict):
+                    if isinstance(case.body.get("model"), str):
                         case.body["model"] = models[picked]
+                    if isinstance(case.body.get("models"), list):   # a policy over a model the server serves
+                        case.body["models"] = [models[0]]
                 started = time.monotonic()
                 try:
                     response = case.call(base_url=url, session=session, headers=headers,
