@@ -84,7 +84,7 @@ class Redactor:
         secrets: literal values to replace wherever they occur; those shorter than MIN_SECRET_CHARS are ignored.
     """
 
-    secrets: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # never in a repr: a traceback or a log may print it
     _pattern: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -114,7 +114,7 @@ class Redactor:
         return cls(tuple(s for d in deployments for s in secrets_of(d, environ)))
 
     def _replace(self, match: re.Match) -> str:
-        keep = next((v for k, v in match.groupdict().items() if v is not None), "")
+        keep = next((v for v in match.groupdict().values() if v is not None), "")
         return keep + REDACTED
 
     def redact(self, text: str | None) -> str | None:

@@ -38,6 +38,7 @@ def test_it_collects_every_secret_the_gateway_holds(tmp_path):
     redactor = _redactor(tmp_path, environ)
     assert set(redactor.secrets) == {PROVIDER_KEY, "hunter2-hunter2", "tok-0123456789abcdef", "ant-key-abcdef123456",
                                      MASTER, "db-pass-0123456", "redis-pass-0123456"}
+    assert PROVIDER_KEY not in repr(redactor)  # a repr in a traceback or a log shows no secret
     # a 3-character key is not replaced everywhere (it would garble every message)
     assert redactor.redact("abc and /home/someone-long-enough") == "abc and /home/someone-long-enough"
 
