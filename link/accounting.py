@@ -35,6 +35,7 @@ from link.db.models import RequestLogCreate
 from link.keys import KeyIdentity
 from link.limits import BudgetExceeded, BudgetLedger, RateLimiter, Reservation
 from link.metrics import GatewayMetrics
+from link.redact import Redactor
 from link.request_log import RequestLogWriter
 from link.schemas import OpenAIError
 
@@ -184,11 +185,13 @@ class Accounting:
         writer: the request-log writer (None when `LINK_REQUEST_LOG=false`).
         ledger: the budget ledger (None when `LINK_BUDGETS=false`).
         limiter: the rate limiter (tokens per minute are counted after each request).
+        redactor: cleans the log row's error and decision of secrets (link/redact.py); default: the token shapes only.
     """
 
     def __init__(self, metrics: GatewayMetrics, writer: RequestLogWriter | None, ledger: BudgetLedger | None,
-                 limiter: RateLimiter | None):
+                 limiter: RateLimiter | None, *, redactor: Redactor | None = None):
         self.metrics, self.writer, self.ledger, self.limiter = metrics, writer, ledger, limiter
+        self.redactor = redactor or Redactor()
 
     async def reserve(self, record: RequestRecord, max_cost_usd: float) -> None:
         """Hold the request's maximum cost (USD) in its key's budget before any backend call.
@@ -245,10 +248,12 @@ class Accounting:
             self.writer.write(RequestLogCreate(
                 id=record.request_id, api_key_id=record.identity.key_id if record.identity else None,
                 policy=(record.policy or "")[:128] or None, model=record.model,
-                deployment=record.deployment.deployment_id if record.deployment else None, decision=record.decision or None,
+                deployment=record.deployment.deployment_id if record.deployment else None,
+                decision=self.redactor.redact_json(record.decision) or None,
                 prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens, cost_usd=cost,
                 ttft_ms=None if record.ttft_s is None else record.ttft_s * 1000, latency_ms=latency_s * 1000,
-                status=record.status, http_status=record.http_status, error=record.error, stream=record.stream,
+                status=record.status, http_status=record.http_status, error=self.redactor.redact(record.error),
+                stream=record.stream,
                 user=user[:256] if isinstance(user, str) else None,
                 request_metadata=metadata if isinstance(metadata, dict) else None))
         except Exception:

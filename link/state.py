@@ -3,6 +3,9 @@
     state = await open_gateway(settings, config)   # DB engine (migrated), writers, limiters, pools, policies
     ...
     await close_gateway(state)                     # health checks, backends, engines, log and trace writers (drained)
+
+The `Redactor` of every configured secret (link/redact.py) is built here once and handed to the backends (their
+errors), the accounting (the request-log row) and a filter on the loggers, removed again at close.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Engine
 
@@ -24,6 +27,7 @@ from link.limits import BudgetLedger, RateLimiter
 from link.metrics import GatewayMetrics
 from link.model_registration import with_registered_models
 from link.policies.store import PolicyStore
+from link.redact import Redactor, RedactingFilter, attach_log_filter, detach_log_filter
 from link.request_log import RequestLogWriter
 from link.settings import Settings
 from link.traces import TraceRecorder
@@ -49,6 +53,8 @@ class GatewayState:
     engine_pool: object | None  # link.backends.local.EnginePool when a local model is configured
     created: int
     traces: TraceRecorder | None = None  # tool-call traces of opted-in keys and policies (link/traces.py)
+    redactor: Redactor = field(default_factory=Redactor)  # every configured secret, out of error texts (link/redact.py)
+    log_filter: RedactingFilter | None = None  # the redactor on the loggers, until close_gateway
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -75,6 +81,7 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
         sqlalchemy.exc.OperationalError: the database is unreachable.
     """
     await asyncio.to_thread(upgrade, settings.database_url)
+    redactor = Redactor.from_config(settings, config)
     db = make_db_engine(settings.database_url)
     log_writer = RequestLogWriter(db) if settings.request_log else None
     limiter = RateLimiter(db, settings.redis_url)
@@ -89,7 +96,7 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
 
             engine_pool = EnginePool(dtype=settings.local_dtype)
         for name in config.model_names:
-            backends = [make_backend(d, engine_pool=engine_pool) for d in config.deployments(name)]
+            backends = [make_backend(d, redactor=redactor, engine_pool=engine_pool) for d in config.deployments(name)]
             pools[name] = DeploymentPool(name, backends, cooldown_s=settings.eject_cooldown_s,
                                          health_interval_s=settings.health_interval_s)
             pools[name].start()
@@ -99,9 +106,10 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     metrics = GatewayMetrics()
     ledger = BudgetLedger(db) if settings.budgets else None
     return GatewayState(settings=settings, config=config, db=db, auth=Authenticator(db, settings), policies=policies,
-                        pools=pools, metrics=metrics, accounting=Accounting(metrics, log_writer, ledger, limiter),
+                        pools=pools, metrics=metrics,
+                        accounting=Accounting(metrics, log_writer, ledger, limiter, redactor=redactor),
                         limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),
-                        traces=TraceRecorder(db))
+                        traces=TraceRecorder(db), redactor=redactor, log_filter=attach_log_filter(redactor))
 
 
 async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
@@ -126,3 +134,5 @@ async def close_gateway(state: GatewayState, *, log_timeout_s: float = LOG_DRAIN
     if state.traces is not None:
         await asyncio.to_thread(state.traces.close, log_timeout_s)
     await _close_parts(state.pools, state.engine_pool, state.limiter, state.log_writer, state.db, log_timeout_s)
+    if state.log_filter is not None:
+        detach_log_filter(state.log_filter)

@@ -3,7 +3,9 @@
     mount_console(app, settings)      # link/app.py does this; the pages live in web/pages/
 
 Every page reads and writes through the same `/api/...` endpoints scripts use (`ConsoleApi`: an in-process
-HTTP client of the app carrying the master key), so nothing is possible only in the browser; the browser's
+HTTP client of the app carrying the master key), so nothing is possible only in the browser. A name or id
+placed in an API path goes through `path_segment` (the `segment` filter in templates): a policy named
+"../keys/9" must address that policy, never resolve to /api/keys/9; the browser's
 own calls (the "try it" stream, the report plot) reach `/api` and `/v1` with the session cookie (see
 web/session.py). Pages need a live admin session (else a redirect to the login page; logging out revokes the
 session server-side); every POST form carries the session's CSRF token (else 403). Errors under /console
@@ -33,8 +35,20 @@ from web.session import (CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, SESSION_ID, SE
 HERE = Path(__file__).parent
 PREFIX = "/console"
 templates = Jinja2Templates(directory=HERE / "templates")  # autoescape is on for .html
-templates.env.filters.update(usd=format_usd, pretty_json=pretty_json, compact_json=compact_json)
 router = APIRouter()  # the login pages; mount_console puts every console router under PREFIX
+
+
+def path_segment(value: str | int) -> str:
+    """`value` as one URL path segment: percent-encoded with nothing kept ("/" -> %2F, "?" -> %3F, "#" -> %23,
+    "%" -> %25), and a value of only dots ("." or "..") spelled with %2E, which clients otherwise resolve as
+    "this folder" or "the parent folder" (RFC 3986 section 5.2.4) before the request leaves. So
+    "/api/policies/" + path_segment("../keys/9") is "/api/policies/..%2Fkeys%2F9", which the server routes to
+    the policy named "../keys/9" (it decodes the segment and does not resolve dots: link/routes/policies.py)."""
+    quoted = quote(str(value), safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
+
+
+templates.env.filters.update(usd=format_usd, pretty_json=pretty_json, compact_json=compact_json, segment=path_segment)
 
 
 class LoginRequired(Exception):

@@ -9,6 +9,10 @@ without knowing the provider:
     BackendUnavailable  connection refused or reset, including a stream that dies midway
     BackendError        anything else; a provider's 4xx keeps its status and OpenAI error object
 
+A provider's error text can carry a secret (a key it echoes, an `api_base` with credentials): a backend
+passes every error it maps from a provider through `BackendError.redacted(self.redactor)` (link/redact.py),
+so what the gateway answers, logs and stores from it is already clean.
+
 Backends are named in a registry (`kind` in the config) and built by `make_backend`, which imports a
 backend's module (and its heavy dependencies: torch, litellm, openai) only when it is first used.
 """
@@ -21,6 +25,7 @@ from abc import ABC, abstractmethod
 from typing import Any, AsyncIterator, Awaitable, Literal, TypeVar
 
 from link.config import ModelDeployment
+from link.redact import Redactor
 
 Endpoint = Literal["chat", "completion"]
 T = TypeVar("T")
@@ -48,6 +53,15 @@ class BackendError(Exception):
             return {"error": {"message": self.message, "type": "api_error", "param": None, "code": self.code, **self.error}}
         kind = "invalid_request_error" if 400 <= self.status_code < 500 else "api_error"
         return {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
+
+    def redacted(self, redactor: Redactor) -> BackendError:
+        """This error with the secrets `redactor` finds replaced in its message (`str(self)` too) and in the
+        provider's error object; changed in place, so its class and cause stay. Returns self."""
+        self.message = redactor.redact(self.message)
+        self.args = (self.message,)
+        if self.error:
+            self.error = redactor.redact_json(self.error)
+        return self
 
 
 class BackendTimeout(BackendError):
@@ -77,6 +91,10 @@ class Backend(ABC):
 
     Subclasses implement `complete`, `stream` and `health`; `needs` names the shared resources
     `make_backend` passes to the constructor as keyword arguments (e.g. ("engine_pool",)).
+
+    Attributes:
+        redactor: what the provider errors are cleaned with (`BackendError.redacted`): by default the secrets of
+            this deployment (its key, its URL's credentials); `make_backend` hands the gateway's, which knows them all.
     """
 
     needs: tuple[str, ...] = ()
@@ -86,6 +104,7 @@ class Backend(ABC):
 
     def __init__(self, deployment: ModelDeployment):
         self.deployment = deployment
+        self.redactor = Redactor.for_deployments([deployment])
 
     @abstractmethod
     async def complete(self, endpoint: Endpoint, body: dict) -> dict:
@@ -181,11 +200,12 @@ def backend_class(kind: str) -> type[Backend]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def make_backend(deployment: ModelDeployment, **resources: Any) -> Backend:
+def make_backend(deployment: ModelDeployment, *, redactor: Redactor | None = None, **resources: Any) -> Backend:
     """Build the backend for `deployment`, passing the shared resources its class `needs`.
 
     Args:
         deployment: one config entry.
+        redactor: the gateway's (every configured secret), for the backend's errors; default: the deployment's own.
         resources: shared objects owned by the app, e.g. `engine_pool=EnginePool(...)` for kind local.
     Raises:
         ValueError: an unknown kind, or a needed resource that was not given.
@@ -194,4 +214,7 @@ def make_backend(deployment: ModelDeployment, **resources: Any) -> Backend:
     missing = [n for n in cls.needs if resources.get(n) is None]
     if missing:
         raise ValueError(f"{cls.__name__} for {deployment.name!r} needs {', '.join(missing)}")
-    return cls(deployment, **{n: resources[n] for n in cls.needs})
+    backend = cls(deployment, **{n: resources[n] for n in cls.needs})
+    if redactor is not None:
+        backend.redactor = redactor
+    return backend

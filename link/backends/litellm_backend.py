@@ -76,7 +76,7 @@ class LiteLLMBackend(Backend):
         try:
             response = await with_timeout(call(**kwargs), self.deployment)
         except Exception as exc:
-            raise _mapped(exc, self.deployment) from exc
+            raise _mapped(exc, self.deployment).redacted(self.redactor) from exc
         return _clean(response.model_dump())
 
     async def stream(self, endpoint: Endpoint, body: dict) -> AsyncIterator[dict]:
@@ -102,7 +102,7 @@ class LiteLLMBackend(Backend):
                     data = {**data, "choices": [], "usage": usage}
                 yield data
         except Exception as exc:
-            raise _mapped(exc, self.deployment, num_chunks) from exc
+            raise _mapped(exc, self.deployment, num_chunks).redacted(self.redactor) from exc
 
     async def health(self) -> bool:
         """With an `api_base`: GET its /health (or /models); a hosted provider is assumed up (no free probe)."""

@@ -31,6 +31,7 @@ def map_openai_error(exc: Exception, deployment: ModelDeployment, num_chunks: in
 
     Timeouts -> BackendTimeout; connection errors, and any non-4xx failure of a stream that already
     yielded `num_chunks` > 0 chunks -> BackendUnavailable; HTTP errors keep their status and error object.
+    The texts are the provider's and the api_base as configured: callers redact the result (`BackendError.redacted`).
     """
     name = deployment.name
     chain = _chain(exc)  # LiteLLM wraps a refused connection in a "500" whose cause is the connection error
@@ -93,7 +94,7 @@ class OpenAICompatBackend(Backend):
         try:
             return await with_timeout(self._client.post(PATHS[endpoint], body=body, cast_to=object), self.deployment)
         except openai.APIError as exc:
-            raise map_openai_error(exc, self.deployment) from exc
+            raise map_openai_error(exc, self.deployment).redacted(self.redactor) from exc
 
     async def stream(self, endpoint: Endpoint, body: dict) -> AsyncIterator[dict]:
         """Yield the server's chunk dicts under the deployment's timeouts. Raises BackendError (see `Backend`)."""
@@ -111,7 +112,7 @@ class OpenAICompatBackend(Backend):
                     num_chunks += 1
                     yield chunk
         except openai.APIError as exc:
-            raise map_openai_error(exc, self.deployment, num_chunks) from exc
+            raise map_openai_error(exc, self.deployment, num_chunks).redacted(self.redactor) from exc
 
     async def health(self) -> bool:
         """GET {root}/health (root = api_base without /v1); a server without it: GET {api_base}/models."""

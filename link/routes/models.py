@@ -7,7 +7,7 @@ when a local engine is running, "healthy" otherwise (a remote model in rotation,
 yet: it loads on its first request); `errors` says what is wrong (a load error, each replica out of rotation).
 `engine` (loaded local models): running and waiting
 sequences, KV cache blocks used / total and their ratio, and generated tokens per second over the last
-60 s of the request log.
+60 s of the request log. A deployment's `api_base` is shown without its credentials ("http://[redacted]@host").
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def list_models(state: StateDep, session: SessionDep, _: AdminDep) -> dict:
             "output_cost_per_million": first.output_cost_per_million,
             "context_length": context_length(state, name),
             "deployments": [{"deployment_id": d.deployment_id, "kind": d.kind, "target": d.local or d.model,
-                             "api_base": d.api_base, **replicas.get(d.deployment_id, {})} for d in deployments],
+                             "api_base": state.redactor.redact(d.api_base), **replicas.get(d.deployment_id, {})} for d in deployments],
             "engine": _engine_stats(engines[0], (generated.get(name) or 0) / THROUGHPUT_WINDOW_S) if engines else None,
         })
     return {"object": "list", "data": data}

@@ -20,6 +20,10 @@ Modes, for the whole server (`--mode`) or one request (header `X-Mock-Mode`, or
             through the body of a whole answer (the client sees an incomplete body)
     500     answer 500 with an OpenAI error object (and /health answers 503)
     400     answer 400 with an OpenAI error object (param "messages", code "mock_bad_request")
+    401     answer 401 echoing the bearer key received, as OpenAI does ("Incorrect API key provided: KEY", code
+            "invalid_api_key"), whole or streamed: a provider error that carries a secret
+    error-event  a stream sends `--die-after` chunks, then an SSE error event echoing the bearer key; a whole
+            answer is a 500 echoing it
 A refused connection is simply a port with no server: `refused_url()`.
 
 CLI (from the repository root):
@@ -46,7 +50,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-MODES = ("ok", "hang", "die", "500", "400")
+MODES = ("ok", "hang", "die", "500", "400", "401", "error-event")
 
 
 class _Killed(Exception):
@@ -164,6 +168,12 @@ async def _respond(request: Request, endpoint: str, opts: MockOptions) -> Respon
         return _error(500, "mock internal error", "server_error", None, None)
     if mode == "400":
         return _error(400, "mock bad request: the messages are not acceptable", "invalid_request_error", "messages", "mock_bad_request")
+    key = request.headers.get("authorization", "").removeprefix("Bearer ")
+    if mode == "401":
+        return _error(401, f"Incorrect API key provided: {key}. You can find your API key at "
+                      "https://platform.openai.com/account/api-keys.", "invalid_request_error", None, "invalid_api_key")
+    if mode == "error-event" and not body.get("stream"):
+        return _error(500, f"upstream failure serving key {key}", "server_error", None, None)
     words, prompt_tokens, finish = _answer(body, endpoint)
     n = int(body.get("n") or 1)
     rid = f"mock-{time.monotonic_ns()}"
@@ -183,8 +193,20 @@ async def _respond(request: Request, endpoint: str, opts: MockOptions) -> Respon
             return _DyingResponse(payload)
         return Response(payload, media_type="application/json")
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    return StreamingResponse(_events(endpoint, common, words, finish, n, usage if include_usage else None,
-                                     die_after if mode == "die" else None, opts.chunk_delay_s), media_type="text/event-stream")
+    events = _events(endpoint, common, words, finish, n, usage if include_usage else None,
+                     die_after if mode == "die" else None, opts.chunk_delay_s)
+    if mode == "error-event":
+        events = _failing_events(events, die_after, key)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _failing_events(events, num_sent: int, key: str):
+    """The first `num_sent` events, then an OpenAI error event whose message echoes the bearer `key`."""
+    for _ in range(num_sent):
+        yield await anext(events)
+    await events.aclose()
+    error = {"message": f"upstream failure serving key {key}", "type": "server_error", "param": None, "code": None}
+    yield f"data: {json.dumps({'error': error})}\n\n"
 
 
 async def _events(endpoint, common, words, finish, n, usage, die_after, delay):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from web.console import ApiDep, api_error, render
+from web.console import ApiDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/evals")
 COMPARED = ("n", "errors", "score", "cost_usd", "latency_p50_s", "latency_p95_s")
@@ -25,7 +25,7 @@ async def page(request: Request, api: ApiDep) -> Response:
 
 @router.get("/reports/{report_id}", response_class=HTMLResponse)
 async def report(request: Request, api: ApiDep, report_id: str) -> Response:
-    response = await api.call("GET", f"/api/evals/reports/{report_id}")
+    response = await api.call("GET", f"/api/evals/reports/{path_segment(report_id)}")
     if response.status_code != 200:
         return render(request, "error.html", status_code=response.status_code, section="evals",
                       title="No such report", message=api_error(response)["message"])
@@ -36,7 +36,7 @@ async def report(request: Request, api: ApiDep, report_id: str) -> Response:
 async def compare(request: Request, api: ApiDep, a: str, b: str) -> Response:
     runs = []
     for run_id in (a, b):
-        response = await api.call("GET", f"/api/evals/runs/{run_id}")
+        response = await api.call("GET", f"/api/evals/runs/{path_segment(run_id)}")
         if response.status_code != 200:
             return render(request, "error.html", status_code=response.status_code, section="evals",
                           title="No such run", message=api_error(response)["message"])

@@ -19,7 +19,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from web.console import PREFIX, ApiDep, CsrfDep, api_error, db_engine, render
+from web.console import PREFIX, ApiDep, CsrfDep, api_error, db_engine, path_segment, render
 from web.session import SESSION_ID, pop_flash, push_flash
 
 router = APIRouter(prefix="/keys")
@@ -91,7 +91,7 @@ async def set_budget(request: Request, api: ApiDep, key_id: Annotated[int, Form(
         budget = parse_number(budget_usd, float, f"key {key_id}: the budget (USD)", param=None)
     except FieldError as exc:
         return await _page(request, api, error=exc.error, status_code=400)
-    response = await api.call("PATCH", f"/api/keys/{key_id}", json={"budget_usd": budget})
+    response = await api.call("PATCH", f"/api/keys/{path_segment(key_id)}", json={"budget_usd": budget})
     if response.status_code != 200:
         error = api_error(response)
         return await _page(request, api, error={"message": f"key {key_id}: {error['message']}", "param": None},
@@ -101,7 +101,7 @@ async def set_budget(request: Request, api: ApiDep, key_id: Annotated[int, Form(
 
 @router.post("/revoke", dependencies=[CsrfDep])
 async def revoke(request: Request, api: ApiDep, key_id: Annotated[int, Form()]) -> Response:
-    response = await api.call("DELETE", f"/api/keys/{key_id}")
+    response = await api.call("DELETE", f"/api/keys/{path_segment(key_id)}")
     if response.status_code != 200:
         return render(request, "error.html", status_code=response.status_code, section="keys", title="Not revoked",
                       message=api_error(response)["message"])

@@ -13,13 +13,11 @@ from __future__ import annotations
 import json
 import math
 from typing import Annotated
-from urllib.parse import quote
-
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from link.policies.base import POLICIES
-from web.console import PREFIX, ApiDep, CsrfDep, api_error, render
+from web.console import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/policies")
 FORM_FIELDS = ("name", "type", "models", "options")
@@ -101,7 +99,7 @@ async def create(request: Request, api: ApiDep, name: Annotated[str, Form()] = "
 
 @router.get("/edit", response_class=HTMLResponse)
 async def edit_page(request: Request, api: ApiDep, name: str) -> Response:
-    response = await api.call("GET", f"/api/policies/{quote(name, safe='/')}")
+    response = await api.call("GET", f"/api/policies/{path_segment(name)}")
     if response.status_code != 200:
         return render(request, "error.html", status_code=response.status_code, section="policies",
                       title="No such policy", message=api_error(response)["message"])
@@ -117,7 +115,7 @@ async def update(request: Request, api: ApiDep, original: Annotated[str, Form()]
     if error is None:
         if body["name"] == original:
             del body["name"]
-        response = await api.call("PUT", f"/api/policies/{quote(original, safe='/')}", json=body)
+        response = await api.call("PUT", f"/api/policies/{path_segment(original)}", json=body)
         if response.status_code == 200:
             return RedirectResponse(f"{PREFIX}/policies", status_code=303)
         error = api_error(response)
@@ -126,7 +124,7 @@ async def update(request: Request, api: ApiDep, original: Annotated[str, Form()]
 
 @router.post("/delete", dependencies=[CsrfDep])
 async def delete(request: Request, api: ApiDep, name: Annotated[str, Form()]) -> Response:
-    response = await api.call("DELETE", f"/api/policies/{quote(name, safe='/')}")
+    response = await api.call("DELETE", f"/api/policies/{path_segment(name)}")
     if response.status_code != 204:
         return render(request, "error.html", status_code=response.status_code, section="policies",
                       title="Not deleted", message=api_error(response)["message"])

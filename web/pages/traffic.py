@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from link.request_log import MAX_OFFSET
-from web.console import ApiDep, api_error, render
+from web.console import ApiDep, api_error, path_segment, render
 
 router = APIRouter()
 RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6),
@@ -60,7 +60,7 @@ async def page(request: Request, api: ApiDep, range: str = "1h", policy: str = "
 
 @router.get("/requests/{request_id}", response_class=HTMLResponse)
 async def one_request(request: Request, api: ApiDep, request_id: str) -> Response:
-    response = await api.call("GET", f"/api/requests/{request_id}")
+    response = await api.call("GET", f"/api/requests/{path_segment(request_id)}")
     if response.status_code != 200:
         return render(request, "error.html", status_code=response.status_code, section="traffic",
                       title="No such request", message=api_error(response)["message"])
