@@ -22,6 +22,11 @@ Modes, for the whole server (`--mode`) or one request (header `X-Mock-Mode`, or
     400     answer 400 with an OpenAI error object (param "messages", code "mock_bad_request")
 A refused connection is simply a port with no server: `refused_url()`.
 
+A provider that reports garbage usage: `metadata.mock_usage` (a string holding a JSON object, as OpenAI's
+metadata values are strings) is merged over the usage the mock computed, in the whole answer and in the
+usage chunk; e.g. `{"prompt_tokens": 1e30}`, `{"completion_tokens": -5}`, `{"prompt_tokens": NaN}` (Python's
+json reads and writes NaN and Infinity, as a careless provider would send them).
+
 CLI (from the repository root):
     python -m tests.link.mock_openai --port 8001 [--mode ok|hang|die|500|400] [--model mock-model]
         [--hang-s 3600] [--die-after 2] [--chunk-delay 0.0] [--host 127.0.0.1]
@@ -168,6 +173,8 @@ async def _respond(request: Request, endpoint: str, opts: MockOptions) -> Respon
     n = int(body.get("n") or 1)
     rid = f"mock-{time.monotonic_ns()}"
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n * len(words), "total_tokens": prompt_tokens + n * len(words)}
+    if meta.get("mock_usage"):
+        usage.update(json.loads(meta["mock_usage"]))
     common = {"id": rid, "created": int(time.time()), "model": body.get("model", opts.model)}
     if endpoint == "chat" and body.get("tools") and body.get("tool_choice") != "none":
         return _tool_call_response(body, common, words, usage)
