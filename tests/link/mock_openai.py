@@ -8,7 +8,8 @@ A chat request with `tools` (tool_choice not "none") is answered with one call o
 (else the first), arguments {"text": <the reply>}, finish_reason "tool_calls".
 
 The answer is deterministic: the text is "You said: " + the last message's content (chat) or the
-prompt (completion), one whitespace-separated word per token, cut at `max_tokens` (finish "length") or
+prompt (completion), or the server's fixed `reply` when it has one (`start_mock_thread(reply="yes")`: a judge
+that approves every answer), one whitespace-separated word per token, cut at `max_tokens` (finish "length") or
 at the first `stop` string (finish "stop"); every one of `n` choices gets the same text. Streams send
 one word per chunk (chat starts with a role chunk), so whole and streamed answers match, usage too.
 
@@ -72,6 +73,7 @@ class MockOptions:
     chunk_delay_s: float = 0.0
     stats: dict = field(default_factory=lambda: {"requests": 0, "chat": 0, "completion": 0})
     last_body: dict | None = None  # the last request body as received (GET /mock/last)
+    reply: str | None = None       # a fixed answer text instead of the echo
 
 
 def _words(content) -> list[str]:
@@ -80,7 +82,7 @@ def _words(content) -> list[str]:
     return str(content or "").split()
 
 
-def _answer(body: dict, endpoint: str) -> tuple[list[str], int, str]:
+def _answer(body: dict, endpoint: str, reply: str | None = None) -> tuple[list[str], int, str]:
     """(reply words, prompt tokens, finish reason) for a request."""
     if endpoint == "chat":
         messages = body.get("messages") or [{}]
@@ -91,7 +93,7 @@ def _answer(body: dict, endpoint: str) -> tuple[list[str], int, str]:
         prompt = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
         source = _words(prompt)
         prompt_tokens = len(source)
-    words, finish = ["You", "said:", *source], "stop"
+    words, finish = (reply.split() if reply is not None else ["You", "said:", *source]), "stop"
     stops = body.get("stop") or []
     text = " ".join(words)
     for stop in [stops] if isinstance(stops, str) else stops:
@@ -169,7 +171,7 @@ async def _respond(request: Request, endpoint: str, opts: MockOptions) -> Respon
         return _error(500, "mock internal error", "server_error", None, None)
     if mode == "400":
         return _error(400, "mock bad request: the messages are not acceptable", "invalid_request_error", "messages", "mock_bad_request")
-    words, prompt_tokens, finish = _answer(body, endpoint)
+    words, prompt_tokens, finish = _answer(body, endpoint, opts.reply)
     n = int(body.get("n") or 1)
     rid = f"mock-{time.monotonic_ns()}"
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n * len(words), "total_tokens": prompt_tokens + n * len(words)}
