@@ -54,7 +54,8 @@ def gateway(db_url, tmp_path_factory):
     from link.config import parse_config
 
     with start_mock_thread() as mock:
-        config = parse_config({"models": [mock_deployment("m", mock.api_base)]})
+        config = parse_config({"models": [mock_deployment("m", mock.api_base)],
+                               "policies": [{"name": "moa", "type": "moa", "models": ["m"], "options": {"aggregator": "m"}}]})
         with start_gateway_thread(gateway_settings(db_url, tmp_path_factory.mktemp("home")), config) as server:
             yield server
 
@@ -66,9 +67,9 @@ def counters(gateway) -> dict[str, float]:
             if not line.startswith("#") and line.split("{")[0].endswith("_total")}
 
 
-def ask(gateway, key: str, reported: str, stream: bool) -> tuple[dict, str]:
+def ask(gateway, key: str, reported: str, stream: bool, model: str = "m") -> tuple[dict, str]:
     """(the usage the client got, the request id) of one request whose provider reports `reported`."""
-    body = {"model": "m", "messages": MESSAGES, "metadata": {"mock_usage": reported}}
+    body = {"model": model, "messages": MESSAGES, "metadata": {"mock_usage": reported}}
     if not stream:
         client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0, timeout=30)
         raw = client.chat.completions.with_raw_response.create(**body)
@@ -114,6 +115,21 @@ def test_garbage_usage_is_replaced_and_every_request_accounted(gateway, engine, 
             break
         time.sleep(0.05)
     assert spent.reserved_usd == 0 and spent.spend_usd == pytest.approx(total_cost, rel=1e-6)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_garbage_usage_in_every_call_of_a_moa(gateway, session, stream):
+    """The proposer and the aggregator both report a negative prompt count: each call is charged the estimate of
+    its own prompt, and the answer's usage and the bill stay consistent with the log row."""
+    _, plaintext = create_key(session, f"garbage-moa-{stream}", budget_usd=100.0)
+    usage, request_id = ask(gateway, plaintext, '{"prompt_tokens": -3}', stream, model="moa")
+    row = logged_request(gateway, request_id)
+    proposer, aggregator = row["decision"]["calls"]
+    assert proposer["prompt_tokens"] == ESTIMATED_PROMPT and aggregator["prompt_tokens"] > ESTIMATED_PROMPT  # + references
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (aggregator["prompt_tokens"], OWN_COMPLETION)
+    assert usage["link_billed"]["prompt_tokens"] == row["prompt_tokens"] == ESTIMATED_PROMPT + aggregator["prompt_tokens"]
+    assert usage["link_billed"]["cost_usd"] == pytest.approx(row["cost_usd"], rel=1e-9)
+    assert row["cost_usd"] == pytest.approx((row["prompt_tokens"] * PRICE_IN + 2 * OWN_COMPLETION * PRICE_OUT) / 1e6)
 
 
 def test_checked_usage_keeps_valid_counts_and_names_the_bad_field(caplog):
