@@ -256,7 +256,8 @@ def executed_frames(live: ExecutedStream, record: RequestRecord, caller: Gateway
                     keepalive_s: float | None = None) -> AsyncIterator[bytes]:
     """The client's SSE bytes: keep-alive comments while waiting (every `keepalive_s`, default `KEEPALIVE_S`
     seconds), the final answer's chunks (usage stripped), when asked a usage chunk as a whole answer's
-    (`answer_usage`: the answer's own call, `link_billed` the sums over every call), then `[DONE]`. Sets record.status as `proxy.sse_frames` does (`proxy.ended_stream`)."""
+    (`answer_usage`: the answer's own call, `link_billed` the sums over every call), then `[DONE]`. Sets
+    record.status as `proxy.sse_frames` does (`proxy.ended_stream`)."""
     keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
     return ended_stream(_executed_chunk_frames(live, record, caller, include_usage, keepalive_s), record, live.close,
                         "after the response started")
