@@ -6,8 +6,10 @@
     async with remote_gateway("http://127.0.0.1:8000/v1", api_key="sk-...") as gateway:   # --base-url
         ...
 
-Cost of a call: the gateway's `x-link-cost-usd` response header when present; else the prices of the model
-that answered (`x-link-model`, from the gateway's config); else the target's own prices; else 0.
+Cost of a call: the gateway's `x-link-cost-usd` response header when present; else `usage.link_billed.cost_usd`
+(a policy of several calls: MoA, cascade); else the prices of the model that answered (`x-link-model`, from the
+gateway's config); else the target's own prices; else 0. Tokens: what the call was billed for, so
+`usage.link_billed` when present (a multi-call policy's `usage` is its answer's own call alone).
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ COST_HEADER = "x-link-cost-usd"
 MODEL_HEADER = "x-link-model"
 # The `openai` client needs some key; a server without keys (open mode, a mock) ignores it.
 OPEN_MODE_KEY = "sk-link-eval-open-mode"
+
+
+def billed_tokens(billed: dict | None) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of a gateway answer's `usage.link_billed` (every call of a MoA or cascade), or
+    None when absent or not counts."""
+    if not billed:
+        return None
+    prompt, completion = billed.get("prompt_tokens"), billed.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return prompt, completion
+    return None
 
 
 def connection_reason(exc: BaseException) -> str:
@@ -122,20 +135,23 @@ class GatewayTarget:
         else:
             text, calls = choice.text or "", None
         usage = response.usage
-        prompt_tokens = usage.prompt_tokens if usage else 0
-        completion_tokens = usage.completion_tokens if usage else 0
+        billed = getattr(usage, "link_billed", None) if usage else None
+        billed = billed if isinstance(billed, dict) else None
+        prompt_tokens, completion_tokens = billed_tokens(billed) or ((usage.prompt_tokens, usage.completion_tokens)
+                                                                     if usage else (0, 0))
         served = unquote(raw.headers.get(MODEL_HEADER) or "") or response.model or self.name   # percent-encoded
         return Completion(text=text, tool_calls=calls, finish_reason=choice.finish_reason, model=served,
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                          cost_usd=self._cost(raw.headers, served, prompt_tokens, completion_tokens), latency_s=latency,
-                          top_logprobs=top_logprobs_of(choice, kind))
+                          cost_usd=self._cost(raw.headers, billed, served, prompt_tokens, completion_tokens),
+                          latency_s=latency, top_logprobs=top_logprobs_of(choice, kind))
 
-    def _cost(self, headers: httpx.Headers, served: str, prompt_tokens: int, completion_tokens: int) -> float:
-        header = headers.get(COST_HEADER)
-        if header:
+    def _cost(self, headers: httpx.Headers, billed: dict | None, served: str, prompt_tokens: int,
+              completion_tokens: int) -> float:
+        for value in (headers.get(COST_HEADER), (billed or {}).get("cost_usd")):
             try:
-                return max(0.0, float(header))
-            except ValueError:
+                if value is not None and value != "":
+                    return max(0.0, float(value))
+            except (TypeError, ValueError):
                 pass
         prices = self.model_prices.get(served) or self.model_prices.get(self.name) or self.prices
         return prices.cost_usd(prompt_tokens, completion_tokens) if prices else 0.0

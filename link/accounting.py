@@ -6,7 +6,8 @@
     await accounting.finish(record)       # settle the real cost, count tokens, write the log row, metrics
 
 Cost = prompt_tokens * input_cost_per_million / 1e6 + completion_tokens * output_cost_per_million / 1e6
-(USD) at the prices of the deployment that answered, with the token counts the backend reported: a
+(USD) at the prices of the deployment that answered, with the token counts the backend reported (checked as
+they are read, link/backends/usage.py: a count that is not one is replaced by the estimate below): a
 streamed and a whole answer to the same request account identically. When a backend reported no usage
 (a stream that died midway), the prompt is estimated and each content chunk counts as one token, and
 the decision records `"usage": "estimated"`.
@@ -69,6 +70,11 @@ def estimate_prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
     for p in prompts:
         total += len(p) if isinstance(p, list) else math.ceil(len(str(p or "")) / CHARS_PER_TOKEN) + 1
     return total
+
+
+def estimate_completion_tokens(num_chars: int) -> int:
+    """Completion tokens of an answer of `num_chars` characters (text, tool calls), at CHARS_PER_TOKEN."""
+    return math.ceil(num_chars / CHARS_PER_TOKEN)
 
 
 def num_sequences(endpoint: str, body: dict[str, Any]) -> int:

@@ -7,8 +7,17 @@
 
 Every call goes through `proxy.complete` / `proxy.open_stream` for one model (its replicas retried before
 the first byte) and is accounted in the request's record at its deployment's prices (`RequestRecord.add_call`):
-the record's tokens and cost are the sums over all calls, and so is the `usage` the client gets (what the
-request is billed for). The answer's `model` and `x-link-model` name the model that wrote the final answer.
+the record's tokens and cost, and so the request-log row, the key's spend and `x-link-cost-usd`, are the sums
+over all calls. The answer's `model` and `x-link-model` name the model that wrote the final answer.
+
+The `usage` the client gets (whole, or the usage chunk of a stream) is the answer's own, as OpenAI clients and
+cost libraries read it: the tokens of the call that wrote it (the MoA's aggregator, the cascade step that
+answered), so `completion_tokens` stays within `max_tokens`. What the request is billed for rides along in the
+extension field `usage.link_billed` (`billed_usage`):
+
+    "usage": {"prompt_tokens": 61, "completion_tokens": 9, "total_tokens": 70,
+              "link_billed": {"prompt_tokens": 75, "completion_tokens": 27, "total_tokens": 102,
+                              "cost_usd": 0.000129, "calls": 3}}
 
 A streamed executed plan runs in one background task that feeds a queue (so the executor's generators and
 the backends' streams live in one task). While nothing arrives the client gets an SSE comment
@@ -66,28 +75,37 @@ class GatewayCaller:
                                code="model_not_found")
         return Plan(self.policy, [model])
 
+    @staticmethod
+    def _charged_tokens(call: RequestRecord) -> tuple[int, int]:
+        """(prompt, completion) tokens a call is charged: its usage, else (a backend that reported none, a stream that
+        died before its usage chunk) the prompt estimated and a token per content chunk."""
+        if call.has_usage:
+            return call.prompt_tokens, call.completion_tokens
+        return estimate_prompt_tokens(call.endpoint, call.body or {}), call.num_content_chunks
+
     def _account(self, model: str, call: RequestRecord) -> None:
         for attempt in call.decision.get("attempts", []):
             self.record.decision.setdefault("attempts", []).append(attempt)
         if call.deployment is None:
             return
         self.deployments[model] = call.deployment
-        estimated = not call.has_usage
-        if estimated:  # a stream that died without its usage chunk: prompt estimated, a token per content chunk
-            call.prompt_tokens, call.completion_tokens = estimate_prompt_tokens(call.endpoint, call.body or {}), call.num_content_chunks
-        self.record.add_call(model, call.deployment, call.prompt_tokens, call.completion_tokens, estimated=estimated)
+        prompt_tokens, completion_tokens = self._charged_tokens(call)
+        self.record.add_call(model, call.deployment, prompt_tokens, completion_tokens, estimated=not call.has_usage)
 
     async def complete(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One whole answer of `model` (`model` in it renamed to the public name)."""
+        """One whole answer of `model` (`model` in it renamed to the public name), its `usage` the call's charge."""
         endpoint = _endpoint(body)
         call = RequestRecord(endpoint=endpoint, body=body)
         try:
-            return await complete(self.pools, self._plan(model), call, endpoint, body)
+            response = await complete(self.pools, self._plan(model), call, endpoint, body)
         finally:
             self._account(model, call)
+        response["usage"] = {**(response.get("usage") or {}), **_counts(*self._charged_tokens(call))}
+        return response
 
     async def stream(self, model: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """`model`'s chunks (usage always requested; the usage chunk is passed on)."""
+        """`model`'s chunks (usage always requested; the usage chunk is passed on, and one with the call's estimated
+        charge is added when the backend sent none)."""
         endpoint = _endpoint(body)
         call = RequestRecord(endpoint=endpoint, body=body)
         try:
@@ -108,6 +126,9 @@ class GatewayCaller:
                     chunk = await anext(live.chunks)
                 except StopAsyncIteration:
                     chunk = None
+            if not call.has_usage:
+                yield {"id": live.first.get("id"), "object": live.first.get("object"), "created": live.first.get("created"),
+                       "model": model, "choices": [], "usage": _counts(*self._charged_tokens(call))}
         except BaseException as exc:
             failure = exc
             raise
@@ -124,9 +145,22 @@ def _as_backend_error(exc: BaseException, record: RequestRecord) -> BaseExceptio
     return BackendError(f"internal error ({type(exc).__name__}); request id {record.request_id}", status_code=500)
 
 
-def _usage(record: RequestRecord) -> dict[str, int]:
-    return {"prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
-            "total_tokens": record.prompt_tokens + record.completion_tokens}
+def _counts(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+def billed_usage(record: RequestRecord) -> dict[str, Any]:
+    """`usage.link_billed`: the tokens and cost (USD) of every call the request made, and the number of calls."""
+    return {**_counts(record.prompt_tokens, record.completion_tokens), "cost_usd": record.calls_cost_usd,
+            "calls": len(record.decision.get("calls", []))}
+
+
+def answer_usage(own: dict[str, Any] | None, record: RequestRecord) -> dict[str, Any]:
+    """The client's `usage`: `own`, the usage of the call that wrote the answer (its token details kept; zeros
+    when the executor's answer carried none), plus `link_billed` (`billed_usage`). Call once every call is done."""
+    own = own or {}
+    counts = _counts(own.get("prompt_tokens") or 0, own.get("completion_tokens") or 0)
+    return {**own, **counts, "link_billed": billed_usage(record)}
 
 
 def _finish_model(record: RequestRecord, caller: GatewayCaller, model: str | None) -> None:
@@ -136,10 +170,11 @@ def _finish_model(record: RequestRecord, caller: GatewayCaller, model: str | Non
 
 
 async def execute_whole(executor: PlanExecutor, caller: GatewayCaller, record: RequestRecord, body: dict[str, Any]) -> dict:
-    """The executor's whole answer, its `usage` replaced by the sums over every call. Raises BackendError."""
+    """The executor's whole answer, its `usage` the answer's own plus `link_billed` (`answer_usage`). Raises
+    BackendError."""
     response = await executor.complete(caller, body, record.decision)
     _finish_model(record, caller, response.get("model"))
-    response["usage"] = _usage(record)
+    response["usage"] = answer_usage(response.get("usage"), record)
     return response
 
 
@@ -220,8 +255,9 @@ async def start_executed_stream(executor: PlanExecutor, caller: GatewayCaller, r
 def executed_frames(live: ExecutedStream, record: RequestRecord, caller: GatewayCaller, include_usage: bool, *,
                     keepalive_s: float | None = None) -> AsyncIterator[bytes]:
     """The client's SSE bytes: keep-alive comments while waiting (every `keepalive_s`, default `KEEPALIVE_S`
-    seconds), the final answer's chunks (usage stripped), a usage chunk with the sums over every call when
-    asked, then `[DONE]`. Sets record.status as `proxy.sse_frames` does (`proxy.ended_stream`)."""
+    seconds), the final answer's chunks (usage stripped), when asked a usage chunk as a whole answer's
+    (`answer_usage`: the answer's own call, `link_billed` the sums over every call), then `[DONE]`. Sets
+    record.status as `proxy.sse_frames` does (`proxy.ended_stream`)."""
     keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
     return ended_stream(_executed_chunk_frames(live, record, caller, include_usage, keepalive_s), record, live.close,
                         "after the response started")
@@ -230,6 +266,7 @@ def executed_frames(live: ExecutedStream, record: RequestRecord, caller: Gateway
 async def _executed_chunk_frames(live: ExecutedStream, record: RequestRecord, caller: GatewayCaller, include_usage: bool,
                                  keepalive_s: float) -> AsyncIterator[bytes]:
     last: dict | None = None
+    own: dict | None = None  # the usage of the call that writes the answer (GatewayCaller always sends one)
     while True:
         item = await live.next(keepalive_s)
         if item is None:
@@ -241,7 +278,9 @@ async def _executed_chunk_frames(live: ExecutedStream, record: RequestRecord, ca
         if kind == "error":
             raise _as_backend_error(value, record)
         chunk = value
-        if not chunk.get("choices"):  # a usage chunk: the sums are sent at the end
+        if chunk.get("usage") is not None:
+            own = chunk["usage"]
+        if not chunk.get("choices"):  # a usage chunk: sent at the end, with the billed sums
             continue
         chunk.pop("usage", None)
         _finish_model(record, caller, chunk.get("model"))
@@ -253,4 +292,4 @@ async def _executed_chunk_frames(live: ExecutedStream, record: RequestRecord, ca
     if include_usage:
         yield frame({"id": (last or {}).get("id"), "object": (last or {}).get("object", "chat.completion.chunk"),
                      "created": (last or {}).get("created", int(time.time())), "model": record.model, "choices": [],
-                     "usage": _usage(record)})
+                     "usage": answer_usage(own, record)})

@@ -11,7 +11,8 @@ chunk, so the client's 200 and headers go out only once a backend is actually an
 fails after that ends with one OpenAI error event `data: {"error": {...}}` and `data: [DONE]`.
 
 The backend is always asked for stream usage (`stream_options.include_usage`) so every stream is
-accounted; the usage chunk is passed on only when the client asked for it. `model` in every answer is
+accounted; the usage chunk is passed on only when the client asked for it. Every backend answer's `usage` is
+checked as it is read (link/backends/usage.py): a count that cannot be one is replaced by the gateway's estimate. `model` in every answer is
 the public name of the model that served it. Plans of several calls (`Plan.executor`: cascade, MoA) are
 run by link/executor.py, whose model caller makes each call through `complete` / `open_stream` here.
 """
@@ -24,14 +25,21 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from link.accounting import RequestRecord
+from link.accounting import RequestRecord, estimate_completion_tokens, estimate_prompt_tokens
 from link.backends import Backend, BackendError, BackendUnavailable
+from link.backends.usage import Estimate, checked_response, checked_stream
 from link.config import ModelDeployment
 from link.deployments import DeploymentPool
 from link.policies import Plan
 
 DONE = b"data: [DONE]\n\n"
 _NOT_SENT = ("stream", "stream_options")
+
+
+def usage_estimate(endpoint: str, body: dict[str, Any]) -> Estimate:
+    """The gateway's estimate of one call's usage, for counts a provider got wrong (link/backends/usage.py): the
+    prompt estimated from `body`, the completion from the answer's characters."""
+    return lambda num_chars: (estimate_prompt_tokens(endpoint, body), estimate_completion_tokens(num_chars))
 
 
 def frame(payload: dict) -> bytes:
@@ -85,7 +93,8 @@ async def complete(pools: dict[str, DeploymentPool], plan: Plan, record: Request
     sent = {k: v for k, v in body.items() if k not in _NOT_SENT}
 
     async def call(backend: Backend, deployment: ModelDeployment) -> dict:
-        return await backend.complete(endpoint, {**sent, "model": deployment.provider_model})
+        response = await backend.complete(endpoint, {**sent, "model": deployment.provider_model})
+        return checked_response(response, deployment, usage_estimate(endpoint, sent))
 
     response, lease = await _first_answer(pools, plan, record, call)
     await lease.__aexit__(None, None, None)
@@ -123,7 +132,8 @@ async def open_stream(pools: dict[str, DeploymentPool], plan: Plan, record: Requ
     sent = {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
 
     async def call(backend: Backend, deployment: ModelDeployment):
-        chunks = backend.stream(endpoint, {**sent, "model": deployment.provider_model})
+        chunks = checked_stream(backend.stream(endpoint, {**sent, "model": deployment.provider_model}), deployment,
+                                usage_estimate(endpoint, sent))
         try:
             first = await anext(chunks)
         except StopAsyncIteration:

@@ -7,7 +7,10 @@
 `write` only appends to an in-memory queue; one background thread inserts the queued rows in batches
 (one transaction per batch). When the database is unavailable the thread keeps the rows and retries with
 backoff, so a row is lost only if the process is killed (SIGKILL, power loss) with rows still queued
-(at most `flush_interval_s` worth under normal load) or if a row can never be stored (it is then logged).
+(at most `flush_interval_s` worth under normal load) or if a row can never be stored. A batch the database or
+its driver refuses (a foreign key, a value out of a column's range: SQLite's driver raises OverflowError for an
+integer past 64 bits) is written row by row, so one bad row never costs the others; a row that still fails is
+logged with its values, counted in `num_failed` and dropped. Nothing a row holds stops the thread.
 """
 
 from __future__ import annotations
@@ -105,7 +108,7 @@ class RequestLogWriter:
                     self._queue.task_done()
                     break
                 batch.append(item)
-            self._write_with_retries(batch)
+            self._write_guarded(batch)
             for _ in batch:
                 self._queue.task_done()
             if stop:
@@ -119,8 +122,16 @@ class RequestLogWriter:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            self._write_with_retries([item])
+            self._write_guarded([item])
             self._queue.task_done()
+
+    def _write_guarded(self, batch: list[dict]) -> None:
+        """`_write_with_retries`, and whatever else goes wrong is logged: the thread must outlive any row."""
+        try:
+            self._write_with_retries(batch)
+        except Exception:
+            self.num_failed += len(batch)
+            logger.exception("request log: %d rows could not be stored; rows: %r", len(batch), batch)
 
     def _write_with_retries(self, batch: list[dict]) -> None:
         delay = 0.05
@@ -137,7 +148,8 @@ class RequestLogWriter:
                                str(exc.orig).splitlines()[0], len(batch), delay)
                 time.sleep(delay)
                 delay = min(2 * delay, self.max_retry_delay_s)
-            except StatementError:  # a value that cannot be bound (a row problem)
+            except (StatementError, ArithmeticError, TypeError, ValueError):
+                # a value that cannot be bound: a row problem (SQLite's driver raises OverflowError itself)
                 self._write_one_by_one(batch)
                 return
 
@@ -160,7 +172,7 @@ class RequestLogWriter:
         try:
             self._insert([repaired])
             self.num_written += 1
-        except StatementError as exc:
+        except (StatementError, ArithmeticError, TypeError, ValueError) as exc:
             self.num_failed += 1
             logger.error("request log: row %s could not be stored: %s; row: %r", values["id"], exc, values)
 

@@ -103,7 +103,7 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     except BaseException:
         await _close_parts(pools, engine_pool, limiter, log_writer, db)
         raise
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(policies.is_served)  # labels: served names only, any other under "unknown"
     ledger = BudgetLedger(db) if settings.budgets else None
     return GatewayState(settings=settings, config=config, db=db, auth=Authenticator(db, settings), policies=policies,
                         pools=pools, metrics=metrics,

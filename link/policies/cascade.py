@@ -20,7 +20,8 @@
 
 Only the final answer reaches the client: intermediate steps run whole, and an accepted one is streamed as
 chunks made from it (routers/cascade.py). Each step's score, acceptance or error goes into the request
-log's decision ("cascade"); every call (steps and judge) is accounted. The threshold is calibrated like a
+log's decision ("cascade"); every call (steps and judge) is accounted: the answer's `usage` is the answering
+step's call, `usage.link_billed` the sum over every call (link/executor.py). The threshold is calibrated like a
 router's knob: `routers.cascade.replay_cascade` charges it on recorded outcomes.
 """
 

@@ -21,7 +21,8 @@ Temperatures are numbers in [0, 2]; a layer has at most 16 proposers; an unknown
 
 A streamed answer starts at once: SSE keep-alive comments flow while the proposers work, then the
 aggregator's answer streams. Every proposer's output (or error) and the aggregator go into the request
-log's decision ("moa"); each call's usage and cost add up in the request's (link/executor.py).
+log's decision ("moa"); each call's usage and cost add up in the request's (link/executor.py). The answer's
+`usage` is the aggregator's call; `usage.link_billed` the sum over every call.
 """
 
 from __future__ import annotations

@@ -97,6 +97,10 @@ class PolicyStore:
             await asyncio.to_thread(self.reload)
         return self._stored.get(name)
 
+    def is_served(self, name: str) -> bool:
+        """True when `name` is a model, a config policy or a database policy as last loaded (no database read)."""
+        return name in self.fixed or name in self.configured or name in self._stored
+
     def reload(self) -> None:
         """Re-read the database policies. A row that no longer validates (a model removed from the config since,
         options stored before today's checks) is not served: it is logged once and listed in `invalid`."""

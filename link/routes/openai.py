@@ -14,7 +14,8 @@ Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
 requested name). Their values are UTF-8 percent-encoded outside printable ASCII, and "%" itself, so
 `urllib.parse.unquote` reads them back. Also:
-- a whole (non-streamed) answer carries `x-link-cost-usd`, its cost in USD;
+- a whole (non-streamed) answer carries `x-link-cost-usd`, its cost in USD (a cascade's or MoA's: the total over
+  every call, as its `usage.link_billed`, link/executor.py);
 - an answer a router or hybrid policy planned carries `x-link-chosen`, its choice (a model, or "moa" for the
   Mixture-of-Agents plan, whose aggregator is then the `x-link-model`);
 - an answer routed under a cost ceiling (`metadata.link_max_cost_usd`) that every candidate was expected to

@@ -84,10 +84,10 @@ def test_connection_errors_and_timeouts_are_retryable(mock):
             assert str(info.value).startswith("cannot reach http://127.0.0.1:") and info.value.reason == "connection refused"
 
 
-def _canned(status: int = 200, headers: dict | None = None) -> openai.AsyncOpenAI:
+def _canned(status: int = 200, headers: dict | None = None, usage: dict | None = None) -> openai.AsyncOpenAI:
     body = {"id": "x", "object": "chat.completion", "created": 0, "model": "backend-model",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}}
+            "usage": usage or {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}}
     if status != 200:
         body = {"error": {"message": "slow down", "type": "rate_limit", "param": None, "code": None}}
     transport = httpx.MockTransport(lambda request: httpx.Response(status, json=body, headers=headers or {}))
@@ -103,6 +103,36 @@ def test_cost_header_wins_over_prices():
     target = GatewayTarget("policy", _canned(headers={"x-link-model": "cheap"}), prices=Prices(1e6, 1e6),
                            model_prices={"cheap": Prices(1.0, 2.0)})
     assert asyncio.run(target.chat(HI)).cost_usd == pytest.approx((10 * 1.0 + 20 * 2.0) / 1e6)
+
+
+def test_a_multi_call_answer_is_charged_its_billed_tokens_and_cost():
+    """A MoA or cascade answer's `usage` is its final call's; `usage.link_billed` holds every call's tokens and cost."""
+    usage = {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30,
+             "link_billed": {"prompt_tokens": 35, "completion_tokens": 60, "total_tokens": 95, "cost_usd": 0.5, "calls": 3}}
+    completion = asyncio.run(GatewayTarget("moa", _canned(usage=usage), prices=Prices(1e6, 1e6)).chat(HI))
+    assert (completion.prompt_tokens, completion.completion_tokens, completion.cost_usd) == (35, 60, 0.5)
+    header = GatewayTarget("moa", _canned(usage=usage, headers={"x-link-cost-usd": "0.25"}))
+    assert asyncio.run(header.chat(HI)).cost_usd == 0.25   # the header still wins
+
+
+def test_a_moa_through_the_in_process_gateway_is_charged_every_call(mock, tmp_path, new_database_url):
+    from routers.moa import SYNTHESIS_PROMPT
+
+    config = parse_config({"models": [mock_deployment("mock", mock.api_base)],
+                           "policies": [{"name": "moa", "type": "moa", "models": ["mock"], "options": {"aggregator": "mock"}}]})
+
+    async def go():
+        async with in_process_gateway(settings, config) as gateway:
+            (target,) = resolve_targets(["moa"], gateway.cards, gateway.client, prices=gateway.prices)
+            return await target.chat(HI, max_tokens=16)
+
+    settings = gateway_settings(new_database_url("sqlite"), tmp_path)
+    completion = asyncio.run(go())
+    # the proposer reads "hi there" (2) and answers "You said: hi there" (4); the aggregator reads the synthesis
+    # instruction holding that answer, then "hi there", and answers the same 4 words
+    instruction = len(f"{SYNTHESIS_PROMPT}\n\nAnswer 1:\nYou said: hi there".split())
+    assert (completion.prompt_tokens, completion.completion_tokens) == (2 + instruction + 2, 4 + 4)
+    assert completion.cost_usd == pytest.approx(((4 + instruction) * 1000 + 8 * 2000) / 1e6, rel=1e-9)
 
 
 @pytest.mark.parametrize("status, retryable", [(429, True), (503, True), (401, False), (404, False)])

@@ -108,7 +108,7 @@ class MockServer:
 def start_mock_thread(mode: str = "ok", port: int | None = None, *, timeout_s: float = 30.0, **options) -> MockServer:
     """Serve the mock in a daemon thread of this process on `port` (default: a free one); wait until healthy.
 
-    `options` are MockOptions fields: model, hang_s, die_after, chunk_delay_s.
+    `options` are MockOptions fields: model, hang_s, die_after, chunk_delay_s, reply.
     """
     from tests.link.mock_openai import MockOptions, create_mock_app, uvicorn_config
 

@@ -8,7 +8,8 @@ A chat request with `tools` (tool_choice not "none") is answered with one call o
 (else the first), arguments {"text": <the reply>}, finish_reason "tool_calls".
 
 The answer is deterministic: the text is "You said: " + the last message's content (chat) or the
-prompt (completion), one whitespace-separated word per token, cut at `max_tokens` (finish "length") or
+prompt (completion), or the server's fixed `reply` when it has one (`start_mock_thread(reply="yes")`: a judge
+that approves every answer), one whitespace-separated word per token, cut at `max_tokens` (finish "length") or
 at the first `stop` string (finish "stop"); every one of `n` choices gets the same text. Streams send
 one word per chunk (chat starts with a role chunk), so whole and streamed answers match, usage too.
 
@@ -25,6 +26,11 @@ Modes, for the whole server (`--mode`) or one request (header `X-Mock-Mode`, or
     error-event  a stream sends `--die-after` chunks, then an SSE error event echoing the bearer key; a whole
             answer is a 500 echoing it
 A refused connection is simply a port with no server: `refused_url()`.
+
+A provider that reports garbage usage: `metadata.mock_usage` (a string holding a JSON object, as OpenAI's
+metadata values are strings) is merged over the usage the mock computed, in the whole answer and in the
+usage chunk; e.g. `{"prompt_tokens": 1e30}`, `{"completion_tokens": -5}`, `{"prompt_tokens": NaN}` (Python's
+json reads and writes NaN and Infinity, as a careless provider would send them).
 
 CLI (from the repository root):
     python -m tests.link.mock_openai --port 8001 [--mode ok|hang|die|500|400] [--model mock-model]
@@ -71,6 +77,7 @@ class MockOptions:
     chunk_delay_s: float = 0.0
     stats: dict = field(default_factory=lambda: {"requests": 0, "chat": 0, "completion": 0})
     last_body: dict | None = None  # the last request body as received (GET /mock/last)
+    reply: str | None = None       # a fixed answer text instead of the echo
 
 
 def _words(content) -> list[str]:
@@ -79,7 +86,7 @@ def _words(content) -> list[str]:
     return str(content or "").split()
 
 
-def _answer(body: dict, endpoint: str) -> tuple[list[str], int, str]:
+def _answer(body: dict, endpoint: str, reply: str | None = None) -> tuple[list[str], int, str]:
     """(reply words, prompt tokens, finish reason) for a request."""
     if endpoint == "chat":
         messages = body.get("messages") or [{}]
@@ -90,7 +97,7 @@ def _answer(body: dict, endpoint: str) -> tuple[list[str], int, str]:
         prompt = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
         source = _words(prompt)
         prompt_tokens = len(source)
-    words, finish = ["You", "said:", *source], "stop"
+    words, finish = (reply.split() if reply is not None else ["You", "said:", *source]), "stop"
     stops = body.get("stop") or []
     text = " ".join(words)
     for stop in [stops] if isinstance(stops, str) else stops:
@@ -174,10 +181,12 @@ async def _respond(request: Request, endpoint: str, opts: MockOptions) -> Respon
                       "https://platform.openai.com/account/api-keys.", "invalid_request_error", None, "invalid_api_key")
     if mode == "error-event" and not body.get("stream"):
         return _error(500, f"upstream failure serving key {key}", "server_error", None, None)
-    words, prompt_tokens, finish = _answer(body, endpoint)
+    words, prompt_tokens, finish = _answer(body, endpoint, opts.reply)
     n = int(body.get("n") or 1)
     rid = f"mock-{time.monotonic_ns()}"
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n * len(words), "total_tokens": prompt_tokens + n * len(words)}
+    if meta.get("mock_usage"):
+        usage.update(json.loads(meta["mock_usage"]))
     common = {"id": rid, "created": int(time.time()), "model": body.get("model", opts.model)}
     if endpoint == "chat" and body.get("tools") and body.get("tool_choice") != "none":
         return _tool_call_response(body, common, words, usage)

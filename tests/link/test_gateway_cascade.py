@@ -1,6 +1,8 @@
 """The `cascade` policy through the gateway with mock backends: a judge that rejects (the mock echoes, so
-it never says yes) escalates; the router's predicted quality accepts or skips the cheap step; only the
-final answer is streamed; a failing cheap step escalates; every call is accounted and logged.
+it never says yes) escalates, one that approves (a mock with the fixed reply "yes") accepts the cheap answer;
+the router's predicted quality accepts or skips the cheap step; only the final answer is streamed; a failing
+cheap step escalates; every call is accounted and logged. `usage` is the answering step's own call (within
+`max_tokens`); `usage.link_billed`, the log row and `x-link-cost-usd` are the sums over every call.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ def gateway(new_database_url, tmp_path_factory):
 
     path = save_table_router(tmp_path_factory.mktemp("routers") / "r.safetensors", ["small", "big"])
     checker = save_echo_checker(tmp_path_factory.mktemp("checkers") / "c.safetensors")
-    with start_mock_thread() as small, start_mock_thread() as big:
+    with start_mock_thread() as small, start_mock_thread() as big, start_mock_thread(reply="yes") as yes:
         models = [mock_deployment("small", small.api_base), mock_deployment("big", big.api_base),
-                  mock_deployment("down", refused_url())]
+                  mock_deployment("down", refused_url()), mock_deployment("yes-judge", yes.api_base)]
         policies = [
             {"name": "judged", "type": "cascade", "models": ["small", "big"], "options": {"judge": "small", "threshold": 0.5}},
+            {"name": "approved", "type": "cascade", "models": ["small", "big"],
+             "options": {"judge": "yes-judge", "judge_logprobs": False}},
             {"name": "predicted", "type": "cascade", "models": ["small", "big"],
              "options": {"scorer": "router", "path": str(path), "threshold": 0.5}},
             {"name": "answered", "type": "cascade", "models": ["small", "big"],
@@ -66,10 +70,17 @@ def client(gateway):
     return openai.OpenAI(base_url=gateway.base_url, api_key=MASTER_KEY, max_retries=0, timeout=60)
 
 
-def ask(client, model: str, text: str):
+def ask(client, model: str, text: str, max_tokens: int = 20):
     raw = client.chat.completions.with_raw_response.create(model=model, messages=[{"role": "user", "content": text}],
-                                                           max_tokens=20)
+                                                           max_tokens=max_tokens)
     return raw, raw.parse()
+
+
+def billed(calls: list[dict]) -> dict:
+    """The `usage.link_billed` of a request that made `calls` (its log row's decision["calls"])."""
+    prompt, completion = sum(c["prompt_tokens"] for c in calls), sum(c["completion_tokens"] for c in calls)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "cost_usd": pytest.approx(sum(c["cost_usd"] for c in calls), rel=1e-9), "calls": len(calls)}
 
 
 
@@ -84,7 +95,8 @@ def test_a_rejecting_judge_escalates_and_every_call_is_charged(gateway, client):
     calls = row["decision"]["calls"]
     assert [c["model"] for c in calls] == ["small", "small", "big"]  # step, judge verdict, final step
     assert row["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls)) and row["model"] == "big"
-    assert answer.usage.prompt_tokens == sum(c["prompt_tokens"] for c in calls)
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (3, 5)   # big's: its message, its answer
+    assert answer.usage.link_billed == billed(calls)
     assert float(raw.headers["x-link-cost-usd"]) == pytest.approx(row["cost_usd"])
 
 
@@ -123,8 +135,39 @@ def test_only_the_final_answer_is_streamed(gateway, client):
         assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == f"You said: {text}"
         assert {e["model"] for e in events} == {final}
         row = logged_request(gateway, raw.headers["x-link-request-id"])
-        assert events[-1]["usage"]["completion_tokens"] == sum(c["completion_tokens"] for c in row["decision"]["calls"])
+        calls = row["decision"]["calls"]
+        assert calls[-1]["model"] == final and events[-1]["usage"]["completion_tokens"] == calls[-1]["completion_tokens"]
+        assert events[-1]["usage"]["link_billed"] == billed(calls)
         assert row["status"] == "ok" and row["stream"] is True
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_usage_is_the_answering_steps_own_within_max_tokens(gateway, client, stream):
+    """max_tokens = 3 cuts every answer at "You said: two": a rejected cheap step, its judge's verdict and the final
+    step are billed (link_billed, the row, the cost header), the answer's usage is the final step's alone; and an
+    approved cheap step's answer reports its own call, not the judge's that came after it."""
+    request = dict(messages=[{"role": "user", "content": "two plus three"}], max_tokens=3)
+    for policy, steps, answering in (("judged", ["small", "small", "big"], 2), ("approved", ["small", "yes-judge"], 0)):
+        if stream:
+            with client.chat.completions.with_streaming_response.create(
+                    model=policy, **request, stream=True, stream_options={"include_usage": True}) as raw:
+                chunks = list(raw.parse())
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            usage = chunks[-1].usage
+        else:
+            raw, answer = ask(client, policy, request["messages"][0]["content"], max_tokens=3)
+            text, usage = answer.choices[0].message.content, answer.usage
+        assert text == "You said: two" and raw.headers["x-link-model"] == steps[answering]
+        row = logged_request(gateway, raw.headers["x-link-request-id"])
+        calls = row["decision"]["calls"]
+        assert [c["model"] for c in calls] == steps
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (3, 3, 6) == \
+            (calls[answering]["prompt_tokens"], calls[answering]["completion_tokens"], 6)
+        assert usage.completion_tokens <= request["max_tokens"] < usage.link_billed["completion_tokens"]
+        assert usage.link_billed == billed(calls)
+        assert row["cost_usd"] == pytest.approx(usage.link_billed["cost_usd"], rel=1e-9)
+        if not stream:
+            assert float(raw.headers["x-link-cost-usd"]) == pytest.approx(row["cost_usd"], abs=1e-9)
 
 
 def test_a_failing_cheap_step_escalates_and_a_failing_last_step_is_an_error(gateway, client):

@@ -1,6 +1,7 @@
 """The `moa` policy through the gateway, with mock OpenAI servers as proposers and aggregator: whole and
 streamed answers, keep-alive comments before the first content chunk, dropped proposers (refused, past the
-deadline), every proposer's output in the request log, usage and cost summed over every call.
+deadline), every proposer's output in the request log; `usage` is the aggregator's own call (within
+`max_tokens`), `usage.link_billed`, the log row and `x-link-cost-usd` the sums over every call.
 
 The mock answers "You said: " + the last message's words and counts one token per whitespace-separated
 word, so every call's usage (and the expected cost) is computed here from the texts alone.
@@ -62,23 +63,34 @@ def words(text: str) -> int:
     return len(text.split())
 
 
-def expected_usage(proposals: list[str]) -> tuple[int, int]:
-    """(prompt, completion) tokens summed over the proposers (each answered QUESTION) and the aggregator."""
-    reply = f"You said: {QUESTION}"
+def aggregator_usage(proposals: list[str], reply: str = f"You said: {QUESTION}") -> tuple[int, int]:
+    """(prompt, completion) tokens of the aggregator's call: the synthesis instruction with the proposals, QUESTION."""
     system = SYNTHESIS_PROMPT + "".join(f"\n\nAnswer {i}:\n{text}" for i, text in enumerate(proposals, 1))
-    prompt = len(proposals) * words(QUESTION) + words(system) + words(QUESTION)
-    return prompt, (len(proposals) + 1) * words(reply)
+    return words(system) + words(QUESTION), words(reply)
+
+
+def expected_usage(proposals: list[str], reply: str = f"You said: {QUESTION}") -> tuple[int, int]:
+    """(prompt, completion) tokens summed over the proposers (each read QUESTION, wrote its proposal) and the aggregator."""
+    prompt, completion = aggregator_usage(proposals, reply)
+    return len(proposals) * words(QUESTION) + prompt, sum(words(p) for p in proposals) + completion
+
+
+def billed(prompt: int, completion: int, calls: int) -> dict:
+    """The `usage.link_billed` of a request whose calls add up to these tokens at the mock deployments' prices."""
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "cost_usd": pytest.approx((prompt * PRICE_IN + completion * PRICE_OUT) / 1e6, rel=1e-9), "calls": calls}
 
 
 
 
-def test_whole_answer_sums_usage_and_cost_and_logs_every_proposal(gateway, client):
+def test_whole_answer_reports_the_aggregators_usage_bills_every_call_and_logs_every_proposal(gateway, client):
     raw = client.chat.completions.with_raw_response.create(model="moa-down", messages=MESSAGES, max_tokens=50)
     answer = raw.parse()
     assert answer.choices[0].message.content == f"You said: {QUESTION}" and answer.model == "agg"
     assert raw.headers["x-link-policy"] == "moa-down" and raw.headers["x-link-model"] == "agg"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == aggregator_usage([f"You said: {QUESTION}"])
     prompt, completion = expected_usage([f"You said: {QUESTION}"])  # p-down was dropped
-    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt, completion)
+    assert answer.usage.link_billed == billed(prompt, completion, calls=2)
     cost = (prompt * PRICE_IN + completion * PRICE_OUT) / 1e6
     assert float(raw.headers["x-link-cost-usd"]) == pytest.approx(cost, rel=1e-6)
     system = gateway.agg.last_body()["messages"][0]["content"]
@@ -108,10 +120,11 @@ def test_stream_sends_keepalives_before_the_first_content_chunk(gateway, client,
     assert lines[-1] == "data: [DONE]"
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     assert text == f"You said: {QUESTION}" and all(e["model"] == "agg" for e in events)
-    prompt, completion = expected_usage([f"You said: {QUESTION}"] * 2)
-    assert events[-1]["choices"] == [] and events[-1]["usage"]["prompt_tokens"] == prompt
-    assert events[-1]["usage"]["completion_tokens"] == completion
-    assert sum(1 for e in events if e.get("usage")) == 1  # the aggregator's own usage chunk is not passed on
+    usage = events[-1]["usage"]
+    assert events[-1]["choices"] == [] and (usage["prompt_tokens"], usage["completion_tokens"]) == \
+        aggregator_usage([f"You said: {QUESTION}"] * 2)
+    assert usage["link_billed"] == billed(*expected_usage([f"You said: {QUESTION}"] * 2), calls=3)
+    assert sum(1 for e in events if e.get("usage")) == 1  # the aggregator's usage comes once, at the end
 
 
 def test_whole_and_streamed_answers_agree_through_the_openai_client(gateway, client):
@@ -120,7 +133,39 @@ def test_whole_and_streamed_answers_agree_through_the_openai_client(gateway, cli
                                                  stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
-    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 3 * words(f"You said: {QUESTION}")
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == words(f"You said: {QUESTION}")
+    assert chunks[-1].usage.link_billed["completion_tokens"] == whole.usage.link_billed["completion_tokens"] \
+        == 3 * words(f"You said: {QUESTION}")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_usage_is_the_answers_own_within_max_tokens_and_the_bill_is_every_call(gateway, client, stream):
+    """Every call is cut at max_tokens = 4 ("You said: what is"): the answer's usage is the aggregator's 4
+    completion tokens, `link_billed` the 3 calls' 12; log row, `link_billed` and (whole) the cost header agree."""
+    reply = "You said: what is"
+    request = dict(model="moa-temps", messages=MESSAGES, max_tokens=4)
+    if stream:
+        with client.chat.completions.with_streaming_response.create(
+                **request, stream=True, stream_options={"include_usage": True}) as raw:
+            chunks = list(raw.parse())
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply
+        usage = chunks[-1].usage
+    else:
+        raw = client.chat.completions.with_raw_response.create(**request)
+        answer = raw.parse()
+        assert answer.choices[0].message.content == reply
+        usage = answer.usage
+    assert usage.completion_tokens == 4 <= request["max_tokens"]
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == \
+        (*aggregator_usage([reply] * 2, reply), sum(aggregator_usage([reply] * 2, reply)))
+    prompt, completion = expected_usage([reply] * 2, reply)
+    assert completion == 12 and usage.link_billed == billed(prompt, completion, calls=3)
+    row = logged_request(gateway, raw.headers["x-link-request-id"])
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (prompt, completion)
+    assert row["cost_usd"] == pytest.approx(usage.link_billed["cost_usd"], rel=1e-9)
+    assert row["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in row["decision"]["calls"]), rel=1e-9)
+    if not stream:
+        assert float(raw.headers["x-link-cost-usd"]) == pytest.approx(row["cost_usd"], abs=1e-9)
 
 
 def test_a_proposer_past_its_deadline_is_dropped(gateway, client):

@@ -84,3 +84,34 @@ def test_models_report_the_effective_context_of_a_loaded_local_model(gateway, sm
     assert card(LOCAL)["max_model_len"] == 5824
     listed = {m["id"]: m for m in httpx.get(gateway.base_url + "/models", headers=AUTH).json()["data"]}
     assert listed[LOCAL]["max_model_len"] == 5824
+
+
+def test_unknown_model_names_share_one_metrics_label(gateway):
+    """Labels name only served models and policies: 200 made-up names add no series after the first one made the
+    "unknown" bucket, and a served model keeps its own label."""
+    import random
+    import string
+
+    def scrape() -> str:
+        response = httpx.get(gateway.url + "/metrics", headers=AUTH)
+        assert response.status_code == 200
+        return response.text
+
+    def ask(model: str) -> httpx.Response:
+        return httpx.post(gateway.base_url + "/chat/completions", headers=AUTH, timeout=30,
+                          json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+
+    assert ask("up").status_code == 200
+    assert ask("made-up-first").status_code == 404
+    before = scrape().splitlines()
+    rng = random.Random(0)
+    names = ["".join(rng.choices(string.ascii_letters + string.digits, k=rng.randint(20, 200))) for _ in range(200)]
+    for name in names:
+        assert ask(name).status_code == 404
+    after = scrape()
+    assert len(after.splitlines()) == len(before)
+    assert not any(name in after for name in names)
+    requests = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in after.splitlines()
+                if line.startswith("link_requests_total{")}
+    assert requests['link_requests_total{model="",policy="unknown",status="invalid_request"}'] == 201
+    assert requests['link_requests_total{model="up",policy="up",status="ok"}'] >= 1

@@ -157,3 +157,20 @@ def test_a_row_the_database_refuses_is_repaired_not_lost(engine, session):
     assert stored.api_key_id is None and "api_key_id 1000000000 dropped" in stored.error
     assert get_request(session, odd_json.id).decision["at"].startswith("2030-01-01")
     assert len(query_requests(session, policy="repair")) == 5
+
+
+def test_a_poisoned_row_is_dropped_and_the_writer_goes_on(engine, session):
+    """A row no column can hold (10**30 tokens: SQLite's driver raises OverflowError, PostgreSQL refuses it as out
+    of INTEGER's range) is logged and dropped; the thread lives on and writes every good row after it."""
+    writer = RequestLogWriter(engine, flush_interval_s=0.01)
+    poisoned = _entry("poison", prompt_tokens=10**30)
+    writer.write(poisoned)
+    assert writer.flush(timeout_s=30)
+    good = [_entry("poison") for _ in range(5)]
+    for entry in good:
+        writer.write(entry)
+    assert writer.flush(timeout_s=30)
+    writer.close()
+    assert writer.num_failed == 1 and writer.num_written == 5
+    assert {r.id for r in query_requests(session, policy="poison")} == {e.id for e in good}
+    assert get_request(session, poisoned.id) is None

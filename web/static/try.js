@@ -113,6 +113,10 @@
       const usage = await streamAnswer(answer);
       const requestId = answer.headers.get("x-link-request-id");
       let line = usage ? usage.prompt_tokens + " prompt + " + usage.completion_tokens + " completion tokens" : "";
+      const billed = usage && usage.link_billed;  // a cascade or MoA: its answer's own call above, every call here
+      if (billed) {
+        line += " (billed over " + billed.calls + " calls: " + billed.prompt_tokens + " + " + billed.completion_tokens + ")";
+      }
       const row = await loggedRow(requestId);
       if (row) {
         line += " · " + linkFormat.usd(row.cost_usd) + (row.latency_ms !== null ? " · " + Math.round(row.latency_ms) + " ms" : "");
