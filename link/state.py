@@ -17,10 +17,11 @@ from sqlalchemy import Engine
 from link.accounting import Accounting
 from link.auth import Authenticator
 from link.backends import make_backend
+from link.budgets import BudgetLedger
 from link.config import LinkConfig
 from link.db import make_db_engine, upgrade
 from link.deployments import DeploymentPool
-from link.limits import BudgetLedger, RateLimiter
+from link.limits import RateLimiter
 from link.metrics import GatewayMetrics
 from link.model_registration import with_registered_models
 from link.policies.store import PolicyStore
