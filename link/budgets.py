@@ -5,25 +5,54 @@
     ledger.settle(reservation, actual_cost_usd)           # or ledger.release(reservation) on failure
 
 Every update is one conditional UPDATE, so concurrent requests in many processes never pass a budget.
-All methods block: call them from the event loop through `asyncio.to_thread`.
+Amounts are integer nano-dollars in BIGINT columns; the ledger never computes or stores one they cannot
+represent: a cost is held as at most MAX_HOLD_NUSD (just above the largest budget a key can have, so it
+still fits no budget), the holds of a key without a budget stop at the column's range (a refusal, not
+an overflow), and spend saturates there. All methods block: call them from the event loop through
+`asyncio.to_thread`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, or_, select, update
+from sqlalchemy import Engine, and_, case, or_, select, update
 
-from link.db.models import ApiKey, nano_to_usd, usd_to_nano
+from link.db.models import MAX_BUDGET_USD, ApiKey, nano_to_usd, usd_to_nano
 from link.keys import KeyNotFound
+
+MAX_NUSD = 2**63 - 1  # the BIGINT range of the ledger's columns (SQLite's INTEGER and PostgreSQL's BIGINT)
+# The most one request holds or spends: one nano-dollar above the largest budget the API accepts, so a cost
+# at or beyond it fits no budget, and nine such holds still add up inside MAX_NUSD.
+MAX_HOLD_NUSD = usd_to_nano(MAX_BUDGET_USD) + 1
+
+
+def ledger_nano(usd: float, what: str) -> int:
+    """An amount in USD as the ledger's nano-dollars: rounded, capped at MAX_HOLD_NUSD (infinity too).
+
+    Raises:
+        ValueError: NaN or a negative amount; `what` names it in the message.
+    """
+    if math.isnan(usd) or usd < 0:
+        raise ValueError(f"{what} must be a number >= 0, got {usd}")
+    return MAX_HOLD_NUSD if usd >= MAX_BUDGET_USD else min(usd_to_nano(usd), MAX_HOLD_NUSD)
 
 
 class BudgetExceeded(Exception):
-    """The request's maximum cost does not fit in what is left of the key's budget."""
+    """The request's maximum cost does not fit in what is left of the key's budget. A key without a budget is refused
+    only when its requests in flight already hold nearly all the ledger can represent (`is_ledger_full`); its
+    `budget_usd` is then that capacity."""
 
-    def __init__(self, key_id: int, budget_usd: float, spend_usd: float, reserved_usd: float, max_cost_usd: float):
+    def __init__(self, key_id: int, budget_usd: float, spend_usd: float, reserved_usd: float, max_cost_usd: float,
+                 *, is_ledger_full: bool = False):
         self.key_id, self.budget_usd, self.spend_usd = key_id, budget_usd, spend_usd
-        self.reserved_usd, self.max_cost_usd = reserved_usd, max_cost_usd
+        self.reserved_usd, self.max_cost_usd, self.is_ledger_full = reserved_usd, max_cost_usd, is_ledger_full
+        if is_ledger_full:
+            super().__init__(f"API key {key_id} has no budget, but its requests in flight hold ${reserved_usd:.6f} and "
+                             f"this request may cost up to ${max_cost_usd:.6f}: more than the ledger holds for one key "
+                             f"(${budget_usd:.6f})")
+            return
         super().__init__(f"budget of API key {key_id} exceeded: budget ${budget_usd:.6f}, spent ${spend_usd:.6f}, "
                          f"reserved by requests in flight ${reserved_usd:.6f}, this request may cost up to "
                          f"${max_cost_usd:.6f}")
@@ -48,45 +77,49 @@ class BudgetLedger:
     A reservation succeeds only when spend + reserved + max_cost <= budget, checked and applied by one
     conditional UPDATE, so concurrent requests (threads, processes, replicas sharing the database) can
     never jointly pass the budget; spend exceeds it only if a request's real cost exceeds its reserved
-    maximum, by at most that request's cost. Keys without a budget are tracked (spend) but never refused.
+    maximum, by at most that request's cost. Keys without a budget are tracked (spend) and refused only
+    when their holds would leave the BIGINT range (see the module docstring).
     """
 
     def __init__(self, engine: Engine):
         self.engine = engine
 
     def reserve(self, key_id: int, max_cost_usd: float) -> Reservation:
-        """Hold `max_cost_usd` (USD, >= 0) of key `key_id`'s budget.
+        """Hold `max_cost_usd` (USD, >= 0; infinity and anything from MAX_BUDGET_USD up are held as MAX_HOLD_NUSD,
+        which fits no budget) of key `key_id`'s budget.
 
         Raises:
             BudgetExceeded: it does not fit; nothing is held.
             KeyNotFound: no key with this id.
-            ValueError: a negative cost.
+            ValueError: a negative cost or NaN.
         """
-        if max_cost_usd < 0:
-            raise ValueError(f"max_cost_usd must be >= 0, got {max_cost_usd}")
-        amount = usd_to_nano(max_cost_usd)
+        amount = ledger_nano(max_cost_usd, "max_cost_usd")
         c = ApiKey.__table__.c
-        stmt = (update(ApiKey.__table__)
-                .where(c.id == key_id, or_(c.budget_nusd.is_(None), c.spend_nusd + c.reserved_nusd + amount <= c.budget_nusd))
-                .values(reserved_nusd=c.reserved_nusd + amount))
+        # Written as "room >= amount" rather than "spend + reserved + amount <= budget": the database never adds up
+        # a sum beyond BIGINT (PostgreSQL raises on overflow). Budgets are at most MAX_BUDGET_USD, so the room
+        # of a budgeted key stays in range, and an unbudgeted key's holds stop below MAX_NUSD.
+        fits = or_(c.budget_nusd - c.spend_nusd - c.reserved_nusd >= amount,
+                   and_(c.budget_nusd.is_(None), c.reserved_nusd <= MAX_NUSD - amount))
+        stmt = update(ApiKey.__table__).where(c.id == key_id, fits).values(reserved_nusd=c.reserved_nusd + amount)
         with self.engine.begin() as connection:
             if connection.execute(stmt).rowcount == 1:
                 return Reservation(key_id, amount)
             row = connection.execute(select(c.budget_nusd, c.spend_nusd, c.reserved_nusd).where(c.id == key_id)).first()
         if row is None:
             raise KeyNotFound(f"no API key with id {key_id}")
-        raise BudgetExceeded(key_id, nano_to_usd(row.budget_nusd), nano_to_usd(row.spend_nusd),
-                             nano_to_usd(row.reserved_nusd), max_cost_usd)
+        is_ledger_full = row.budget_nusd is None
+        raise BudgetExceeded(key_id, nano_to_usd(MAX_NUSD if is_ledger_full else row.budget_nusd),
+                             nano_to_usd(row.spend_nusd), nano_to_usd(row.reserved_nusd), max_cost_usd,
+                             is_ledger_full=is_ledger_full)
 
     def settle(self, reservation: Reservation, actual_cost_usd: float) -> None:
-        """Replace the hold by the real cost (USD, >= 0): reserved -= held, spend += actual, atomically.
+        """Replace the hold by the real cost (USD, >= 0, capped at MAX_HOLD_NUSD like a hold): reserved -= held,
+        spend += actual (saturating at MAX_NUSD), atomically.
 
         Raises:
-            ValueError: the reservation was already settled or released, or a negative cost.
+            ValueError: the reservation was already settled or released, or a negative cost or NaN.
         """
-        if actual_cost_usd < 0:
-            raise ValueError(f"actual_cost_usd must be >= 0, got {actual_cost_usd}")
-        self._close(reservation, usd_to_nano(actual_cost_usd))
+        self._close(reservation, ledger_nano(actual_cost_usd, "actual_cost_usd"))
 
     def release(self, reservation: Reservation) -> None:
         """Give the hold back without spending (the request failed before costing anything).
@@ -103,7 +136,8 @@ class BudgetLedger:
         c = ApiKey.__table__.c
         with self.engine.begin() as connection:
             connection.execute(update(ApiKey.__table__).where(c.id == reservation.key_id).values(
-                reserved_nusd=c.reserved_nusd - reservation.amount_nusd, spend_nusd=c.spend_nusd + spend_nusd))
+                reserved_nusd=c.reserved_nusd - reservation.amount_nusd,
+                spend_nusd=case((c.spend_nusd > MAX_NUSD - spend_nusd, MAX_NUSD), else_=c.spend_nusd + spend_nusd)))
 
 
 def max_cost_usd(prompt_tokens: int, max_completion_tokens: int, input_cost_per_million: float,
