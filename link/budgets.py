@@ -1,10 +1,16 @@
 """Per-key budgets: reserve a request's maximum cost before any backend call, settle its real cost after.
 
-    ledger = BudgetLedger(engine)
+    ledger = BudgetLedger(engine, owner="gw-1")           # owner: LINK_INSTANCE_ID, else an id per process
+    ledger.open()                                         # start-up: release holds of processes that died
     reservation = ledger.reserve(key_id, max_cost_usd)    # raises BudgetExceeded before any backend call
     ledger.settle(reservation, actual_cost_usd)           # or ledger.release(reservation) on failure
+    ledger.heartbeat()                                    # every lease_s / 3 (link.budget_leases.keep_lease)
+    ledger.close()                                        # shutdown: release what is left, drop the lease
 
-Every update is one conditional UPDATE, so concurrent requests in many processes never pass a budget.
+Every update is one conditional UPDATE, so concurrent requests in many processes never pass a budget. Each
+hold is also a `budget_reservation` row naming its owner, so the holds of a process killed before it settled
+them are released at the next start-up or heartbeat of any replica, never those of a live one (the rule is in
+link/budget_leases.py).
 Amounts are integer nano-dollars in BIGINT columns; the ledger never computes or stores one they cannot
 represent: a cost is held as at most MAX_HOLD_NUSD (just above the largest budget a key can have, so it
 still fits no budget), the holds of a key without a budget stop at the column's range (a refusal, not
@@ -14,13 +20,20 @@ an overflow), and spend saturates there. All methods block: call them from the e
 
 from __future__ import annotations
 
+import logging
 import math
-from dataclasses import dataclass
+import time
+import uuid
+from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, and_, case, or_, select, update
+from sqlalchemy import Engine, and_, case, delete, insert, or_, select, update
 
+from link.budget_leases import DEFAULT_LEASE_S, database_now, drop_lease, new_owner_id, release_holds, renew_lease
+from link.db.ledger import BudgetReservation
 from link.db.models import MAX_BUDGET_USD, ApiKey, nano_to_usd, usd_to_nano
 from link.keys import KeyNotFound
+
+logger = logging.getLogger(__name__)
 
 MAX_NUSD = 2**63 - 1  # the BIGINT range of the ledger's columns (SQLite's INTEGER and PostgreSQL's BIGINT)
 # The most one request holds or spends: one nano-dollar above the largest budget the API accepts, so a cost
@@ -64,6 +77,7 @@ class Reservation:
 
     key_id: int
     amount_nusd: int
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)  # its budget_reservation row
     is_open: bool = True
 
     @property
@@ -79,10 +93,72 @@ class BudgetLedger:
     never jointly pass the budget; spend exceeds it only if a request's real cost exceeds its reserved
     maximum, by at most that request's cost. Keys without a budget are tracked (spend) and refused only
     when their holds would leave the BIGINT range (see the module docstring).
+
+    Args:
+        engine: the gateway's database.
+        owner: the owner id its reservations carry (`LINK_INSTANCE_ID`: stable across restarts, so a restart
+            releases a killed predecessor's holds at once); None: a fresh id for this process.
+        lease_s: seconds this owner's holds outlive its last lease renewal (`heartbeat`, or a `reserve` once a
+            third of it has passed).
     """
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, *, owner: str | None = None, lease_s: float = DEFAULT_LEASE_S):
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be > 0, got {lease_s}")
+        self.engine, self.owner, self.lease_s = engine, owner or new_owner_id(), float(lease_s)
+        self._renew_at = 0.0  # time.monotonic() when the lease is next due for renewal; 0: not taken yet
+
+    def open(self) -> tuple[int, int]:
+        """Start-up: release the holds left under this owner id and those of owners whose lease expired, and take
+        this owner's lease (rules 2 and 3 of link/budget_leases.py).
+
+        Returns:
+            (reservations released, nano-dollars given back).
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database is unreachable.
+        """
+        with self.engine.begin() as connection:
+            now = database_now(connection)
+            own = release_holds(connection, now, owner=self.owner)
+            others = release_holds(connection, now)
+            renew_lease(connection, self.owner, now, self.lease_s)
+        self._renew_at = time.monotonic() + self.lease_s / 3
+        released = (own[0] + others[0], own[1] + others[1])
+        if released[0]:
+            logger.warning("budget ledger %s: released %d reservations ($%.6f) of gateway processes that stopped "
+                           "without settling them", self.owner, released[0], nano_to_usd(released[1]))
+        return released
+
+    def heartbeat(self) -> tuple[int, int]:
+        """Renew this owner's lease and release the holds of owners whose lease expired (rule 2); returns what was
+        released, as `open`. Raises sqlalchemy.exc.SQLAlchemyError when the database is unreachable."""
+        with self.engine.begin() as connection:
+            now = database_now(connection)
+            released = release_holds(connection, now)
+            was_live = renew_lease(connection, self.owner, now, self.lease_s)
+        if not was_live and self._renew_at:
+            logger.warning("budget ledger %s: its lease had expired (no renewal for %.0f s), so other replicas may "
+                           "have released its holds", self.owner, self.lease_s)
+        self._renew_at = time.monotonic() + self.lease_s / 3
+        if released[0]:
+            logger.warning("budget ledger %s: released %d reservations ($%.6f) of gateway processes whose lease "
+                           "expired", self.owner, released[0], nano_to_usd(released[1]))
+        return released
+
+    def close(self) -> None:
+        """Shutdown: release the holds still open under this owner (requests that never settled) and drop its lease."""
+        with self.engine.begin() as connection:
+            release_holds(connection, database_now(connection), owner=self.owner)
+            drop_lease(connection, self.owner)
+        self._renew_at = 0.0
+
+    def _renew_if_due(self) -> None:
+        # A ledger without a heartbeat task (a script, a test) still holds a lease while it keeps reserving.
+        if time.monotonic() < self._renew_at:
+            return
+        with self.engine.begin() as connection:
+            renew_lease(connection, self.owner, database_now(connection), self.lease_s)
+        self._renew_at = time.monotonic() + self.lease_s / 3
 
     def reserve(self, key_id: int, max_cost_usd: float) -> Reservation:
         """Hold `max_cost_usd` (USD, >= 0; infinity and anything from MAX_BUDGET_USD up are held as MAX_HOLD_NUSD,
@@ -94,6 +170,7 @@ class BudgetLedger:
             ValueError: a negative cost or NaN.
         """
         amount = ledger_nano(max_cost_usd, "max_cost_usd")
+        self._renew_if_due()
         c = ApiKey.__table__.c
         # Written as "room >= amount" rather than "spend + reserved + amount <= budget": the database never adds up
         # a sum beyond BIGINT (PostgreSQL raises on overflow). Budgets are at most MAX_BUDGET_USD, so the room
@@ -103,7 +180,10 @@ class BudgetLedger:
         stmt = update(ApiKey.__table__).where(c.id == key_id, fits).values(reserved_nusd=c.reserved_nusd + amount)
         with self.engine.begin() as connection:
             if connection.execute(stmt).rowcount == 1:
-                return Reservation(key_id, amount)
+                reservation = Reservation(key_id, amount)
+                connection.execute(insert(BudgetReservation.__table__).values(
+                    id=reservation.id, api_key_id=key_id, owner=self.owner, amount_nusd=amount))
+                return reservation
             row = connection.execute(select(c.budget_nusd, c.spend_nusd, c.reserved_nusd).where(c.id == key_id)).first()
         if row is None:
             raise KeyNotFound(f"no API key with id {key_id}")
@@ -114,7 +194,8 @@ class BudgetLedger:
 
     def settle(self, reservation: Reservation, actual_cost_usd: float) -> None:
         """Replace the hold by the real cost (USD, >= 0, capped at MAX_HOLD_NUSD like a hold): reserved -= held,
-        spend += actual (saturating at MAX_NUSD), atomically.
+        spend += actual (saturating at MAX_NUSD), atomically. A hold already released because this owner's lease
+        expired (link/budget_leases.py, rule 4) is not given back twice: only the spend is added.
 
         Raises:
             ValueError: the reservation was already settled or released, or a negative cost or NaN.
@@ -133,10 +214,11 @@ class BudgetLedger:
         if not reservation.is_open:
             raise ValueError(f"reservation of key {reservation.key_id} was already settled or released")
         reservation.is_open = False
-        c = ApiKey.__table__.c
+        c, holds = ApiKey.__table__.c, BudgetReservation.__table__
         with self.engine.begin() as connection:
+            is_held = connection.execute(delete(holds).where(holds.c.id == reservation.id)).rowcount == 1
             connection.execute(update(ApiKey.__table__).where(c.id == reservation.key_id).values(
-                reserved_nusd=c.reserved_nusd - reservation.amount_nusd,
+                reserved_nusd=c.reserved_nusd - (reservation.amount_nusd if is_held else 0),
                 spend_nusd=case((c.spend_nusd > MAX_NUSD - spend_nusd, MAX_NUSD), else_=c.spend_nusd + spend_nusd)))
 
 

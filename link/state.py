@@ -3,11 +3,16 @@
     state = await open_gateway(settings, config)   # DB engine (migrated), writers, limiters, pools, policies
     ...
     await close_gateway(state)                     # health checks, backends, engines, log and trace writers (drained)
+
+At start-up the budget ledger releases the reservations that gateway processes killed before settling them left
+behind (under this replica's LINK_INSTANCE_ID, or under an expired lease), never those of a live replica; a
+heartbeat task then renews this process's lease (the rule: link/budget_leases.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +22,7 @@ from sqlalchemy import Engine
 from link.accounting import Accounting
 from link.auth import Authenticator
 from link.backends import make_backend
+from link.budget_leases import keep_lease
 from link.budgets import BudgetLedger
 from link.config import LinkConfig
 from link.db import make_db_engine, upgrade
@@ -50,6 +56,7 @@ class GatewayState:
     engine_pool: object | None  # link.backends.local.EnginePool when a local model is configured
     created: int
     traces: TraceRecorder | None = None  # tool-call traces of opted-in keys and policies (link/traces.py)
+    ledger_heartbeat: asyncio.Task | None = None  # renews the budget ledger's lease (link/budget_leases.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -81,7 +88,10 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     limiter = RateLimiter(db, settings.redis_url)
     engine_pool = None
     pools: dict[str, DeploymentPool] = {}
+    ledger = BudgetLedger(db, owner=settings.instance_id, lease_s=settings.budget_lease_s) if settings.budgets else None
     try:
+        if ledger is not None:
+            await asyncio.to_thread(ledger.open)  # holds of processes that died are released before any request
         config = await asyncio.to_thread(with_registered_models, config, db)  # models registered in the database
         policies = PolicyStore(db, config)
         await asyncio.to_thread(policies.reload)
@@ -98,11 +108,11 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
         await _close_parts(pools, engine_pool, limiter, log_writer, db)
         raise
     metrics = GatewayMetrics()
-    ledger = BudgetLedger(db) if settings.budgets else None
+    heartbeat = asyncio.create_task(keep_lease(ledger, ledger.lease_s / 3)) if ledger is not None else None
     return GatewayState(settings=settings, config=config, db=db, auth=Authenticator(db, settings), policies=policies,
                         pools=pools, metrics=metrics, accounting=Accounting(metrics, log_writer, ledger, limiter),
                         limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),
-                        traces=TraceRecorder(db))
+                        traces=TraceRecorder(db), ledger_heartbeat=heartbeat)
 
 
 async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
@@ -126,4 +136,15 @@ async def close_gateway(state: GatewayState, *, log_timeout_s: float = LOG_DRAIN
     `log_timeout_s` s each)."""
     if state.traces is not None:
         await asyncio.to_thread(state.traces.close, log_timeout_s)
+    ledger = state.accounting.ledger
+    if state.ledger_heartbeat is not None:
+        state.ledger_heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await state.ledger_heartbeat
+    if ledger is not None:
+        try:
+            await asyncio.to_thread(ledger.close)
+        except Exception:
+            logger.exception("budget ledger %s: releasing its holds at shutdown failed (its lease will expire)",
+                             ledger.owner)
     await _close_parts(state.pools, state.engine_pool, state.limiter, state.log_writer, state.db, log_timeout_s)
