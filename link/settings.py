@@ -40,6 +40,10 @@ class Settings(BaseSettings):
         config: path of `link.yaml`; None serves the embedded default (`LINK_CONFIG`).
         database_url: SQLAlchemy URL; default `sqlite:///{home}/link.db` (`LINK_DATABASE_URL`).
         redis_url: Redis for rate-limit counters shared by gateway replicas; None keeps them in the database.
+        redis_timeout_s: seconds each Redis call may take before it counts as a failure (`LINK_REDIS_TIMEOUT_S`).
+        redis_breaker_failures: Redis failures in a row after which the rate limits use the database's counters
+            (`LINK_REDIS_BREAKER_FAILURES`; the circuit breaker of link/redis_breaker.py).
+        redis_breaker_cooldown_s: seconds the breaker keeps Redis out before probing it (`LINK_REDIS_BREAKER_COOLDOWN_S`).
         master_key: the admin key (`LINK_MASTER_KEY`); placeholders are refused outside development.
         environment: "development" or "production".
         host, port: where `link serve` listens.
@@ -66,6 +70,9 @@ class Settings(BaseSettings):
     config: Path | None = None
     database_url: str | None = None
     redis_url: str | None = None
+    redis_timeout_s: float = Field(0.25, gt=0, le=30)
+    redis_breaker_failures: int = Field(3, ge=1, le=1000)
+    redis_breaker_cooldown_s: float = Field(5.0, gt=0, le=3600)
     master_key: SecretStr | None = None
     environment: Literal["development", "production"] = "development"
     host: str = "127.0.0.1"

@@ -85,7 +85,9 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     await asyncio.to_thread(upgrade, settings.database_url)
     db = make_db_engine(settings.database_url)
     log_writer = RequestLogWriter(db) if settings.request_log else None
-    limiter = RateLimiter(db, settings.redis_url)
+    limiter = RateLimiter(db, settings.redis_url, redis_timeout_s=settings.redis_timeout_s,
+                          breaker_failures=settings.redis_breaker_failures,
+                          breaker_cooldown_s=settings.redis_breaker_cooldown_s)
     engine_pool = None
     pools: dict[str, DeploymentPool] = {}
     ledger = BudgetLedger(db, owner=settings.instance_id, lease_s=settings.budget_lease_s) if settings.budgets else None
