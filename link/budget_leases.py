@@ -34,12 +34,16 @@ import os
 import socket
 import uuid
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, delete, extract, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from link.db.ledger import BudgetLease, BudgetReservation
 from link.db.models import ApiKey
+
+if TYPE_CHECKING:
+    from link.budgets import BudgetLedger
 
 logger = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 30.0
@@ -104,7 +108,7 @@ def drop_lease(connection: Connection, owner: str) -> None:
     connection.execute(delete(BudgetLease.__table__).where(BudgetLease.__table__.c.owner == owner))
 
 
-async def keep_lease(ledger, interval_s: float) -> None:
+async def keep_lease(ledger: BudgetLedger, interval_s: float) -> None:
     """Run `ledger.heartbeat()` every `interval_s` seconds until cancelled (the gateway's heartbeat task); a failed
     beat (the database unreachable) is logged and the next one tries again."""
     while True:
