@@ -40,6 +40,10 @@ class Settings(BaseSettings):
         config: path of `link.yaml`; None serves the embedded default (`LINK_CONFIG`).
         database_url: SQLAlchemy URL; default `sqlite:///{home}/link.db` (`LINK_DATABASE_URL`).
         redis_url: Redis for rate-limit counters shared by gateway replicas; None keeps them in the database.
+        redis_timeout_s: seconds each Redis call may take before it counts as a failure (`LINK_REDIS_TIMEOUT_S`).
+        redis_breaker_failures: Redis failures in a row after which the rate limits use the database's counters
+            (`LINK_REDIS_BREAKER_FAILURES`; the circuit breaker of link/redis_breaker.py).
+        redis_breaker_cooldown_s: seconds the breaker keeps Redis out before probing it (`LINK_REDIS_BREAKER_COOLDOWN_S`).
         master_key: the admin key (`LINK_MASTER_KEY`); placeholders are refused outside development.
         environment: "development" or "production".
         host, port: where `link serve` listens.
@@ -50,6 +54,12 @@ class Settings(BaseSettings):
         eject_cooldown_s: seconds a failing deployment stays out of rotation before it is probed again.
         local_dtype: weights and KV cache dtype of in-process local engines (`LINK_LOCAL_DTYPE`): "auto" (bf16
             on a GPU or a CPU with native bf16 such as AVX512_BF16, else fp32), "float32" or "bfloat16".
+        instance_id: a stable name of this gateway replica (`LINK_INSTANCE_ID`, e.g. its host or pod name): its budget
+            reservations carry it, and at start-up it releases those a previous process of the same name left (one
+            killed before settling them). Two running replicas must never share one. None: a fresh id per process,
+            whose holds are released once its lease expires (link/budget_leases.py).
+        budget_lease_s: seconds a gateway process's budget reservations outlive its last heartbeat (renewed every
+            third of it); after that any replica releases them (`LINK_BUDGET_LEASE_S`).
         metrics_public: serve `/metrics` without a key (`LINK_METRICS_PUBLIC=true`); by default it needs the
             master key whenever one is set (a Prometheus scraper sends it as a bearer token).
     """
@@ -60,6 +70,9 @@ class Settings(BaseSettings):
     config: Path | None = None
     database_url: str | None = None
     redis_url: str | None = None
+    redis_timeout_s: float = Field(0.25, gt=0, le=30)
+    redis_breaker_failures: int = Field(3, ge=1, le=1000)
+    redis_breaker_cooldown_s: float = Field(5.0, gt=0, le=3600)
     master_key: SecretStr | None = None
     environment: Literal["development", "production"] = "development"
     host: str = "127.0.0.1"
@@ -70,6 +83,8 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(5.0, gt=0)
     eject_cooldown_s: float = Field(10.0, ge=0)
     metrics_public: bool = False
+    instance_id: str | None = Field(None, min_length=1, max_length=128)
+    budget_lease_s: float = Field(30.0, gt=0, le=3600)
     local_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
     @model_validator(mode="after")

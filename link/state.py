@@ -6,11 +6,15 @@
 
 The `Redactor` of every configured secret (link/redact.py) is built here once and handed to the backends (their
 errors), the accounting (the request-log row) and a filter on the loggers, removed again at close.
+At start-up the budget ledger releases the reservations that gateway processes killed before settling them left
+behind (under this replica's LINK_INSTANCE_ID, or under an expired lease), never those of a live replica; a
+heartbeat task then renews this process's lease (the rule: link/budget_leases.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -20,10 +24,12 @@ from sqlalchemy import Engine
 from link.accounting import Accounting
 from link.auth import Authenticator
 from link.backends import make_backend
+from link.budget_leases import keep_lease
+from link.budgets import BudgetLedger
 from link.config import LinkConfig
 from link.db import make_db_engine, upgrade
 from link.deployments import DeploymentPool
-from link.limits import BudgetLedger, RateLimiter
+from link.limits import RateLimiter
 from link.metrics import GatewayMetrics
 from link.model_registration import with_registered_models
 from link.policies.store import PolicyStore
@@ -55,6 +61,7 @@ class GatewayState:
     traces: TraceRecorder | None = None  # tool-call traces of opted-in keys and policies (link/traces.py)
     redactor: Redactor = field(default_factory=Redactor)  # every configured secret, out of error texts (link/redact.py)
     log_filter: RedactingFilter | None = None  # the redactor on the loggers, until close_gateway
+    ledger_heartbeat: asyncio.Task | None = None  # renews the budget ledger's lease (link/budget_leases.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -84,10 +91,15 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     redactor = Redactor.from_config(settings, config)
     db = make_db_engine(settings.database_url)
     log_writer = RequestLogWriter(db) if settings.request_log else None
-    limiter = RateLimiter(db, settings.redis_url)
+    limiter = RateLimiter(db, settings.redis_url, redis_timeout_s=settings.redis_timeout_s,
+                          breaker_failures=settings.redis_breaker_failures,
+                          breaker_cooldown_s=settings.redis_breaker_cooldown_s)
     engine_pool = None
     pools: dict[str, DeploymentPool] = {}
+    ledger = BudgetLedger(db, owner=settings.instance_id, lease_s=settings.budget_lease_s) if settings.budgets else None
     try:
+        if ledger is not None:
+            await asyncio.to_thread(ledger.open)  # holds of processes that died are released before any request
         config = await asyncio.to_thread(with_registered_models, config, db)  # models registered in the database
         policies = PolicyStore(db, config)
         await asyncio.to_thread(policies.reload)
@@ -104,12 +116,13 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
         await _close_parts(pools, engine_pool, limiter, log_writer, db)
         raise
     metrics = GatewayMetrics(policies.is_served)  # labels: served names only, any other under "unknown"
-    ledger = BudgetLedger(db) if settings.budgets else None
+    heartbeat = asyncio.create_task(keep_lease(ledger, ledger.lease_s / 3)) if ledger is not None else None
     return GatewayState(settings=settings, config=config, db=db, auth=Authenticator(db, settings), policies=policies,
                         pools=pools, metrics=metrics,
                         accounting=Accounting(metrics, log_writer, ledger, limiter, redactor=redactor),
                         limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),
-                        traces=TraceRecorder(db), redactor=redactor, log_filter=attach_log_filter(redactor))
+                        traces=TraceRecorder(db), redactor=redactor, log_filter=attach_log_filter(redactor),
+                        ledger_heartbeat=heartbeat)
 
 
 async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
@@ -133,6 +146,17 @@ async def close_gateway(state: GatewayState, *, log_timeout_s: float = LOG_DRAIN
     `log_timeout_s` s each)."""
     if state.traces is not None:
         await asyncio.to_thread(state.traces.close, log_timeout_s)
+    ledger = state.accounting.ledger
+    if state.ledger_heartbeat is not None:
+        state.ledger_heartbeat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await state.ledger_heartbeat
+    if ledger is not None:
+        try:
+            await asyncio.to_thread(ledger.close)
+        except Exception:
+            logger.exception("budget ledger %s: releasing its holds at shutdown failed (its lease will expire)",
+                             ledger.owner)
     await _close_parts(state.pools, state.engine_pool, state.limiter, state.log_writer, state.db, log_timeout_s)
     if state.log_filter is not None:
         detach_log_filter(state.log_filter)

@@ -4,8 +4,8 @@
     upgrade(settings.database_url)           # schema to head; idempotent, safe across processes
 """
 
-import link.db.evals  # noqa: F401  (registers the eval tables on SQLModel.metadata)
+from link.db import evals, ledger  # importing them registers the eval and budget reservation tables on SQLModel.metadata
 from link.db.engine import make_db_engine, normalize_url
 from link.db.migrate import upgrade
 
-__all__ = ["make_db_engine", "normalize_url", "upgrade"]
+__all__ = ["evals", "ledger", "make_db_engine", "normalize_url", "upgrade"]

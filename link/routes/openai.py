@@ -5,6 +5,7 @@ A request's life (`handle`):
     2. rate limit the key, requests per minute (429 + Retry-After)   link/limits.py
     3. validate the body against OpenAI's schema (400 naming the field)   link/schemas.py
     4. resolve the model name or policy (404) and plan the candidates      link/policies/
+       (a max_tokens / max_completion_tokens beyond every candidate's context length: 400 naming the field)
     5. reserve the request's maximum cost in the key's budget (429 insufficient_quota)  link/accounting.py
     6. call the backends: fallback across replicas and models before the first byte   link/proxy.py
        (a plan with an executor, cascade or MoA, makes several calls: link/executor.py)
@@ -38,6 +39,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from link.accounting import Accounting, RequestRecord, max_request_cost
 from link.backends import BackendError
 from link.config import ModelDeployment
+from link.db.models import MAX_INT32
 from link.deps import StateDep
 from link.executor import ExecutedStream, GatewayCaller, execute_whole, executed_frames, start_executed_stream
 from link.policies import PolicyRequest
@@ -52,6 +54,9 @@ from serving.errors import ServingError
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
+# The most completion tokens a request may ask for when a candidate's context length is unknown: PostgreSQL's
+# INTEGER, the range of every token count the gateway stores; a larger count only inflates the reserved cost.
+MAX_COMPLETION_TOKENS = MAX_INT32
 
 
 class GatewayStream(StreamingResponse):
@@ -115,6 +120,29 @@ async def _rate_limit(state: GatewayState, record: RequestRecord) -> None:
                           log_status="rate_limited")
 
 
+def _check_completion_tokens(state: GatewayState, body: dict, models: list[str]) -> None:
+    """Refuse a `max_completion_tokens` / `max_tokens` (validated already: an integer >= 1) that no candidate can
+    produce, before any money is held for it.
+
+    The bound is the largest context length among the candidate `models` (an answer never outgrows its model's
+    context), or MAX_COMPLETION_TOKENS when a candidate's context length is unknown.
+
+    Raises:
+        OpenAIError: 400 `invalid_value` naming the field, in OpenAI's words ("max_tokens is too large: N. This
+            model supports at most M completion tokens, whereas you provided N.").
+    """
+    for field in ("max_completion_tokens", "max_tokens"):
+        requested = body.get(field)
+        if not isinstance(requested, int):
+            continue
+        contexts = [context_length(state, m) for m in models]
+        bound = MAX_COMPLETION_TOKENS if None in contexts else min(max(contexts), MAX_COMPLETION_TOKENS)
+        if requested > bound:
+            raise OpenAIError(400, f"{field} is too large: {requested}. This model supports at most {bound} completion "
+                              f"tokens, whereas you provided {requested}.", param=field, code="invalid_value",
+                              log_status="invalid_request")
+
+
 def _requested_model(raw: bytes) -> tuple[dict | None, OpenAIError | None, str]:
     """(the body, or None and the error that refuses it, the `model` it names or "") — read before the key is
     checked only so that every answer can name the requested model; errors are raised in their turn."""
@@ -145,6 +173,7 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
                                                  *(p.name for p in state.policies.stored_policies())])
         plan = await policy.plan(PolicyRequest(endpoint, body, state.model_names))
         record.policy, record.decision = plan.policy, {**plan.decision, "candidates": list(plan.models)}
+        _check_completion_tokens(state, body, plan.models)
         executor = plan.executor
         if executor is None:
             deployments = [d for m in plan.models for d in state.config.deployments(m)]

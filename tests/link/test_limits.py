@@ -1,4 +1,4 @@
-"""link.limits: rate limits (database and Redis counters) and budgets, also under concurrency and across
+"""link.limits and link.budgets: rate limits (database and Redis counters) and budgets, also under concurrency and across
 processes, on SQLite and PostgreSQL.
 
     LINK_HOME=.link .venv/bin/python -m pytest -q tests/link/test_limits.py

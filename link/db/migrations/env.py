@@ -10,10 +10,10 @@ from alembic import context
 from sqlmodel import SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
-import link.db.evals  # noqa: F401  (the eval tables)
-import link.db.models  # noqa: F401  (registers the tables on SQLModel.metadata)
+from link.db import evals, ledger, models
 
 config = context.config
+TABLE_MODULES = (models, evals, ledger)  # importing them registers their tables on SQLModel.metadata
 target_metadata = SQLModel.metadata
 
 
