@@ -11,6 +11,8 @@ Routes: link/routes/ (openai: /v1/*, policies: /api/policies, route: /api/route,
 traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, traces: /api/traces, system:
 /health and /metrics); the console under /console, mounted by `web` through the entry point group
 `togetherlink.apps` (`link` never imports `web`). Every API error is an OpenAI error object.
+Before any route, every request passes the request boundary (serving/api/boundary.py, the engine server's
+too): a body over `Settings.max_body_bytes` is a 413, one nested deeper than `Settings.max_json_depth` a 400.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from link.routes import evals, keys, models, openai, policies, requests, route, 
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
+from serving.api.boundary import RequestBoundary
 
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,7 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
     for module in (openai, policies, route, requests, traffic, keys, models, evals, traces, system):
         app.include_router(module.router)
     mount_extensions(app, settings)
+    app.add_middleware(RequestBoundary, limits=settings.body_limits)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):

@@ -3,9 +3,11 @@
 Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events,
 `stream_options.include_usage` adding a final usage chunk), GET /v1/models, /v1/models/{id}, /health
 and /metrics (Prometheus). Every error, unknown routes and wrong methods included, is an OpenAI error
-object with a 4xx status; a bad request never disturbs the others. A client that disconnects, streamed
-or not, aborts its engine requests, which free their KV blocks before the next engine step. Several
-such servers, each with its own engine, are how the platform scales past one process.
+object with a 4xx status; a bad request never disturbs the others. Bodies pass the request boundary
+first (`boundary.py`: 413 over `BodyLimits.max_body_bytes`, 400 nested deeper than `max_json_depth`),
+before FastAPI parses them. A client that disconnects, streamed or not, aborts its engine requests, which
+free their KV blocks before the next engine step. Several such servers, each with its own engine, are how
+the platform scales past one process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serving.api.boundary import BodyLimits, RequestBoundary
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
 from serving.api.metrics import EngineMetrics
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
@@ -49,8 +52,10 @@ State = Annotated[EngineState, Depends(_state)]
 
 
 def create_engine_app(model: str, *, dtype: str = "float32", engine_config: EngineConfig = EngineConfig(),
-                      registry: ModelRegistry | None = None, loaded: LoadedModel | None = None) -> FastAPI:
-    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`)."""
+                      registry: ModelRegistry | None = None, loaded: LoadedModel | None = None,
+                      body_limits: BodyLimits = BodyLimits()) -> FastAPI:
+    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`). `body_limits` bound
+    every request body (413 larger, 400 deeper)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -62,6 +67,7 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
         await engine.shutdown()
 
     app = FastAPI(title=f"TogetherLink engine: {model}", lifespan=lifespan)
+    app.add_middleware(RequestBoundary, limits=body_limits)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
