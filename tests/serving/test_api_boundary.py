@@ -1,7 +1,7 @@
 """The engine server's request boundary on loopback (`link engine serve`), the gateway's too: a body nested 1,000
-or 100,000 levels deep is a 400 on a kept connection, a body over the limit a 413. All of it is refused before
-the model would be used: the server runs without its lifespan (no model loaded), which also shows nothing past
-the boundary was needed."""
+or 100,000 levels deep is a 400 on a kept connection, a body over the limit a 413, a NUL or lone surrogate a
+400 naming its field or parameter. All of it is refused before the model would be used: the server runs
+without its lifespan (no model loaded), which also shows nothing past the boundary was needed."""
 
 from __future__ import annotations
 
@@ -49,3 +49,18 @@ def test_a_body_over_the_limit_is_a_413(url):
     assert error["code"] == "request_too_large" and f"{MAX_BODY:,} bytes" in error["message"]
     chunked = httpx.post(url + "/v1/chat/completions", content=iter([b"[" * 2**16] * 17))  # no Content-Length
     assert error_of(chunked, 413)["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("raw,param", [
+    (b'{"model": "m", "messages": [{"role": "user", "content": "a\\udfffb"}]}', "messages[0].content"),
+    (b'{"model": "m", "prompt": ["ok", "\\ud800"]}', "prompt[1]"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "a\\u0000"}', "user"),
+])
+def test_text_that_no_tokenizer_or_store_takes_is_a_400_naming_the_field(url, raw, param):
+    path = "/v1/completions" if b'"prompt"' in raw else "/v1/chat/completions"
+    error = error_of(httpx.post(url + path, content=raw, headers={"content-type": "application/json"}), 400)
+    assert error["param"] == param
+
+
+def test_a_nul_in_a_path_parameter_is_a_400_naming_it(url):
+    assert error_of(httpx.get(url + "/v1/models/a%00b"), 400)["param"] == "model_id"
