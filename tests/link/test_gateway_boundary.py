@@ -1,7 +1,8 @@
 """The gateway's request boundary over real HTTP (serving/api/boundary.py, limits from Settings): a body nested
 1,000 or 100,000 levels deep is a 400 OpenAI error object on every route that reads a body, before the key is
 checked and on a connection the server keeps; a body over `max_body_bytes` is a 413; a body nested as deep as
-the limit allows, or a tool schema 20 levels deep, still reaches the backend unchanged.
+the limit allows, or a tool schema 20 levels deep, still reaches the backend unchanged. Numbers outside what
+every backend takes (`seed` beyond 64 bits, `logit_bias` token ids beyond 2**31) are 400s naming the field.
 """
 
 from __future__ import annotations
@@ -110,3 +111,19 @@ def test_a_body_of_exactly_max_body_bytes_is_served(gateway):
     assert len(exact) == MAX_BODY
     answered = httpx.post(gateway.base_url + "/chat/completions", content=exact, headers=AUTH)
     assert answered.status_code == 200, answered.text
+
+
+@pytest.mark.parametrize("patch,param", [
+    ({"seed": 2**63}, "seed"), ({"seed": -(2**63) - 1}, "seed"),
+    ({"logit_bias": {"1" * 5000: 1}}, "logit_bias"), ({"logit_bias": {str(2**31): 1}}, "logit_bias"),
+])
+def test_numbers_no_backend_takes_are_400s_naming_the_field(gateway, mock, patch, param):
+    error = error_of(httpx.post(gateway.base_url + "/chat/completions", json={**CHAT, **patch}, headers=AUTH), 400)
+    assert error["param"] == param and "1111111111111111111111111111111111" not in error["message"]
+
+
+def test_numbers_at_the_bounds_pass(gateway, mock):
+    for patch in ({"seed": 2**63 - 1}, {"seed": -(2**63)}, {"logit_bias": {str(2**31 - 1): 1}}):
+        answered = httpx.post(gateway.base_url + "/chat/completions", json={**CHAT, **patch}, headers=AUTH)
+        assert answered.status_code == 200, answered.text
+        assert all(mock.last_body()[field] == value for field, value in patch.items())
