@@ -2,7 +2,8 @@
 1,000 or 100,000 levels deep is a 400 OpenAI error object on every route that reads a body, before the key is
 checked and on a connection the server keeps; a body over `max_body_bytes` is a 413; a body nested as deep as
 the limit allows, or a tool schema 20 levels deep, still reaches the backend unchanged. Numbers outside what
-every backend takes (`seed` beyond 64 bits, `logit_bias` token ids beyond 2**31) are 400s naming the field.
+every backend takes (`seed` beyond 64 bits, `logit_bias` token ids beyond 2**31) and /api/traffic bounds past the
+years 1-9999 are 400s naming the field.
 """
 
 from __future__ import annotations
@@ -127,3 +128,8 @@ def test_numbers_at_the_bounds_pass(gateway, mock):
         answered = httpx.post(gateway.base_url + "/chat/completions", json={**CHAT, **patch}, headers=AUTH)
         assert answered.status_code == 200, answered.text
         assert all(mock.last_body()[field] == value for field, value in patch.items())
+
+
+@pytest.mark.parametrize("query,param", [("until=0001-01-01T00:00:01Z", "since"), ("until=9999-12-31T23:00:00-05:00", "until")])
+def test_traffic_bounds_past_the_calendar_are_400s_naming_them(gateway, query, param):
+    assert error_of(httpx.get(f"{gateway.url}/api/traffic?{query}", headers=AUTH), 400)["param"] == param

@@ -1,5 +1,6 @@
 """`link.traffic.traffic_stats` (behind /api/traffic) on SQLite and PostgreSQL: totals, buckets, shares,
-errors and percentiles computed by hand from the rows written here."""
+errors and percentiles computed by hand from the rows written here; bounds outside the years 1-9999 in UTC
+named as the parameter at fault (a datetime OverflowError once)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from link.db.models import RequestLog
-from link.traffic import traffic_stats
+from link.traffic import RangeError, traffic_stats
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -62,3 +63,15 @@ def test_filters_and_naive_times(session, policy):
 def test_invalid_arguments(session, kwargs):
     with pytest.raises(ValueError):
         traffic_stats(session, **{"since": T0 - timedelta(hours=1), "until": T0, **kwargs})
+
+
+@pytest.mark.parametrize("bounds,param", [
+    ({"until": datetime(1, 1, 1, 0, 0, 1, tzinfo=timezone.utc)}, "since"),  # the default 24 hours before: year 0
+    ({"until": datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5)))}, "until"),  # in UTC: year 10000
+    ({"since": datetime(1, 1, 1, 1, 0, tzinfo=timezone(timedelta(hours=5)))}, "since"),          # in UTC: year 0
+    ({"since": T0, "until": T0}, "since"),
+])
+def test_bounds_out_of_range_name_the_parameter(session, bounds, param):
+    with pytest.raises(RangeError) as info:
+        traffic_stats(session, **bounds)
+    assert info.value.param == param and param in str(info.value)
