@@ -11,6 +11,10 @@ Routes: link/routes/ (openai: /v1/*, policies: /api/policies, route: /api/route,
 traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, traces: /api/traces, system:
 /health and /metrics); the console under /console, mounted by `web` through the entry point group
 `togetherlink.apps` (`link` never imports `web`). Every API error is an OpenAI error object.
+Before any route, every request passes the request boundary (serving/api/boundary.py, the engine server's
+too): a body over `Settings.max_body_bytes` is a 413, one nested deeper than `Settings.max_json_depth` a 400.
+The routes' path and query parameters follow the bodies' text rule (serving/api/url_params.py): a NUL in one
+is a 400 naming it, never a database error.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import logging
 from contextlib import asynccontextmanager
 from importlib.metadata import entry_points
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,6 +33,9 @@ from link.routes import evals, keys, models, openai, policies, requests, route, 
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
+from serving.api.boundary import RequestBoundary
+from serving.api.protocol import ValidationProblem
+from serving.api.url_params import check_url_params
 
 
 log = logging.getLogger(__name__)
@@ -86,12 +93,17 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
     # path prefix -> render(request, status_code, message): an extension's own error pages (the console's HTML)
     app.state.error_pages = {}
     for module in (openai, policies, route, requests, traffic, keys, models, evals, traces, system):
-        app.include_router(module.router)
+        app.include_router(module.router, dependencies=[Depends(check_url_params)])
     mount_extensions(app, settings)
+    app.add_middleware(RequestBoundary, limits=settings.body_limits)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):
         return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers or None)
+
+    @app.exception_handler(ValidationProblem)
+    async def _problem(request: Request, exc: ValidationProblem):
+        return JSONResponse(error_body(exc.message, exc.type, exc.param, exc.code), status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):

@@ -12,18 +12,19 @@ name outside `^[a-zA-Z0-9_-]{1,64}$`, and `max_tokens` together with `max_comple
 model refuses what it cannot honour (audio, web search, legacy functions, image/audio/file parts) with a
 400 naming the field or the content part. Every failure answers with OpenAI's error object
 `{"error": {"message", "type", "param", "code"}}`, `param` being the client's field path (`stop`,
-`messages[0].content`).
+`messages[0].content`). Every body is read as strict JSON (`parse_json_object`, shared with the engine
+server): a NaN, a NUL character or a lone UTF-16 surrogate anywhere, free text included, is a 400 naming
+its field, so nothing is served that its request-log row could not record.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, describe_errors, error_body, json_type
+from serving.api import strict_json
+from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
 
 REQUEST_SCHEMAS: dict[str, type[BaseModel]] = {"chat": ChatCompletionRequest, "completion": CompletionRequest}
 
@@ -61,43 +62,19 @@ def invalid_body(exc: ValidationError) -> OpenAIError:
     return OpenAIError(400, message, param=param, log_status="invalid_request")
 
 
-def non_finite_path(value: Any, path: str = "") -> str | None:
-    """The path ("options.layers", "messages[0].temperature") of the first NaN or infinite number in parsed JSON, or
-    None. Python's json reads NaN, Infinity and out-of-range numbers (1e309) as such floats; strict JSON has none."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return path
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = non_finite_path(item, f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key)
-        if found is not None:
-            return found
-    return None
-
-
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be one JSON object (strict JSON: NaN, Infinity and numbers beyond a float's
-    range are refused, as OpenAI's API refuses them).
+    """A request body that must be one JSON object of values every later step can carry (UTF-8; finite numbers;
+    no NUL and no lone surrogate in any string or key: serving/api/strict_json.py says why).
 
     Raises:
-        OpenAIError: 400 naming the position of a JSON syntax error, a non-finite number, or saying the body is not
-            an object.
+        OpenAIError: 400 naming the position of a JSON syntax error, saying the body is not an object, or naming
+            the field of a non-finite number, a NUL or a lone surrogate.
     """
     try:
-        body = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise OpenAIError(400, f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno} "
-                          f"column {exc.colno} (character {exc.pos}).", log_status="invalid_request") from None
-    except (ValueError, UnicodeDecodeError):
-        raise OpenAIError(400, "We could not parse the JSON body of your request: it must be UTF-8 encoded JSON.",
+        return strict_json.parse_json_object(raw)
+    except ValidationProblem as exc:
+        raise OpenAIError(exc.status_code, exc.message, param=exc.param, code=exc.code,
                           log_status="invalid_request") from None
-    if not isinstance(body, dict):
-        raise OpenAIError(400, f"The request body must be a JSON object, not {json_type(body)}.",
-                          log_status="invalid_request")
-    param = non_finite_path(body)
-    if param is not None:
-        raise OpenAIError(400, f"{param}: JSON numbers must be finite (no NaN, Infinity or values beyond 1.8e308).",
-                          param=param, log_status="invalid_request")
-    return body
 
 
 def parse_body(raw: bytes, schema: type[BaseModel], what: str) -> BaseModel:

@@ -17,6 +17,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from serving.api.boundary import MAX_JSON_DEPTH_CEILING, BodyLimits
+
 # Lower-cased master keys that are copied from examples and tutorials; refused outside development.
 PLACEHOLDER_KEYS = frozenset({
     "changeme", "change-me", "change_me", "secret", "password", "admin", "master", "masterkey", "master-key",
@@ -62,6 +64,10 @@ class Settings(BaseSettings):
             third of it); after that any replica releases them (`LINK_BUDGET_LEASE_S`).
         metrics_public: serve `/metrics` without a key (`LINK_METRICS_PUBLIC=true`); by default it needs the
             master key whenever one is set (a Prometheus scraper sends it as a bearer token).
+        max_body_bytes: the largest request body, in bytes (`LINK_MAX_BODY_BYTES`, default 16 MiB, at least 1 KiB);
+            a larger one is a 413 (serving/api/boundary.py).
+        max_json_depth: the deepest nesting of arrays and objects in a JSON body (`LINK_MAX_JSON_DEPTH`, default
+            64, 8 to 128); a deeper one is a 400.
     """
 
     model_config = SettingsConfigDict(env_prefix="LINK_", extra="ignore", validate_default=True)
@@ -86,6 +92,8 @@ class Settings(BaseSettings):
     instance_id: str | None = Field(None, min_length=1, max_length=128)
     budget_lease_s: float = Field(30.0, gt=0, le=3600)
     local_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    max_body_bytes: int = Field(16 * 2**20, ge=1024)
+    max_json_depth: int = Field(64, ge=8, le=MAX_JSON_DEPTH_CEILING)
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> Settings:
@@ -106,6 +114,11 @@ class Settings(BaseSettings):
     @property
     def is_production(self) -> bool:
         return self.environment == "production"
+
+    @property
+    def body_limits(self) -> BodyLimits:
+        """The request boundary's limits (`max_body_bytes`, `max_json_depth`)."""
+        return BodyLimits(max_body_bytes=self.max_body_bytes, max_json_depth=self.max_json_depth)
 
 
 def get_settings(**overrides) -> Settings:

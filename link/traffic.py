@@ -29,8 +29,33 @@ def _percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[rank - 1]
 
 
+class RangeError(ValueError):
+    """A time range that cannot be aggregated; `param` names the bound at fault ("since" or "until")."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _bounds(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
+    """(since, until) in UTC, defaults filled in. Raises RangeError: a bound outside the years 1-9999 once in
+    UTC (9999-12-31T23:00-05:00 is), or since not before until."""
+    try:
+        until = _utc(until) if until is not None else utcnow()
+    except OverflowError:
+        raise RangeError(f"until ({until.isoformat()}) is past 9999-12-31 in UTC", "until") from None
+    try:
+        since = _utc(since) if since is not None else until - DEFAULT_RANGE
+    except OverflowError:
+        which = since.isoformat() if since is not None else f"24 hours before until, {until.isoformat()}"
+        raise RangeError(f"since ({which}) is outside the years 1-9999 in UTC", "since") from None
+    if since >= until:
+        raise RangeError(f"since ({since.isoformat()}) must be before until ({until.isoformat()})", "since")
+    return since, until
 
 
 class _Sums:
@@ -72,17 +97,12 @@ def traffic_stats(session: Session, *, since: datetime | None = None, until: dat
          "by_policy": {name: sums}, "errors_by_status": {status: count}} where sums are requests, errors,
         prompt_tokens, completion_tokens, total_tokens, cost_usd, latency_p50_ms, latency_p95_ms.
     Raises:
-        ValueError: num_buckets outside 1..500, or since not before until.
+        ValueError: num_buckets outside 1..500. RangeError (a ValueError): a bound out of range, or since not
+            before until.
     """
-    until = _utc(until) if until is not None else utcnow()
-    if since is None:  # the default range, clipped at the calendar's start (an `until` in year 1 is valid)
-        since = until - DEFAULT_RANGE if until - datetime.min.replace(tzinfo=timezone.utc) > DEFAULT_RANGE \
-            else datetime.min.replace(tzinfo=timezone.utc)
-    since = _utc(since)
+    since, until = _bounds(since, until)
     if not 1 <= num_buckets <= MAX_BUCKETS:
         raise ValueError(f"num_buckets must be in 1..{MAX_BUCKETS}, got {num_buckets}")
-    if since >= until:
-        raise ValueError(f"since ({since.isoformat()}) must be before until ({until.isoformat()})")
     columns = (RequestLog.created_at, RequestLog.model, RequestLog.policy, RequestLog.status, RequestLog.prompt_tokens,
                RequestLog.completion_tokens, RequestLog.cost_usd, RequestLog.latency_ms)
     query = select(*columns).where(RequestLog.created_at >= since, RequestLog.created_at < until)

@@ -32,7 +32,7 @@ from serving.model_runner import ModelRunner
 from serving.outputs import Logprob, RequestOutput
 from serving.request_state import RequestState, SeqState
 from serving.sampler import Sampler, batched_argmax, compute_logprobs
-from serving.sampling_params import SamplingParams
+from serving.sampling_params import SEED_MIN, SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
 from serving.sliding_block_manager import SlidingBlockManager
@@ -220,7 +220,10 @@ class LLMEngine:
 
     def _attach(self, request: RequestState, seq: Sequence, index: int) -> None:
         params = request.params
-        seed = None if params.seed is None else params.seed + index
+        # Sample `index` of a seeded request draws from seed + index, wrapped into the signed 64-bit range of a
+        # seed: from 2**63 - 1 the next sample's seed is -2**63, not an invalid seed raised inside a step (which
+        # would stop the engine loop for every request).
+        seed = None if params.seed is None else (params.seed + index - SEED_MIN) % 2**64 + SEED_MIN
         sampler = Sampler(params if seed == params.seed else dataclasses.replace(params, seed=seed),
                           eos_token_ids=self.loaded.tokenizer.eos_token_ids)
         detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, params.skip_special_tokens)

@@ -26,8 +26,8 @@ from typing import Any
 from serving.errors import InvalidSamplingParamsError
 
 # OpenAI's `seed` is a signed 64-bit integer; `torch.Generator.manual_seed` accepts that range.
-_SEED_MIN = -(2**63)
-_SEED_MAX = 2**63 - 1
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
 # OpenAI's range for a `logit_bias` value.
 MAX_LOGIT_BIAS = 100.0
 # vLLM's default cap on `logprobs` (`max_logprobs`), also the OpenAI chat API's `top_logprobs` cap.
@@ -210,9 +210,9 @@ class SamplingParams:
             raise _fail("top_k", self.top_k, "an integer >= -1 (0 or -1 disables it)")
         _check_float("min_p", self.min_p, 0 <= self.min_p <= 1, "in [0, 1]")
         if self.seed is not None and (
-            not _is_int(self.seed) or not _SEED_MIN <= self.seed <= _SEED_MAX
+            not _is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX
         ):
-            raise _fail("seed", self.seed, f"None or an integer in [{_SEED_MIN}, {_SEED_MAX}]")
+            raise _fail("seed", self.seed, f"None or an integer in [{SEED_MIN}, {SEED_MAX}]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check_float(name, value, -2 <= value <= 2, "in [-2, 2]")

@@ -11,6 +11,8 @@ A request's life (`handle`):
        (a plan with an executor, cascade or MoA, makes several calls: link/executor.py)
     7. settle the real cost, count tokens, write the request-log row, observe metrics (always, in `finally`)
        (a chat request with `tools` of an opted-in key or policy is also recorded as a tool-call trace: link/traces.py)
+A body over the size or depth limit never gets here: the request boundary answers it first, without a
+request-log row or x-link-* headers (serving/api/boundary.py; nothing was served or billed).
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
 requested name). Their values are UTF-8 percent-encoded outside printable ASCII, and "%" itself, so

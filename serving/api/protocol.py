@@ -5,7 +5,8 @@ Field names, defaults and ranges follow the OpenAI API reference; vLLM's extra s
 too. As with OpenAI, a field the reference does not list is a 400 ("Unrecognized request argument
 supplied: foo"), at the top level and inside messages, content parts, tools, tool_choice,
 response_format and stream_options (`serving/api/chat_fields.py`); types are strict ("n": "2" or
-"max_tokens": 5.0 is a 400 naming the field; a float field still takes an integer), every message needs
+"max_tokens": 5.0 is a 400 naming the field; a float field still takes an integer), `seed` is a signed
+64-bit integer and a `logit_bias` key a token id up to 2**31 - 1 (what every backend takes), every message needs
 a role and its content (an assistant message may omit content when it has tool calls), `stream_options`
 needs `stream: true`, `tool_choice` needs `tools`, and `max_tokens` with `max_completion_tokens` is a
 400 (OpenAI: "Setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported.",
@@ -23,9 +24,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from serving.api.chat_fields import CHAT_ROLES, check_messages, check_response_format, check_tools, json_type, problem
-from serving.sampling_params import MAX_LOGIT_BIAS
+from serving.sampling_params import MAX_LOGIT_BIAS, SEED_MAX, SEED_MIN
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512   # OpenAI's `metadata` limits
+# The largest token id a `logit_bias` key may name: vocabularies are far smaller (about 2**18 at most today), and
+# a key of thousands of digits would otherwise reach int(), which refuses more than 4,300 digits with a ValueError.
+MAX_TOKEN_ID = 2**31 - 1
 
 __all__ = ["CHAT_ROLES", "ChatCompletionRequest", "CompletionRequest", "ErrorBody", "StreamOptions", "ValidationProblem",
            "check_messages", "client_param", "describe_errors", "error_body", "json_type", "usage"]
@@ -53,7 +57,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # OpenAI's range: a signed 64-bit integer
     user: str | None = None
     # vLLM extensions
     top_k: int | None = Field(None, ge=-1)
@@ -69,8 +73,11 @@ class SamplingFields(BaseModel):
     @classmethod
     def _token_ids_and_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for key, value in (bias or {}).items():
+            shown = repr(key[:32]) + ("..." if len(key) > 32 else "")
             if not (key.isascii() and key.isdigit()):
-                raise ValueError(f"keys must be token ids (decimal strings), got {key!r}")
+                raise ValueError(f"keys must be token ids (decimal strings), got {shown}")
+            if len(key) > len(str(MAX_TOKEN_ID)) or int(key) > MAX_TOKEN_ID:
+                raise ValueError(f"keys must be token ids up to {MAX_TOKEN_ID}, got {shown}")
             if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
                 raise ValueError(f"bias of token {key} must be in [-100, 100], got {value}")
         return bias

@@ -3,9 +3,13 @@
 Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events,
 `stream_options.include_usage` adding a final usage chunk), GET /v1/models, /v1/models/{id}, /health
 and /metrics (Prometheus). Every error, unknown routes and wrong methods included, is an OpenAI error
-object with a 4xx status; a bad request never disturbs the others. A client that disconnects, streamed
-or not, aborts its engine requests, which free their KV blocks before the next engine step. Several
-such servers, each with its own engine, are how the platform scales past one process.
+object with a 4xx status; a bad request never disturbs the others. Bodies pass the request boundary
+first (`boundary.py`: 413 over `BodyLimits.max_body_bytes`, 400 nested deeper than `max_json_depth`) and
+are read as strict JSON, as the gateway reads them (`strict_json.py`: no NaN, NUL or lone surrogate, each
+refusal naming its field); path and query parameters follow the same text rule (`url_params.py`). A
+client that disconnects, streamed or not, aborts its engine requests, which free their KV blocks before
+the next engine step. Several such servers, each with its own engine, are how the platform scales past
+one process.
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from typing import Annotated, AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serving.api.boundary import BodyLimits, RequestBoundary
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
 from serving.api.metrics import EngineMetrics
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
 from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
+from serving.api.strict_json import parse_json_object
+from serving.api.url_params import check_url_params
 from serving.async_engine import AsyncLLMEngine
 from serving.errors import ContextLengthError, ServingError
 from serving.llm_engine import EngineConfig, LLMEngine
@@ -48,9 +56,35 @@ async def _state(request: Request) -> EngineState:
 State = Annotated[EngineState, Depends(_state)]
 
 
+def _strict_body(schema: type[BaseModel]):
+    """A dependency reading the request body as strict JSON (`parse_json_object`) validated against `schema`;
+    raises ValidationProblem (400 naming the field)."""
+
+    async def read(request: Request) -> BaseModel:
+        body = parse_json_object(await request.body())
+        try:
+            return schema.model_validate(body)
+        except ValidationError as exc:
+            message, param = describe_errors(exc.errors())
+            raise ValidationProblem(message, param=param) from None
+
+    return read
+
+
+def _documented(schema: type[BaseModel]) -> dict:
+    """The OpenAPI request body of a route that reads its body through `_strict_body`."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+
+
+ChatBody = Annotated[ChatCompletionRequest, Depends(_strict_body(ChatCompletionRequest))]
+CompletionBody = Annotated[CompletionRequest, Depends(_strict_body(CompletionRequest))]
+
+
 def create_engine_app(model: str, *, dtype: str = "float32", engine_config: EngineConfig = EngineConfig(),
-                      registry: ModelRegistry | None = None, loaded: LoadedModel | None = None) -> FastAPI:
-    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`)."""
+                      registry: ModelRegistry | None = None, loaded: LoadedModel | None = None,
+                      body_limits: BodyLimits = BodyLimits()) -> FastAPI:
+    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`). `body_limits` bound
+    every request body (413 larger, 400 deeper)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -61,7 +95,8 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
         yield
         await engine.shutdown()
 
-    app = FastAPI(title=f"TogetherLink engine: {model}", lifespan=lifespan)
+    app = FastAPI(title=f"TogetherLink engine: {model}", lifespan=lifespan, dependencies=[Depends(check_url_params)])
+    app.add_middleware(RequestBoundary, limits=body_limits)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -113,13 +148,13 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
         state.metrics.refresh(state.engine)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, state: State, request: Request):
+    @app.post("/v1/chat/completions", openapi_extra=_documented(ChatCompletionRequest))
+    async def chat_completions(body: ChatBody, state: State, request: Request):
         _check_model(body.model, state)
         return await _serve(plan_chat(body, state.loaded, state.engine.engine.max_model_len), state, request)
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, state: State, request: Request):
+    @app.post("/v1/completions", openapi_extra=_documented(CompletionRequest))
+    async def completions(body: CompletionBody, state: State, request: Request):
         _check_model(body.model, state)
         return await _serve(plan_completion(body, state.loaded, state.engine.engine.max_model_len), state, request)
 

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
     for name in ("LINK_CONFIG", "LINK_DATABASE_URL", "LINK_REDIS_URL", "LINK_MASTER_KEY", "LINK_ENVIRONMENT", "LINK_PORT",
-                 "LINK_HOST", "LINK_REQUEST_LOG", "LINK_BUDGETS", "LINK_DATASETS_DIR"):
+                 "LINK_HOST", "LINK_REQUEST_LOG", "LINK_BUDGETS", "LINK_DATASETS_DIR", "LINK_MAX_BODY_BYTES",
+                 "LINK_MAX_JSON_DEPTH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LINK_HOME", str(tmp_path))
     return monkeypatch
@@ -42,6 +43,19 @@ def test_settings_read_link_variables_and_explicit_values_win(clean_env):
     clean_env.setenv("LINK_PORT", "not-a-port")
     with pytest.raises(ValidationError, match="port"):
         get_settings()
+
+
+def test_body_limits_default_to_16_mib_and_64_levels_and_read_link_variables(clean_env):
+    limits = get_settings().body_limits
+    assert (limits.max_body_bytes, limits.max_json_depth) == (16 * 2**20, 64)
+    clean_env.setenv("LINK_MAX_BODY_BYTES", "65536")
+    clean_env.setenv("LINK_MAX_JSON_DEPTH", "128")
+    assert (get_settings().body_limits.max_body_bytes, get_settings().body_limits.max_json_depth) == (65536, 128)
+    for name, value in (("LINK_MAX_JSON_DEPTH", "129"), ("LINK_MAX_JSON_DEPTH", "7"), ("LINK_MAX_BODY_BYTES", "1023")):
+        clean_env.setenv(name, value)
+        with pytest.raises(ValidationError, match=name.removeprefix("LINK_").lower()):
+            get_settings()
+        clean_env.delenv(name)
 
 
 @pytest.mark.parametrize("key", ["changeme", "sk-1234", "SK-1234", "sk-xxxx", "password", "short-key"])

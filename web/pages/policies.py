@@ -17,6 +17,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from link.policies.base import POLICIES
+from serving.api.boundary import MAX_JSON_DEPTH_CEILING
+from serving.api.json_depth import json_depth
 from web.console import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/policies")
@@ -39,6 +41,10 @@ def _form_body(name: str, type_: str, models: str, options: str) -> tuple[dict, 
     a JSON object of finite numbers (the one check the API cannot make: the form sends text). The name is sent as
     typed: the API refuses surrounding spaces and control characters, naming the field."""
     body = {"name": name, "type": type_.strip(), "models": [m.strip() for m in models.split(",") if m.strip()]}
+    # json.loads recurses per level: bounded first, as the request boundary bounds JSON bodies (the API refuses
+    # what is deeper than its own limit once the body is sent)
+    if json_depth(options.encode("utf-8", "surrogatepass"), MAX_JSON_DEPTH_CEILING) > MAX_JSON_DEPTH_CEILING:
+        return body, {"message": f"options nest more than {MAX_JSON_DEPTH_CEILING} levels deep", "param": "options"}
     try:
         body["options"] = (json.loads(options, parse_constant=_refuse_constant, parse_float=_finite)
                            if options.strip() else {})
