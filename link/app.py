@@ -12,7 +12,8 @@ traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, 
 /health and /metrics); the console under /console, mounted by `web` through the entry point group
 `togetherlink.apps` (`link` never imports `web`). Every API error is an OpenAI error object.
 Before any route, every request passes the request boundary (serving/api/boundary.py, the engine server's
-too): a body over `Settings.max_body_bytes` is a 413, one nested deeper than `Settings.max_json_depth` a 400.
+too): a body over `Settings.max_body_bytes` is a 413, one nested deeper than `Settings.max_json_depth` a 400
+(on `/v1/chat/completions` and `/v1/completions` answered by the route, to log the request like any other).
 The routes' path and query parameters follow the bodies' text rule (serving/api/url_params.py): a NUL in one
 is a 400 naming it, never a database error.
 """
@@ -95,7 +96,9 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
     for module in (openai, policies, route, requests, traffic, keys, models, evals, traces, system):
         app.include_router(module.router, dependencies=[Depends(check_url_params)])
     mount_extensions(app, settings)
-    app.add_middleware(RequestBoundary, limits=settings.body_limits)
+    # the OpenAI routes answer a refused body themselves, so that it gets its x-link-* headers and log row
+    app.add_middleware(RequestBoundary, limits=settings.body_limits,
+                       defer=lambda scope: scope["method"] == "POST" and scope["path"] in openai.LOGGED_PATHS)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):

@@ -11,8 +11,9 @@ A request's life (`handle`):
        (a plan with an executor, cascade or MoA, makes several calls: link/executor.py)
     7. settle the real cost, count tokens, write the request-log row, observe metrics (always, in `finally`)
        (a chat request with `tools` of an opted-in key or policy is also recorded as a tool-call trace: link/traces.py)
-A body over the size or depth limit never gets here: the request boundary answers it first, without a
-request-log row or x-link-* headers (serving/api/boundary.py; nothing was served or billed).
+A body over the size or depth limit is not read here: the request boundary (serving/api/boundary.py) hands its
+refusal (413, or 400 `json_too_deep`) to `handle`, which answers it after step 2 like any invalid body, with
+its x-link-* headers and its request-log row (nothing was served or billed).
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
 requested name). Their values are UTF-8 percent-encoded outside printable ASCII, and "%" itself, so
@@ -51,11 +52,14 @@ from link.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError,
                           parse_json_object, validate_request)
 from link.state import GatewayState
 from link.traces import finish_whole, watch
+from serving.api.boundary import REFUSAL
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
 from serving.errors import ServingError
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
+# the routes whose every request gets a request-log row, refusals by the request boundary included
+LOGGED_PATHS = ("/v1/chat/completions", "/v1/completions")
 # The most completion tokens a request may ask for when a candidate's context length is unknown: PostgreSQL's
 # INTEGER, the range of every token count the gateway stores; a larger count only inflates the reserved cost.
 MAX_COMPLETION_TOKENS = MAX_INT32
@@ -162,7 +166,12 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
     is_streaming = False
     requested = ""
     try:
-        body, bad_json, requested = _requested_model(await request.body())
+        refused = getattr(request.state, REFUSAL, None)  # a body over the size or depth limits (RequestBoundary)
+        if refused is not None:
+            body, bad_json = None, OpenAIError(refused.status_code, refused.message, param=refused.param,
+                                               code=refused.code, log_status="invalid_request")
+        else:
+            body, bad_json, requested = _requested_model(await request.body())
         record.identity = await state.auth.identify(request.headers.get("authorization"))
         await _rate_limit(state, record)
         if bad_json is not None:

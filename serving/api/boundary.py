@@ -12,11 +12,16 @@ objects, sent before authentication (they need no key, and reveal nothing but th
   JSON whatever the header says; a form percent-encodes its brackets, so no form comes near the limit).
 A body within the limits is read whole and handed to the app as one message; later `receive` calls go to the
 server, so a disconnect still reaches the routes that wait for it (`serving/api/disconnect.py`).
+
+A server that must account for every request of some routes (the gateway logs one row per `/v1` request) names
+them with `defer`: a refused request to such a route reaches the app with an empty body and the refusal in
+`scope["state"][REFUSAL]` (`request.state`), for the route to answer it in its turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,6 +32,8 @@ from serving.api.protocol import error_body
 # Python recurses once per level in json and in the walks over a parsed body (pydantic, deepcopy, our checks),
 # two or three frames each, under a limit of 1,000 frames: past 128 levels the margin is gone.
 MAX_JSON_DEPTH_CEILING = 128
+# the `request.state` attribute holding a deferred refusal (RequestBoundary's `defer`)
+REFUSAL = "body_refused"
 
 
 @dataclass(frozen=True)
@@ -103,10 +110,11 @@ class RequestBoundary:
 
     Args:
         app: the application it guards. limits: the body limits (default `BodyLimits()`).
+        defer: scope -> whether the app answers a refusal of this request itself (module docstring); None: never.
     """
 
-    def __init__(self, app: ASGIApp, limits: BodyLimits = BodyLimits()):
-        self.app, self.limits = app, limits
+    def __init__(self, app: ASGIApp, limits: BodyLimits = BodyLimits(), defer: Callable[[Scope], bool] | None = None):
+        self.app, self.limits, self.defer = app, limits, defer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -115,8 +123,11 @@ class RequestBoundary:
         try:
             body = await read_bounded_body(scope, receive, self.limits)
         except BodyRefused as refused:
-            await refused.response()(scope, receive, send)
-            return
+            if self.defer is None or not self.defer(scope):
+                await refused.response()(scope, receive, send)
+                return
+            scope.setdefault("state", {})[REFUSAL] = refused
+            body = b""
         if body is None:
             return  # the client left before its request was complete: nobody to answer
         delivered = False

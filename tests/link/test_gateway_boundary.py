@@ -1,6 +1,7 @@
 """The gateway's request boundary over real HTTP (serving/api/boundary.py, limits from Settings): a body nested
-1,000 or 100,000 levels deep is a 400 OpenAI error object on every route that reads a body, before the key is
-checked and on a connection the server keeps; a body over `max_body_bytes` is a 413; a body nested as deep as
+1,000 or 100,000 levels deep is a 400 OpenAI error object on every route that reads a body, on a connection the
+server keeps: before the key is checked on the management routes, and on the OpenAI routes in the order any
+invalid body is refused there (after the key), with its x-link-* headers and its request-log row; a body over `max_body_bytes` is a 413; a body nested as deep as
 the limit allows, or a tool schema 20 levels deep, still reaches the backend unchanged. Numbers outside what
 every backend takes (`seed` beyond 64 bits, `logit_bias` token ids beyond 2**31) and /api/traffic bounds past the
 years 1-9999 are 400s naming the field.
@@ -13,7 +14,7 @@ import json
 import httpx
 import pytest
 
-from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, logged_request, mock_deployment, start_gateway_thread
 from tests.serving.loopback import client_port
 from tests.serving.test_json_depth import ref_depth
 
@@ -65,10 +66,24 @@ def test_deep_bodies_are_400s_on_every_route_and_the_connection_stays(gateway, m
         assert after.status_code == 200 and client_port(after) == client_port(refused)
 
 
-def test_the_depth_limit_holds_before_the_key_is_checked(gateway):
-    deep = httpx.post(gateway.base_url + "/chat/completions", content=b'{"a": ' + nested(1_000, "arrays") + b"}")
+def test_the_depth_limit_holds_before_the_key_is_checked_on_the_management_routes(gateway):
+    deep = httpx.post(gateway.url + "/api/keys", content=b'{"a": ' + nested(1_000, "arrays") + b"}")
     assert error_of(deep, 400)["code"] == "json_too_deep"
-    assert error_of(httpx.post(gateway.base_url + "/chat/completions", json=CHAT), 401)
+    assert error_of(httpx.post(gateway.url + "/api/keys", json={"name": "k"}), 401)
+
+
+@pytest.mark.parametrize("raw,status,code", [
+    (b'{"model": "mock-a", "a": ' + nested(1_000, "objects") + b"}", 400, "json_too_deep"),
+    (b'{"model": "mock-a", "a": "' + b"x" * MAX_BODY + b'"}', 413, "request_too_large"),
+])
+def test_an_openai_route_logs_a_refused_body_like_any_invalid_one(gateway, raw, status, code):
+    refused = httpx.post(gateway.base_url + "/chat/completions", content=raw, headers=AUTH)
+    assert error_of(refused, status)["code"] == code
+    assert refused.headers["x-link-request-id"] and refused.headers["x-link-policy"] == ""
+    row = logged_request(gateway, refused.headers["x-link-request-id"])
+    assert (row["status"], row["http_status"], row["cost_usd"]) == ("invalid_request", status, 0.0)
+    # without a key the key is refused first, as for any other invalid body
+    assert error_of(httpx.post(gateway.base_url + "/chat/completions", content=raw), 401)["code"] == "invalid_api_key"
 
 
 def test_bodies_up_to_the_depth_limit_reach_the_backend_unchanged(gateway, mock):
