@@ -1,6 +1,6 @@
 """Speculative decoding (issue 10): decode speed with speculation off, a fixed k and adaptive, in one run.
 
-Workloads (prompts from the shared data folder, `link.bench.workloads`):
+Workloads (prompts from the shared data folder, `benchmarks.link_bench.workloads`):
 - concurrency 1, repetitive: HumanEval code edits that repeat their input and MT-Bench writing /
   extraction quote-summaries; each prompt runs once per configuration, the configurations taking
   turns prompt by prompt so a noisy neighbour on the CPU hits them alike.
@@ -37,8 +37,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from link.bench.workload import load_workload
-from link.bench.workloads import load_repetitive
+from benchmarks.link_bench.workload import load_workload
+from benchmarks.link_bench.workloads import load_repetitive
 from serving import LLM
 from serving.llm_engine import EngineConfig, LLMEngine
 from serving.sampling_params import SamplingParams

@@ -1,4 +1,4 @@
-"""`link.bench`: the serving benchmark on tiny settings (the real server, real prompts) and its CLI command."""
+"""`benchmarks.link_bench`: the serving benchmark on tiny settings (the real server, real prompts) and its CLI command."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from link.bench import RequestRecord, compute_ratios, load_workload, run_serving_benchmark, summarize
-from link.cli import app
+from benchmarks.link_bench import RequestRecord, compute_ratios, load_workload, run_serving_benchmark, summarize
+from cli.app import app
 
 runner = CliRunner()
 

@@ -14,11 +14,11 @@ import pytest
 from sqlmodel import Session, select
 from typer.testing import CliRunner
 
-from link.bench.gateway import GATEWAY_SYSTEMS, MODES, litellm_proxy_missing, run_gateway_benchmark
-from link.bench.gateway_report import add_added_latency, compute_gateway_ratios, render_gateway_report, summarize_cell
-from link.bench.mock_backend import ANSWER_TEXT, USAGE
-from link.bench.processes import ServerProcess, free_port
-from link.cli import app
+from benchmarks.link_bench.gateway import GATEWAY_SYSTEMS, MODES, litellm_proxy_missing, run_gateway_benchmark
+from benchmarks.link_bench.gateway_report import add_added_latency, compute_gateway_ratios, render_gateway_report, summarize_cell
+from benchmarks.link_bench.mock_backend import ANSWER_TEXT, USAGE
+from benchmarks.link_bench.processes import ServerProcess, free_port
+from cli.app import app
 from link.config import parse_config
 from link.db import make_db_engine, upgrade
 from link.db.models import RequestLog
@@ -37,7 +37,7 @@ def result():
 @pytest.fixture(scope="module")
 def mock_backend():
     port = free_port()
-    server = ServerProcess([sys.executable, "-m", "link.bench.mock_backend", "--port", str(port)], port)
+    server = ServerProcess([sys.executable, "-m", "benchmarks.link_bench.mock_backend", "--port", str(port)], port)
     server.wait_healthy("/health", timeout_s=30)
     yield server
     server.stop()

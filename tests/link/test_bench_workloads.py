@@ -1,4 +1,4 @@
-"""The serving benchmark's repetitive and mixed workloads (link/bench/workloads.py) on the real data,
+"""The serving benchmark's repetitive and mixed workloads (benchmarks/link_bench/workloads.py) on the real data,
 their request shapes as a mix, and `link bench serving --workload ... --save-mix` end to end."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 from typer.testing import CliRunner
 
-from link.bench.timing import RequestRecord
-from link.bench.workloads import burst_plan, load_repetitive, records_to_mix, workload_texts
-from link.cli import app
+from benchmarks.link_bench.timing import RequestRecord
+from benchmarks.link_bench.workloads import burst_plan, load_repetitive, records_to_mix, workload_texts
+from cli.app import app
 from serving.traffic import RequestShape, load_mix
 
 runner = CliRunner()

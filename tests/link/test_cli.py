@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from link.cli import app
+from cli.app import app
 
 runner = CliRunner()
 
@@ -53,7 +53,7 @@ def test_engine_serve_starts_an_openai_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "link.cli", "engine", "serve", "--port", str(port), "--kv-cache-mb", "32"],
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "engine", "serve", "--port", str(port), "--kv-cache-mb", "32"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180

@@ -1,4 +1,4 @@
-"""`link compile tune|status` (link/cli_compile.py) on a temporary winner table: tuning the recorded
+"""`link compile tune|status` (cli/compile.py) on a temporary winner table: tuning the recorded
 shapes of the real SmolLM2 (one small rms_norm bucket, so nothing compiles), status as a table and as
 JSON, bad input as one line and exit 2; and the kernel metrics collector."""
 
@@ -16,7 +16,7 @@ from kernels.metrics import KernelCollector
 from kernels.recorder import Bucket
 from kernels.variants import Variant
 from kernels.winners import Environment, Result, WinnerTable
-from link.cli import app
+from cli.app import app
 
 MODEL = "smollm2-135m-instruct"
 BUCKET = Bucket("rms_norm", ((2, 576),), "float32")

@@ -1,4 +1,4 @@
-"""`link compile tune-config` and the configuration rows of `link compile status` (link/cli_compile.py)
+"""`link compile tune-config` and the configuration rows of `link compile status` (cli/compile.py)
 on a temporary winner table, replaying a tiny mix with the real SmolLM2; and `apply_winner`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from kernels.config_winners import ConfigWinner, ConfigWinnerTable
 from kernels.winners import Environment
-from link.cli import app
+from cli.app import app
 from serving.traffic import RequestShape, mix_fingerprint, save_mix
 
 MODEL = "smollm2-135m-instruct"
@@ -49,7 +49,7 @@ def test_tune_config_refuses_a_bad_mix(table, tmp_path):
 
 
 def test_apply_winner_reconfigures_an_engine_with_the_stored_config(table, smollm2_fp32):
-    from link.compile_config import apply_winner, stored_config
+    from benchmarks.config_tuning import apply_winner, stored_config
     from serving.llm_engine import EngineConfig, LLMEngine
 
     mix = [RequestShape(50, 8, 0.0)] * 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from typer.testing import CliRunner
 
-from link.cli_errors import fail
+from cli.errors import fail
 
 
 def test_an_error_prints_brackets_as_text_on_one_line():

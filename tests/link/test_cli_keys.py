@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from link.cli import app
+from cli.app import app
 
 
 @pytest.mark.parametrize("args, line", [

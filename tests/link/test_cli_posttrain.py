@@ -1,4 +1,4 @@
-"""`link posttrain sft|eval|export` (link/cli_posttrain.py) through typer's CliRunner.
+"""`link posttrain sft|eval|export` (cli/posttrain.py) through typer's CliRunner.
 
 The runs use a tiny random Llama (hidden 32, 2 layers) with SmolLM2's tokenizer and chat template, so the whole
 pipeline (BFCL traces as OpenAI JSONL -> split -> LoRA steps -> scoring in our engine -> merged export registered
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from link.cli import app
+from cli.app import app
 from posttrain.dataset import split_traces
 from posttrain.traces import read_openai_jsonl
 from posttrain.traces_bfcl import read_bfcl

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from link.cli import app
+from cli.app import app
 from tests.link.gateway_launch import mock_deployment, write_config
 
 MODELS = ["small", "big", "tools-sft"]
@@ -96,7 +96,7 @@ def test_the_same_prompt_goes_to_the_tool_model_only_when_it_offers_tools(config
 
 
 def test_explain_route_refuses_tools_on_the_completion_endpoint(config, tmp_path):
-    from link.cli_route import explain_route
+    from cli.route import explain_route
 
     with pytest.raises(ValueError, match="tools need the chat endpoint, not 'completion'"):
         explain_route(PROMPT, "auto", str(config), endpoint="completion", tools=TOOLS)

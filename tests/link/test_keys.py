@@ -12,7 +12,7 @@ from pydantic import SecretStr, ValidationError
 from sqlmodel import select
 from typer.testing import CliRunner
 
-from link.cli import app
+from cli.app import app
 from link.db.models import ApiKey
 from link.keys import (KEY_PREFIX, MASTER_IDENTITY, KeyNotFound, create_key, get_key, list_keys, revoke_key,
                        verify_key)

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evals.outcomes import Outcome, OutcomeTable
-from link.cli import app
+from cli.app import app
 from routers.base import ROUTERS, Router, load_router, register_router
 
 runner = CliRunner()

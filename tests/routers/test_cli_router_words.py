@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evals.outcomes import Outcome, OutcomeTable
-from link.cli import app
+from cli.app import app
 from routers.base import load_router
 from tests.routers.test_cli_router import fake_embed
 

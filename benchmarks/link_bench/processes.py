@@ -1,7 +1,7 @@
 """Processes under benchmark: free ports, servers in subprocesses (optionally pinned to cores), their
 CPU time and memory, and spawned workers.
 
-    server = ServerProcess(["python", "-m", "link.cli", "serve", "--port", str(port)], port, cores=(1,))
+    server = ServerProcess(["python", "-m", "cli", "serve", "--port", str(port)], port, cores=(1,))
     server.wait_healthy("/health")
     cpu_s, rss_mib = process_cpu_seconds(server.pid), process_rss_mb(server.pid)
     server.stop()

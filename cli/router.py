@@ -33,7 +33,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from link.cli_errors import fail
+from cli.errors import fail
 
 router_app = typer.Typer(help="Learned routers: train on outcome tables, calibrate the cost knob, evaluate offline.",
                          no_args_is_help=True)

@@ -1,5 +1,5 @@
 """`link compile tune|tune-config|status`: continuous compilation of a local model's kernels on demand
-(link/compile.py) and tuning of its engine configuration for a traffic mix (link/compile_config.py).
+(benchmarks/kernel_tuning.py) and tuning of its engine configuration for a traffic mix (benchmarks/config_tuning.py).
 
     link compile tune --model smollm2-135m-instruct --workload serving --budget-s 300
     link compile tune --workload recorded          # the shapes `link serve` recorded (engine option compile_tune)
@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from link.cli_errors import fail
+from cli.errors import fail
 
 compile_app = typer.Typer(help="Tune kernels for the shapes a model runs (issue 9).", no_args_is_help=True)
 console = Console()
@@ -38,7 +38,7 @@ def tune(
     """Record shapes, verify and time the candidate variants of the hot buckets, store and show the winners."""
     from serving import ServingError
 
-    from link.compile import tune_model
+    from benchmarks.kernel_tuning import tune_model
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as bar:
@@ -83,7 +83,7 @@ def tune_config(
     from serving.config_search import default_space, describe, from_json
     from serving.traffic import load_mix
 
-    from link.compile_config import tune_config as run_tuning
+    from benchmarks.config_tuning import tune_config as run_tuning
 
     try:
         shapes = load_mix(mix)
@@ -109,8 +109,8 @@ def status(
 ) -> None:
     """The winner tables: per op and bucket, the installed variant and its speedup over the default; per
     traffic mix, the tuned engine configuration against the default."""
-    from link.compile import status_rows
-    from link.compile_config import config_rows
+    from benchmarks.kernel_tuning import status_rows
+    from benchmarks.config_tuning import config_rows
 
     if as_json:
         console.print_json(json.dumps(config_rows(model=model) if configs else status_rows(model=model)))

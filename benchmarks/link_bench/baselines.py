@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from link.bench.processes import self_peak_rss_mb
-from link.bench.timing import RequestRecord, record_from_times
+from benchmarks.link_bench.processes import self_peak_rss_mb
+from benchmarks.link_bench.timing import RequestRecord, record_from_times
 
 
 def transformers_worker(path: str, dtype: str, warmup: list[int], slices: list[list[list[int]]],

@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from link.cli_errors import fail
+from cli.errors import fail
 
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict]:

@@ -4,7 +4,7 @@
     python benchmarks/bench_serving.py --json out.json
     run_serving_benchmark("smollm2-135m-instruct", concurrencies=(1, 4, 16))   # -> dict, see below
 
-Workload (link/bench/workload.py): AlpacaEval instructions and MT-Bench first turns from the data
+Workload (benchmarks/link_bench/workload.py): AlpacaEval instructions and MT-Bench first turns from the data
 directory, shuffled with `seed`, each rendered as one user message with the model's chat template and
 tokenized by our tokenizer, so every system gets the same prompt token ids. Concurrency level k takes
 its own slice of `num_prompts` prompts (the same slice for every system), so the engine's prefix cache
@@ -16,7 +16,7 @@ Systems, one after another (never overlapping), each in a process of its own:
   `concurrency` asyncio clients (httpx) each send streamed `/v1/completions` requests (prompt as token
   ids, `ignore_eos`) back to back, a closed loop. TTFT = request sent -> first SSE chunk with text;
   output tokens from the final usage chunk. One server serves every level.
-- `transformers` (link/bench/baselines.py): `AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`
+- `transformers` (benchmarks/link_bench/baselines.py): `AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`
   in a spawned worker. At concurrency c, the prompts run as static batches of c through one `generate`
   each, left-padded; c=1 is one request at a time. Token times come from a stopping criterion that
   runs after every decode step.
@@ -26,14 +26,14 @@ Systems, one after another (never overlapping), each in a process of its own:
   HTTP, concurrency 1 only; stored kernel winners installed), for an engine-to-engine comparison: `link`
   also pays the server, the SSE stream and a client process on the same cores.
 
-Workloads (`workload`, link/bench/workloads.py): "default" (above), "repetitive" (HumanEval code edits
+Workloads (`workload`, benchmarks/link_bench/workloads.py): "default" (above), "repetitive" (HumanEval code edits
 and MT-Bench quote-summaries, whose answers repeat their prompt; closed loops like the default) and
 "mixed" (bursts of 1 to 16 concurrent requests of the default prompts, `num_prompts` requests in all,
 one row at concurrency 16; link only). `save_mix` writes the link rows' request shapes (lengths and
 send times) as a JSONL mix for `link compile tune-config --mix`.
 
 Per request: TTFT (s); ITL (s) = (last token time - first token time) / (tokens - 1); latency (s).
-Per level (link/bench/report.py): output tokens/s and requests/s over the level's wall time (first
+Per level (benchmarks/link_bench/report.py): output tokens/s and requests/s over the level's wall time (first
 request sent -> last token), decode tokens/s per request = sum(tokens - 1) / sum(last - first), TTFT
 and ITL p50/p99 over requests, peak RSS (MiB) of the system's process since it started (model loading
 included): the server's `VmHWM` from /proc, the workers' `getrusage(RUSAGE_SELF).ru_maxrss`.
@@ -50,12 +50,12 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from link.bench.baselines import engine_worker, llama_cpp_worker, transformers_worker
-from link.bench.processes import ServerProcess, free_port, in_worker, peak_rss_mb_of
-from link.bench.report import compute_ratios, summarize
-from link.bench.timing import RequestRecord, record_from_times
-from link.bench.workload import WARMUP_MESSAGE, default_data_dir, render_prompts
-from link.bench.workloads import MAX_BURST, burst_plan, records_to_mix, workload_texts
+from benchmarks.link_bench.baselines import engine_worker, llama_cpp_worker, transformers_worker
+from benchmarks.link_bench.processes import ServerProcess, free_port, in_worker, peak_rss_mb_of
+from benchmarks.link_bench.report import compute_ratios, summarize
+from benchmarks.link_bench.timing import RequestRecord, record_from_times
+from benchmarks.link_bench.workload import WARMUP_MESSAGE, default_data_dir, render_prompts
+from benchmarks.link_bench.workloads import MAX_BURST, burst_plan, records_to_mix, workload_texts
 
 SYSTEMS = ("link", "transformers", "llama-cpp", "link-engine")
 ONE_AT_A_TIME = ("llama-cpp", "link-engine")  # systems measured at concurrency 1 only
@@ -64,7 +64,7 @@ ONE_AT_A_TIME = ("llama-cpp", "link-engine")  # systems measured at concurrency 
 def start_engine_server(model: str, dtype: str, kv_cache_mb: int, max_num_seqs: int) -> ServerProcess:
     """`link engine serve` in a subprocess on a free port; it starts loading at once."""
     port = free_port()
-    return ServerProcess([sys.executable, "-m", "link.cli", "engine", "serve", "--model", model, "--port", str(port),
+    return ServerProcess([sys.executable, "-m", "cli", "engine", "serve", "--model", model, "--port", str(port),
                           "--dtype", dtype, "--kv-cache-mb", str(kv_cache_mb), "--max-num-seqs", str(max_num_seqs)], port)
 
 

@@ -19,7 +19,7 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 
-from link.cli_errors import fail
+from cli.errors import fail
 
 posttrain_app = typer.Typer(help="Post-training: fine-tune a local model on tool-call traces, score it, export it.",
                             no_args_is_help=True)

@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from link.bench.timing import RequestRecord, percentile
+from benchmarks.link_bench.timing import RequestRecord, percentile
 
 
 def show_and_save(renderable, data, json_path: str | Path | None = None) -> None:
@@ -31,7 +31,7 @@ def ms(seconds: float | None, digits: int = 0) -> str:
 
 
 def summarize(system: str, concurrency: int, records: list[RequestRecord], wall_s: float, peak_rss_mb: float) -> dict:
-    """One row of the serving report (see link/bench/serving.py for each field); times in s, memory in MiB."""
+    """One row of the serving report (see benchmarks/link_bench/serving.py for each field); times in s, memory in MiB."""
     ttfts = [r.ttft_s for r in records]
     itls = [r.itl_s for r in records if r.itl_s is not None]
     num_tokens = sum(r.num_output_tokens for r in records)

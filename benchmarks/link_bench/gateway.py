@@ -5,19 +5,19 @@ backend, next to LiteLLM's proxy in the same run (issue 4, scope 8).
     run_gateway_benchmark(concurrencies=(1, 8, 32), num_requests=200)     # -> dict, see below
 
 Processes, each its own (all on 127.0.0.1):
-- the backend: link/bench/mock_backend.py, a fixed 7-word answer at once, for the whole run;
+- the backend: benchmarks/link_bench/mock_backend.py, a fixed 7-word answer at once, for the whole run;
 - the server under test, one system after another: `direct` (none: the clients call the backend),
   `link` (`link serve` in its default configuration: a stored API key with a budget, the request log
   and budgets on, SQLite in a temporary LINK_HOME), `link-lean` (`link serve` with LINK_REQUEST_LOG=false
   and LINK_BUDGETS=false, the master key: like for like with LiteLLM's proxy without a database), and
   `litellm` (`litellm --config cfg.yaml`, master key, no database, the backend as `openai/mock-model`
   with `api_base`; only when `litellm[proxy]` is installed). Access logs are off in all of them.
-- the load generator (link/bench/loadgen.py): closed-loop httpx clients, POST /v1/chat/completions
+- the load generator (benchmarks/link_bench/loadgen.py): closed-loop httpx clients, POST /v1/chat/completions
   {"model": "mock-model", one user message, "max_tokens": 16}, whole or streamed (`stream_options.include_usage`).
 With `taskset` and two cores: load generator and backend on core 0, the server under test on core 1.
 
 Per cell (system, mode, concurrency): `num_warmup` requests first (connections opened, the answer
-checked), then `num_requests` measured ones. Reported (link/bench/gateway_report.py): requests/s over
+checked), then `num_requests` measured ones. Reported (benchmarks/link_bench/gateway_report.py): requests/s over
 the cell's wall time; latency p50/p99 (s); added latency p50/p99 (s) = the system's latency percentile
 minus the direct call's at the same mode and concurrency; CPU time per request (s) = the growth of the
 server process tree's user + system CPU seconds (psutil) from just before the first measured request to
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from link.bench.gateway_report import add_added_latency, compute_gateway_ratios, summarize_cell
-from link.bench.processes import (ServerProcess, can_pin, free_port, pinned, process_cpu_seconds, process_rss_mb, python_env,
+from benchmarks.link_bench.gateway_report import add_added_latency, compute_gateway_ratios, summarize_cell
+from benchmarks.link_bench.processes import (ServerProcess, can_pin, free_port, pinned, process_cpu_seconds, process_rss_mb, python_env,
                                   stop_process)
 
 GATEWAY_SYSTEMS = ("direct", "link", "link-lean", "litellm")
@@ -126,7 +126,7 @@ def start_link(mock_url: str, home: Path, *, lean: bool, cores: Sequence[int] | 
     config.write_text(yaml.safe_dump({"models": [model], "policies": []}))
     key = MASTER_KEY if lean else _budget_key(home)
     port = free_port()
-    server = ServerProcess([sys.executable, "-m", "link.cli", "serve", "--config", str(config), "--port", str(port),
+    server = ServerProcess([sys.executable, "-m", "cli", "serve", "--config", str(config), "--port", str(port),
                             "--log-level", "warning"], port, cores=cores, env=_link_env(home, lean))
     return server, {"Authorization": f"Bearer {key}"}
 
@@ -151,10 +151,10 @@ def start_litellm(mock_url: str, home: Path, *, cores: Sequence[int] | None) -> 
 
 
 class LoadGenerator:
-    """`python -m link.bench.loadgen` pinned to `cores`; `measure` runs one cell against a server."""
+    """`python -m benchmarks.link_bench.loadgen` pinned to `cores`; `measure` runs one cell against a server."""
 
     def __init__(self, cores: Sequence[int] | None):
-        self.proc = subprocess.Popen(pinned([sys.executable, "-m", "link.bench.loadgen"], cores), stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(pinned([sys.executable, "-m", "benchmarks.link_bench.loadgen"], cores), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=python_env())
 
     def _send(self, message: str) -> None:
@@ -243,7 +243,7 @@ def run_gateway_benchmark(
         result["skipped"]["litellm"] = missing
         progress(f"skipping litellm: {missing}")
     mock_port = free_port()
-    mock = ServerProcess([sys.executable, "-m", "link.bench.mock_backend", "--port", str(mock_port)], mock_port, cores=mock_cores)
+    mock = ServerProcess([sys.executable, "-m", "benchmarks.link_bench.mock_backend", "--port", str(mock_port)], mock_port, cores=mock_cores)
     with tempfile.TemporaryDirectory(prefix="link-bench-gateway-") as home:
         try:
             mock.wait_healthy("/health", timeout_s=60)

@@ -1,6 +1,6 @@
 """A minimal OpenAI-compatible backend for `link bench gateway`: a fixed short answer, at once.
 
-    python -m link.bench.mock_backend --port 8001          # serves until SIGTERM / Ctrl-C
+    python -m benchmarks.link_bench.mock_backend --port 8001          # serves until SIGTERM / Ctrl-C
 
 It measures the proxies in front of it, so it does as little as possible per request: a plain asyncio
 HTTP/1.1 server (keep-alive, Content-Length request bodies) whose answers are built once at start.

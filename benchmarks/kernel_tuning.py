@@ -4,7 +4,7 @@
     link compile status [--json]
 
 `tune_model` loads the model, gets shape counts (workload "serving": the serving benchmark's prompts,
-`link/bench/workload.py`, run through an in-process engine as closed loops at concurrency 1 and 16 with
+`benchmarks/link_bench/workload.py`, run through an in-process engine as closed loops at concurrency 1 and 16 with
 the `ShapeRecorder` attached; "recorded": the counts engines saved in the winner table, see
 `kernels.tuner.BackgroundTuner`), and runs the `Tuner` on them within the budget. The winners are in
 $LINK_HOME/compile/winners.sqlite; every engine started afterwards installs them (`EngineConfig.tuned_kernels`).
@@ -104,7 +104,7 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
         if not outcome.counts:
             raise ValueError(f"no recorded shapes of {model} in {table.path}; serve it with compile_tune on, or use --workload serving")
     else:
-        from link.bench.workload import default_data_dir, load_workload, render_prompts
+        from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
 
         texts = load_workload(data_dir or default_data_dir())[: num_prompts or needed]
         _, prompts = render_prompts(model, texts)

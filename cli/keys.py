@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from link.cli_errors import fail
+from cli.errors import fail
 
 keys_app = typer.Typer(help="API keys of the gateway (stored hashed in the database).", no_args_is_help=True)
 console = Console()

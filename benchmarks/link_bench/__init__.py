@@ -7,16 +7,16 @@
     serving.py       `link bench serving`: our engine server against transformers and llama.cpp
     baselines.py     the transformers and llama.cpp workers of the serving benchmark
     report.py        serving summaries, ratios and tables; `show_and_save` (print + JSON) for every benchmark
-    mock_backend.py  a minimal, instant OpenAI-compatible backend (`python -m link.bench.mock_backend`)
-    loadgen.py       a closed-loop httpx load generator in its own process (`python -m link.bench.loadgen`)
+    mock_backend.py  a minimal, instant OpenAI-compatible backend (`python -m benchmarks.link_bench.mock_backend`)
+    loadgen.py       a closed-loop httpx load generator in its own process (`python -m benchmarks.link_bench.loadgen`)
     gateway.py       `link bench gateway`: the gateway's overhead over a direct call, next to LiteLLM's proxy
     gateway_report.py  the gateway benchmark's cells, added latency, ratios and tables
 """
 
-from link.bench.report import compute_ratios, render_report, show_and_save, summarize
-from link.bench.serving import SYSTEMS, run_serving_benchmark
-from link.bench.timing import RequestRecord, percentile, record_from_times, time_call
-from link.bench.workload import default_data_dir, load_workload, render_prompts
+from benchmarks.link_bench.report import compute_ratios, render_report, show_and_save, summarize
+from benchmarks.link_bench.serving import SYSTEMS, run_serving_benchmark
+from benchmarks.link_bench.timing import RequestRecord, percentile, record_from_times, time_call
+from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
 
 __all__ = ["SYSTEMS", "RequestRecord", "compute_ratios", "default_data_dir", "load_workload", "percentile",
            "record_from_times", "render_prompts", "render_report", "run_serving_benchmark", "show_and_save",

@@ -4,7 +4,7 @@
     burst_plan(40, seed=0)                     # [7, 1, 16, ...]: burst sizes of the mixed workload
     records_to_mix([records_level_1, ...])     # -> [RequestShape] for `link compile tune-config --mix`
 
-- default: AlpacaEval instructions and MT-Bench first turns (`link/bench/workload.py`), closed loops.
+- default: AlpacaEval instructions and MT-Bench first turns (`benchmarks/link_bench/workload.py`), closed loops.
 - repetitive: answers that repeat much of their prompt, where prompt-lookup (n-gram) speculative
   decoding pays: editing code that quotes its input (each HumanEval problem: "repeat this function,
   then complete it") and summarizing with quotations (MT-Bench writing and extraction first turns:
@@ -20,8 +20,8 @@ import json
 import random
 from pathlib import Path
 
-from link.bench.timing import RequestRecord
-from link.bench.workload import load_workload
+from benchmarks.link_bench.timing import RequestRecord
+from benchmarks.link_bench.workload import load_workload
 from serving.traffic import RequestShape
 
 WORKLOADS = ("default", "repetitive", "mixed")

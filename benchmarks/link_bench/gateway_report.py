@@ -8,8 +8,8 @@ over the direct call, its ratios against LiteLLM's proxy and the Rich tables.
 
 from __future__ import annotations
 
-from link.bench.report import ms
-from link.bench.timing import percentile
+from benchmarks.link_bench.report import ms
+from benchmarks.link_bench.timing import percentile
 
 # Issue 4's targets against LiteLLM's proxy: (ours' added latency / LiteLLM's at most, ours' requests/s / LiteLLM's at least).
 TARGETS = {"link-lean": (0.5, 2.0), "link": (None, 1.5)}

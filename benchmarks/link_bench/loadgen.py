@@ -1,6 +1,6 @@
 """A closed-loop load generator in a process of its own (so it can be pinned to a core with taskset).
 
-    python -m link.bench.loadgen            # driven over stdin/stdout, one JSON object per line:
+    python -m benchmarks.link_bench.loadgen            # driven over stdin/stdout, one JSON object per line:
 
     -> {"url": "http://127.0.0.1:P", "path": "/v1/chat/completions", "headers": {...}, "body": {...},
         "concurrency": 8, "num_requests": 200, "num_warmup": 16}

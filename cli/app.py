@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from link.cli_errors import fail
+from cli.errors import fail
 
 app = typer.Typer(help="TogetherLink: serve and route open LLMs behind one OpenAI-compatible API.", no_args_is_help=True)
 console = Console()
@@ -36,15 +36,15 @@ app.add_typer(bench_app, name="bench")
 from evals.cli import eval_app  # noqa: E402
 
 app.add_typer(eval_app, name="eval")
-app.command("route")(__import__("link.cli_route", fromlist=["route"]).route)  # `link route`: link/cli_route.py
-from link.cli_router import router_app  # noqa: E402  (`link router train|calibrate|eval`)
+app.command("route")(__import__("cli.route", fromlist=["route"]).route)  # `link route`: cli/route.py
+from cli.router import router_app  # noqa: E402  (`link router train|calibrate|eval`)
 
 app.add_typer(router_app, name="router")
-from link.cli_keys import keys_app  # noqa: E402  (`link keys create|list|revoke`)
+from cli.keys import keys_app  # noqa: E402  (`link keys create|list|revoke`)
 
 app.add_typer(keys_app, name="keys")
-app.add_typer(__import__("link.cli_posttrain", fromlist=["posttrain_app"]).posttrain_app, name="posttrain")  # link/cli_posttrain.py
-app.add_typer(__import__("link.cli_compile", fromlist=["compile_app"]).compile_app, name="compile")  # link/cli_compile.py
+app.add_typer(__import__("cli.posttrain", fromlist=["posttrain_app"]).posttrain_app, name="posttrain")  # cli/posttrain.py
+app.add_typer(__import__("cli.compile", fromlist=["compile_app"]).compile_app, name="compile")  # cli/compile.py
 
 
 @app.command()
@@ -114,7 +114,7 @@ def chat(
     """Chat with a local model."""
     from serving import LLM, SamplingParams, ServingError
 
-    from link.chat import answer, interactive_chat, stdin_reader
+    from cli.chat import answer, interactive_chat, stdin_reader
 
     try:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
@@ -199,7 +199,7 @@ def bench_serving(
     """Serving throughput and latency of our engine against transformers and llama.cpp on real prompts."""
     from serving import ServingError
 
-    from link.bench import render_report, run_serving_benchmark, show_and_save
+    from benchmarks.link_bench import render_report, run_serving_benchmark, show_and_save
 
     try:
         result = run_serving_benchmark(model, concurrency, num_prompts, max_tokens, system, seed, data_dir, dtype,
@@ -222,9 +222,9 @@ def bench_gateway(
     json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
 ) -> None:
     """The gateway's overhead over a direct call to an instant mock backend, next to LiteLLM's proxy."""
-    from link.bench import show_and_save
-    from link.bench.gateway import run_gateway_benchmark
-    from link.bench.gateway_report import render_gateway_report
+    from benchmarks.link_bench import show_and_save
+    from benchmarks.link_bench.gateway import run_gateway_benchmark
+    from benchmarks.link_bench.gateway_report import render_gateway_report
 
     try:
         result = run_gateway_benchmark(concurrency, requests, warmup, system, mode, pin=pin,
