@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from sqlmodel import Session
 
+from cli.app import app
 from evals.cache import EvalStore
 from evals.outcomes import OutcomeTable
-from cli.app import app
 from link.config import parse_config
 from link.db.engine import make_db_engine
 from link.db.migrate import upgrade

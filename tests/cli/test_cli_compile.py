@@ -12,11 +12,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from typer.testing import CliRunner
 
 import kernels
+from cli.app import app
 from kernels.metrics import KernelCollector
 from kernels.recorder import Bucket
 from kernels.variants import Variant
 from kernels.winners import Environment, Result, WinnerTable
-from cli.app import app
 
 MODEL = "smollm2-135m-instruct"
 BUCKET = Bucket("rms_norm", ((2, 576),), "float32")

@@ -8,9 +8,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from kernels.config_winners import ConfigWinner, ConfigWinnerTable
 from kernels.winners import Environment
-from cli.app import app
 from serving.traffic import RequestShape, mix_fingerprint, save_mix
 
 MODEL = "smollm2-135m-instruct"

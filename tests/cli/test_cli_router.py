@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from evals.outcomes import Outcome, OutcomeTable
 from cli.app import app
+from evals.outcomes import Outcome, OutcomeTable
 from routers.base import ROUTERS, Router, load_router, register_router
 
 runner = CliRunner()

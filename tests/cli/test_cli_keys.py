@@ -1,7 +1,7 @@
 """`link keys create` with an invalid name, limit or budget: one clean `error:` line naming the option,
 exit code 2, and no database touched. No model.
 
-    .venv/bin/python -m pytest -q tests/link/test_cli_keys.py
+    .venv/bin/python -m pytest -q tests/cli/test_cli_keys.py
 """
 
 from __future__ import annotations

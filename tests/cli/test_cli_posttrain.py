@@ -6,7 +6,7 @@ in a database) takes seconds. Bad input (traces without tools, tools the format 
 a base model that is not local) must give one line and exit code 2 before any model is loaded or trained: the
 loaders are replaced by tripwires there.
 
-    LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/link/test_cli_posttrain.py
+    LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/cli/test_cli_posttrain.py
 """
 
 from __future__ import annotations

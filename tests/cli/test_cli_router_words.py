@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from evals.outcomes import Outcome, OutcomeTable
 from cli.app import app
+from evals.outcomes import Outcome, OutcomeTable
 from routers.base import load_router
-from tests.routers.test_cli_router import fake_embed
+from tests.cli.test_cli_router import fake_embed
 
 runner = CliRunner()
 
