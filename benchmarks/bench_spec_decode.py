@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +38,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.link_bench.workload import load_workload
-from benchmarks.link_bench.workloads import load_repetitive
-from serving import LLM
-from serving.llm_engine import EngineConfig, LLMEngine
-from serving.sampling_params import SamplingParams
-from serving.spec_decode import SpeculativeConfig
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout: `benchmarks` is a package of the repository
+
+from benchmarks.link_bench.workload import load_workload  # noqa: E402
+from benchmarks.link_bench.workloads import load_repetitive  # noqa: E402
+from serving import LLM  # noqa: E402
+from serving.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from serving.sampling_params import SamplingParams  # noqa: E402
+from serving.spec_decode import SpeculativeConfig  # noqa: E402
 
 
 @dataclass
