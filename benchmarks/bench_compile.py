@@ -7,7 +7,7 @@
    clients, greedy, EOS ignored) at concurrency 1 (`--prompts-c1` requests) and 16 (`--prompts-c16`),
    with an empty winner table (LINK_COMPILE_DB points at a file that does not exist): the engine as
    the engine issue left it;
-2. tune: `link.compile.tune_model` on the serving workload into a fresh table (a temp file); with
+2. tune: `benchmarks.kernel_tuning.tune_model` on the serving workload into a fresh table (a temp file); with
    `--quantized`, lossy variants too (`link compile tune --quantized`: W8A16/W4A16 matmuls and the
    W4A16 decode step, each within its stated tolerance);
 3. after: the same two levels, the servers installing that table's winners at start;
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def serve_levels(model: str, db: Path, prompts_c1: int, prompts_c16: int, max_tokens: int,
                  system: str = "link") -> dict[int, dict]:
-    from link.bench import run_serving_benchmark
+    from benchmarks.link_bench import run_serving_benchmark
 
     os.environ["LINK_COMPILE_DB"] = str(db)
     out = {}
@@ -91,8 +91,8 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
     from kernels.winners import WinnerTable
-    from link.bench.workload import default_data_dir, load_workload, render_prompts
-    from link.compile import tune_model
+    from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
+    from benchmarks.kernel_tuning import tune_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-compile-"))
     empty, tuned = work / "none.sqlite", work / "winners.sqlite"

@@ -4,14 +4,14 @@
 
 1. record: SmolLM2-135M (float32) behind an in-process `AsyncLLMEngine` with a `TrafficRecorder`
    attached serves two real workloads, and the recorder's shapes become the two mixes:
-   - "long-trickle": repetitive prompts (`link/bench/workloads.py`: HumanEval code edits, two problems
+   - "long-trickle": repetitive prompts (`benchmarks/link_bench/workloads.py`: HumanEval code edits, two problems
      per prompt, ~400-700 tokens) arriving one at a time, `--trickle-gap-s` apart, `--trickle-tokens`
      output tokens (default 128: long enough for the decode phase, where speculation acts, to matter);
    - "short-bursts": bursts of `--burst-min` to `--burst-max` concurrent default prompts (AlpacaEval /
      MT-Bench, ~30-120 tokens), a burst when the previous one finished, `--burst-tokens` output tokens
      (default 16). Bursts of 40-48, beyond the default batch limit of 32 sequences, are a mix that the
      default configuration does not serve best; bursts of 12-16 are one it does.
-2. tune: `link.compile_config.tune_config` on each mix (replays on the recorded schedule with the
+2. tune: `benchmarks.config_tuning.tune_config` on each mix (replays on the recorded schedule with the
    workload's own prompt tokens as the pool, coordinate descent over prefill chunk, batch size,
    speculation on/off with lookahead bounds and KV block size, `--budget` replays, then one more
    alternating replay of the default and the winner; medians), into a fresh winner table.
@@ -97,9 +97,9 @@ def main() -> None:
 
     import random
 
-    from link.bench.workload import default_data_dir, load_workload, render_prompts
-    from link.bench.workloads import load_repetitive
-    from link.compile_config import tune_config
+    from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
+    from benchmarks.link_bench.workloads import load_repetitive
+    from benchmarks.config_tuning import tune_config
     from kernels.config_winners import ConfigWinnerTable
     from serving.config_search import describe, from_json
     from serving.model_loader import load_model

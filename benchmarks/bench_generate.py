@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout, without installing the package
 
-from link.bench import show_and_save, time_call  # noqa: E402
+from benchmarks.link_bench import show_and_save, time_call  # noqa: E402
 from serving import LLM, SamplingParams, default_registry  # noqa: E402
 from serving.loader.gguf_loader import open_gguf  # noqa: E402
 from serving.tokenizer import Tokenizer  # noqa: E402

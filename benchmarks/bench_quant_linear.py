@@ -47,7 +47,7 @@ from bench_generate import time_decode  # noqa: E402
 from kernels import quant_cpu  # noqa: E402
 from kernels.dispatch import register, reset  # noqa: E402
 from kernels.ref_quant import quantize_int4  # noqa: E402
-from link.bench import show_and_save  # noqa: E402
+from benchmarks.link_bench import show_and_save  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}

@@ -1,7 +1,7 @@
 """Serving benchmark: our engine's OpenAI server against `transformers` and llama.cpp on real prompts.
 
-A thin script over `link.bench.run_serving_benchmark` (the same as `link bench serving`); the module
-docstring of `link/bench/serving.py` says what each system runs and what each number measures.
+A thin script over `benchmarks.link_bench.run_serving_benchmark` (the same as `link bench serving`); the module
+docstring of `benchmarks/link_bench/serving.py` says what each system runs and what each number measures.
 
 Run from the repository root (about 10-20 minutes on a 2-core CPU for the defaults):
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout, without installing the package
 
-from link.bench import SYSTEMS, render_report, run_serving_benchmark, show_and_save  # noqa: E402
+from benchmarks.link_bench import SYSTEMS, render_report, run_serving_benchmark, show_and_save  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

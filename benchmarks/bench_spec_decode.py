@@ -1,6 +1,6 @@
 """Speculative decoding (issue 10): decode speed with speculation off, a fixed k and adaptive, in one run.
 
-Workloads (prompts from the shared data folder, `link.bench.workloads`):
+Workloads (prompts from the shared data folder, `benchmarks.link_bench.workloads`):
 - concurrency 1, repetitive: HumanEval code edits that repeat their input and MT-Bench writing /
   extraction quote-summaries; each prompt runs once per configuration, the configurations taking
   turns prompt by prompt so a noisy neighbour on the CPU hits them alike.
@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +38,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from link.bench.workload import load_workload
-from link.bench.workloads import load_repetitive
-from serving import LLM
-from serving.llm_engine import EngineConfig, LLMEngine
-from serving.sampling_params import SamplingParams
-from serving.spec_decode import SpeculativeConfig
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout: `benchmarks` is a package of the repository
+
+from benchmarks.link_bench.workload import load_workload  # noqa: E402
+from benchmarks.link_bench.workloads import load_repetitive  # noqa: E402
+from serving import LLM  # noqa: E402
+from serving.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from serving.sampling_params import SamplingParams  # noqa: E402
+from serving.spec_decode import SpeculativeConfig  # noqa: E402
 
 
 @dataclass

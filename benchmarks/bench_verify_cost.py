@@ -1,6 +1,6 @@
 """What a speculative verify step costs against a plain decode step, per running sequences and rows (issue 10).
 
-Bursts of B default prompts (AlpacaEval / MT-Bench, `link.bench.workload`) run to completion, greedy, on
+Bursts of B default prompts (AlpacaEval / MT-Bench, `benchmarks.link_bench.workload`) run to completion, greedy, on
 two engines over the same loaded model: speculation off, and fixed-k n-gram speculation (not adaptive,
 batch threshold above every B, so every sequence with an n-gram match drafts k tokens each step). Each
 decode-only step (every scheduled sequence decoding; `Speculator.begin_step` / `end_step` on the
@@ -46,7 +46,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from link.bench.workload import load_workload
+    from benchmarks.link_bench.workload import load_workload
     from serving import LLM
     from serving.llm_engine import EngineConfig, LLMEngine
     from serving.sampling_params import SamplingParams

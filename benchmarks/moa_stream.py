@@ -27,7 +27,7 @@ from urllib.parse import unquote
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from link.bench.processes import ServerProcess, free_port, python_env  # noqa: E402
+from benchmarks.link_bench.processes import ServerProcess, free_port, python_env  # noqa: E402
 
 MASTER_KEY = "sk-link-bench-master-0123456789abcdef"
 KEEPALIVE = ": keep-alive"
@@ -94,7 +94,7 @@ def main() -> None:
         port = free_port()
         env = python_env(LINK_HOME=os.environ.get("LINK_HOME") or tmp, LINK_MASTER_KEY=MASTER_KEY,
                          LINK_ENVIRONMENT="development", LINK_DATABASE_URL=f"sqlite:///{tmp}/link.db")
-        server = ServerProcess([sys.executable, "-m", "link.cli", "serve", "--config", str(args.config),
+        server = ServerProcess([sys.executable, "-m", "cli", "serve", "--config", str(args.config),
                                 "--port", str(port), "--log-level", "warning"], port, env=env, cwd=ROOT)
         try:
             server.wait_healthy("/health", timeout_s=600)

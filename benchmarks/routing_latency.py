@@ -90,10 +90,12 @@ def real_prompts(data_dir: Path, num: int, seed: int) -> tuple[list[str], dict[s
 
 def train_knn(out: Path, data_dir: Path) -> Path:
     """A kNN router on routerbench:train (embeddings from the usual cache), as `link router train` makes it."""
-    from link.cli_router import load_data
+    from evals.recorded import load_source
+    from routers.data import RoutingData
     from routers.pipeline import train_and_save
 
-    return train_and_save("knn", load_data(["routerbench:train"], data_dir), out,
+    data = RoutingData.from_outcomes(load_source("routerbench:train", data_dir))  # what `--data routerbench:train` reads
+    return train_and_save("knn", data, out,
                           info={"type": "knn", "data": ["routerbench:train"], "for": "benchmarks/routing_latency.py"})
 
 

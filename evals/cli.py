@@ -1,6 +1,6 @@
 """`link eval`: run suites against targets, replay policies on outcome tables, write reports.
 
-The Typer app lives here; `cli_run.py` adds `run`, `cli_offline.py` adds `replay` and `report`. `link/cli.py`
+The Typer app lives here; `cli_run.py` adds `run`, `cli_offline.py` adds `replay` and `report`. `cli/app.py`
 mounts `eval_app` as `link eval`. Each command is a thin shell over a library function.
 """
 

@@ -1,1 +1,4 @@
-"""The TogetherLink platform: settings, model registry, backends, policies, the gateway and the `link` CLI."""
+"""The TogetherLink gateway platform: settings, model registry, backends, policies, the gateway and its database.
+
+The `link` command is cli/ (which imports `link`); `link` itself imports no `cli`, `evals`, `posttrain` or `web`.
+"""

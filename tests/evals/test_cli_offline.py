@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from evals.outcomes import Outcome, OutcomeTable
-from link.cli import app
 from tests.evals import routerbench_csv as ref
 
 runner = CliRunner()

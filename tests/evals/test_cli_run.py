@@ -1,4 +1,4 @@
-"""`link eval run` through typer's CliRunner on `link.cli.app`, against the mock OpenAI server (no real model).
+"""`link eval run` through typer's CliRunner on `cli.app.app`, against the mock OpenAI server (no real model).
 
     LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/evals/test_cli_run.py
 """
@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from sqlmodel import Session
 
+from cli.app import app
 from evals.cache import EvalStore
 from evals.outcomes import OutcomeTable
-from link.cli import app
 from link.config import parse_config
 from link.db.engine import make_db_engine
 from link.db.migrate import upgrade
@@ -245,7 +245,7 @@ def test_a_signal_interrupts_the_run_and_records_it(link_home, data_dir, tmp_pat
         # Python's own SIGINT handler, as in a terminal (a shell's background job would inherit SIG_IGN)
         proc = subprocess.Popen(
             [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-             "from link.cli import app; sys.argv = ['link', *sys.argv[1:]]; app()",
+             "from cli.app import app; sys.argv = ['link', *sys.argv[1:]]; app()",
              "eval", "run", "--suite", "gsm8k", "--limit", "2", "--target", "mock-model", "--base-url", hanging.api_base,
              "--api-key", "sk-anything", "--data-dir", str(data_dir), "--out", str(tmp_path / "out"), "--no-progress"],
             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})

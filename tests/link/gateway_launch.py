@@ -4,7 +4,7 @@ real `link serve` subprocesses (two gateways sharing a database), on free loopba
     with start_gateway_thread(settings, config) as gw:     # gw.base_url = "http://127.0.0.1:P/v1"
         openai.OpenAI(base_url=gw.base_url, api_key=MASTER_KEY).chat.completions.create(...)
         gw.flush_log()                                       # request-log rows are written asynchronously
-    gw = start_gateway_process(config_path, database_url)   # `python -m link.cli serve --config ...`
+    gw = start_gateway_process(config_path, database_url)   # `python -m cli serve --config ...`
 """
 
 from __future__ import annotations
@@ -131,13 +131,13 @@ def write_config(path: Path, models: list[dict], policies: list[dict] | None = N
 
 def start_gateway_process(config_path: Path, database_url: str, home: Path, *, timeout_s: float = 60.0,
                           **env: str) -> GatewayServer:
-    """Run `python -m link.cli serve` with the test master key; wait until /health answers."""
+    """Run `python -m cli serve` with the test master key; wait until /health answers."""
     port = free_port()
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "LINK_HOME": str(home), "LINK_DATABASE_URL": database_url,
                "LINK_MASTER_KEY": MASTER_KEY, "LINK_ENVIRONMENT": "development", "LINK_HEALTH_INTERVAL_S": "0.2",
                "LINK_EJECT_COOLDOWN_S": "0.5", **env}
     environ.pop("LINK_REDIS_URL", None)
-    cmd = [sys.executable, "-m", "link.cli", "serve", "--config", str(config_path), "--port", str(port),
+    cmd = [sys.executable, "-m", "cli", "serve", "--config", str(config_path), "--port", str(port),
            "--log-level", "warning"]
     process = subprocess.Popen(cmd, cwd=ROOT, env=environ)
     gateway = GatewayServer(port, process=process)

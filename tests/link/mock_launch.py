@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from link.bench.processes import free_port  # noqa: F401  (re-exported for the gateway tests)
+from benchmarks.link_bench.processes import free_port  # noqa: F401  (re-exported for the gateway tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -207,7 +207,7 @@ def test_litellm_as_a_client(gateway):
 def test_link_serve_refuses_a_bad_config_with_a_clear_error(tmp_path):
     from typer.testing import CliRunner
 
-    from link.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--config", str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2 and "cannot read config" in result.output
@@ -217,7 +217,7 @@ def test_link_serve_refuses_a_bad_policy_before_the_server_starts(tmp_path):
     """A policy whose router file is missing: one line naming the policy and the field, exit 2, no traceback."""
     from typer.testing import CliRunner
 
-    from link.cli import app
+    from cli.app import app
 
     config = tmp_path / "link.yaml"
     config.write_text(yaml.safe_dump({
@@ -238,7 +238,7 @@ def test_link_serve_checks_policies_against_the_registered_models_too(tmp_path, 
     from sqlmodel import Session
     from typer.testing import CliRunner
 
-    from link.cli import app
+    from cli.app import app
     from link.db import make_db_engine, upgrade
     from link.db.models import ModelRow
 

@@ -14,7 +14,7 @@ import sys
 import httpx
 import pytest
 
-from link.bench.processes import ServerProcess, free_port, python_env
+from benchmarks.link_bench.processes import ServerProcess, free_port, python_env
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, start_gateway_thread
 from tests.link.test_gateway_replicas import load, replica_health, wait_for
 
@@ -27,7 +27,7 @@ AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 
 
 def start_engine(port: int) -> ServerProcess:
-    cmd = [sys.executable, "-m", "link.cli", "engine", "serve", "--model", MODEL, "--port", str(port), "--kv-cache-mb", "64"]
+    cmd = [sys.executable, "-m", "cli", "engine", "serve", "--model", MODEL, "--port", str(port), "--kv-cache-mb", "64"]
     server = ServerProcess(cmd, port, env=python_env())
     server.wait_healthy(timeout_s=300)
     return server

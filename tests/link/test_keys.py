@@ -1,4 +1,4 @@
-"""link.keys and `link keys create|list|revoke` (on SQLite and PostgreSQL).
+"""link.keys on SQLite and PostgreSQL (the `link keys` commands: tests/cli/test_cli_keys.py).
 
     LINK_HOME=.link .venv/bin/python -m pytest -q tests/link/test_keys.py
 """
@@ -9,10 +9,7 @@ import hashlib
 
 import pytest
 from pydantic import SecretStr, ValidationError
-from sqlmodel import select
-from typer.testing import CliRunner
 
-from link.cli import app
 from link.db.models import ApiKey
 from link.keys import (KEY_PREFIX, MASTER_IDENTITY, KeyNotFound, create_key, get_key, list_keys, revoke_key,
                        verify_key)
@@ -79,34 +76,3 @@ def test_list_keys(session):
 def test_create_rejects_invalid_fields(session, kwargs):
     with pytest.raises(ValidationError):
         create_key(session, **kwargs)
-
-
-def test_cli_create_list_revoke(db_url, session):
-    runner = CliRunner()
-    created = runner.invoke(app, ["keys", "create", "cli-user", "--budget-usd", "3", "--rpm", "7", "--database-url", db_url])
-    assert created.exit_code == 0, created.output
-    plaintext = created.stdout.strip().splitlines()[-1]
-    assert plaintext.startswith(KEY_PREFIX)
-    identity = verify_key(session, plaintext)
-    assert identity.name == "cli-user" and identity.rpm_limit == 7 and identity.budget_usd == 3.0
-
-    listed = runner.invoke(app, ["keys", "list", "--database-url", db_url])
-    assert listed.exit_code == 0, listed.output
-    assert "cli-user" in listed.stdout and plaintext[:12] in listed.stdout and plaintext not in listed.stdout
-
-    revoked = runner.invoke(app, ["keys", "revoke", str(identity.key_id), "--database-url", db_url])
-    assert revoked.exit_code == 0, revoked.output
-    assert f"revoked key {identity.key_id}" in revoked.stdout
-    assert verify_key(session, plaintext) is None
-    active = runner.invoke(app, ["keys", "list", "--active", "--database-url", db_url])
-    assert "cli-user" not in active.stdout
-
-    missing = runner.invoke(app, ["keys", "revoke", "999999999", "--database-url", db_url])
-    assert missing.exit_code == 2 and "no API key" in missing.output
-
-
-def test_cli_uses_link_database_url(db_url, monkeypatch, session):
-    monkeypatch.setenv("LINK_DATABASE_URL", db_url)
-    result = CliRunner().invoke(app, ["keys", "create", "from-env"])
-    assert result.exit_code == 0, result.output
-    assert session.exec(select(ApiKey).where(ApiKey.name == "from-env")).first() is not None

@@ -200,7 +200,7 @@ def test_api_route_explains_a_cascade_scored_by_predicted_quality(gateway):
 
 
 def test_link_route_prints_the_decision(router_files, tmp_path):
-    from link.cli import app
+    from cli.app import app
 
     config = write_config(tmp_path / "link.yaml", models("http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"),
                           policies(router_files))

@@ -243,7 +243,7 @@ def test_a_failed_trace_write_never_fails_the_request(gateway, keys, new_databas
 def test_cli_creates_a_key_that_captures_traces(new_database_url):
     from typer.testing import CliRunner
 
-    from link.cli import app
+    from cli.app import app
     from link.keys import verify_key
 
     url, runner = new_database_url("sqlite"), CliRunner()

@@ -44,7 +44,7 @@ def test_engine_serve_builds_the_speculative_config(monkeypatch):
 
     import serving.api.server
     import serving.model_loader
-    from link.cli import app
+    from cli.app import app
 
     seen = {}
     monkeypatch.setattr(serving.model_loader, "load_model", lambda spec, dtype: "loaded")

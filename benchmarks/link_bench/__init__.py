@@ -1,0 +1,23 @@
+"""Benchmarks of the platform (`link bench ...`), one idea per module:
+
+    workload.py      the serving benchmark's prompts (AlpacaEval + MT-Bench) rendered with a chat template
+    workloads.py     the repetitive and mixed workloads; measured requests as a replayable traffic mix
+    timing.py        per-request records, percentiles, timed calls
+    processes.py     servers in subprocesses pinned with taskset, their CPU time and RSS; spawned workers
+    serving.py       `link bench serving`: our engine server against transformers and llama.cpp
+    baselines.py     the transformers and llama.cpp workers of the serving benchmark
+    report.py        serving summaries, ratios and tables; `show_and_save` (print + JSON) for every benchmark
+    mock_backend.py  a minimal, instant OpenAI-compatible backend (`python -m benchmarks.link_bench.mock_backend`)
+    loadgen.py       a closed-loop httpx load generator in its own process (`python -m benchmarks.link_bench.loadgen`)
+    gateway.py       `link bench gateway`: the gateway's overhead over a direct call, next to LiteLLM's proxy
+    gateway_report.py  the gateway benchmark's cells, added latency, ratios and tables
+"""
+
+from benchmarks.link_bench.report import compute_ratios, render_report, show_and_save, summarize
+from benchmarks.link_bench.serving import SYSTEMS, run_serving_benchmark
+from benchmarks.link_bench.timing import RequestRecord, percentile, record_from_times, time_call
+from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
+
+__all__ = ["SYSTEMS", "RequestRecord", "compute_ratios", "default_data_dir", "load_workload", "percentile",
+           "record_from_times", "render_prompts", "render_report", "run_serving_benchmark", "show_and_save",
+           "summarize", "time_call"]

@@ -1,0 +1,46 @@
+"""The `link` command line: the root Typer app, one module per subcommand group. Each subcommand is a thin
+shell over a library function.
+
+    link serve [--config link.yaml] [--port 8000]  the gateway (OpenAI API over every configured model) (serve.py)
+    link models                                   list the registered local models (models.py)
+    link chat "What is the capital of France?"    answer one question; without a question, an interactive chat (chat.py)
+    link engine serve --model NAME --port 8000    one engine as an OpenAI-compatible server (serve.py)
+    link bench serving --json out.json            serving throughput and latency against transformers (bench.py)
+    link bench gateway --json out.json            the gateway's overhead over a direct call, next to LiteLLM's proxy
+    link keys create alice --budget-usd 5         an API key (printed once); `link keys list|revoke ID` (keys.py)
+    link route "prompt" --policy link/auto        explain a routing decision (route.py)
+    link router train|calibrate|eval              learned routers on outcome tables (router.py)
+    link eval run|replay|report                   benchmarks, replay, reports (evals/cli.py: evals owns its CLI)
+    link posttrain sft|eval|export                fine-tune to a tool-call harness, score, export (posttrain.py)
+    link compile tune|status                      tune kernels for the recorded shapes, show the winners (compile.py)
+
+Every subcommand reports an error the same way (errors.py). The modules import their libraries inside the
+commands, so `link --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from cli.bench import bench_app
+from cli.chat import chat
+from cli.compile import compile_app
+from cli.keys import keys_app
+from cli.models import models
+from cli.posttrain import posttrain_app
+from cli.route import route
+from cli.router import router_app
+from cli.serve import engine_app, serve
+from evals.cli import eval_app
+
+app = typer.Typer(help="TogetherLink: serve and route open LLMs behind one OpenAI-compatible API.", no_args_is_help=True)
+# the order of `link --help`: commands first, then groups
+for command in (route, serve, models, chat):
+    app.command()(command)
+for group, name in ((engine_app, "engine"), (bench_app, "bench"), (eval_app, "eval"), (router_app, "router"),
+                    (keys_app, "keys"), (posttrain_app, "posttrain"), (compile_app, "compile")):
+    app.add_typer(group, name=name)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,73 @@
+"""`link bench serving|gateway`: the platform's benchmarks, over the library in benchmarks/link_bench/.
+
+    link bench serving --json out.json      serving throughput and latency against transformers and llama.cpp
+    link bench gateway --json out.json      the gateway's overhead over a direct call, next to LiteLLM's proxy
+
+Each command prints a report and writes every request's timings with `--json`; benchmarks/link_bench/serving.py
+and gateway.py say what each system runs and what each number measures.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from cli.errors import fail
+
+bench_app = typer.Typer(help="Benchmarks of the platform.", no_args_is_help=True)
+err_console = Console(stderr=True)
+
+
+@bench_app.command("serving")
+def bench_serving(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="A GGUF model name from `link models`."),
+    concurrency: list[int] = typer.Option([1, 4, 16], "--concurrency", "-c", help="Concurrent clients; repeat for several levels."),
+    num_prompts: int = typer.Option(32, help="Requests per concurrency level."),
+    max_tokens: int = typer.Option(64, help="Output tokens of every request (EOS ignored)."),
+    system: list[str] = typer.Option(["link", "transformers", "llama-cpp"], "--system", "-s",
+                                     help="link, transformers, llama-cpp, link-engine (our engine in-process, as llama-cpp); repeat."),
+    seed: int = typer.Option(0, help="Seed of the prompt shuffle."),
+    data_dir: str = typer.Option(None, help="Shared data folder (default: $LINK_DATASETS_DIR or ../shared/data)."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16, for link and transformers."),
+    kv_cache_mb: int = typer.Option(256, help="KV cache memory of the link server in MiB."),
+    max_num_seqs: int = typer.Option(32, help="Sequences in one batch at most (link server)."),
+    json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
+    workload: str = typer.Option("default", help="default, repetitive (answers quote the prompt) or mixed (bursts of 1-16; link only)."),
+    save_mix: str = typer.Option(None, "--save-mix", help="Write link's request shapes as a mix JSONL for `link compile tune-config`."),
+) -> None:
+    """Serving throughput and latency of our engine against transformers and llama.cpp on real prompts."""
+    from serving import ServingError
+
+    from benchmarks.link_bench import render_report, run_serving_benchmark, show_and_save
+
+    try:
+        result = run_serving_benchmark(model, concurrency, num_prompts, max_tokens, system, seed, data_dir, dtype,
+                                       kv_cache_mb, max_num_seqs, progress=lambda message: err_console.log(message, markup=False),
+                                       workload=workload, save_mix=save_mix)
+    except (ServingError, ValueError, FileNotFoundError) as exc:
+        raise fail(exc) from None
+    show_and_save(render_report(result), result, json_path)
+
+
+@bench_app.command("gateway")
+def bench_gateway(
+    concurrency: list[int] = typer.Option([1, 8, 32], "--concurrency", "-c", help="Concurrent clients; repeat for several levels."),
+    requests: int = typer.Option(200, "--requests", help="Measured requests per cell (system, mode, concurrency)."),
+    warmup: int = typer.Option(20, "--warmup", help="Warm-up requests before each cell (at least one per client)."),
+    system: list[str] = typer.Option(["direct", "link", "link-lean", "litellm"], "--system", "-s",
+                                     help="direct, link, link-lean, litellm; repeat (direct always runs)."),
+    mode: list[str] = typer.Option(["whole", "stream"], "--mode", help="whole, stream; repeat."),
+    pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin load generator and server to different cores with taskset."),
+    json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
+) -> None:
+    """The gateway's overhead over a direct call to an instant mock backend, next to LiteLLM's proxy."""
+    from benchmarks.link_bench import show_and_save
+    from benchmarks.link_bench.gateway import run_gateway_benchmark
+    from benchmarks.link_bench.gateway_report import render_gateway_report
+
+    try:
+        result = run_gateway_benchmark(concurrency, requests, warmup, system, mode, pin=pin,
+                                       progress=lambda message: err_console.log(message, markup=False))
+    except ValueError as exc:
+        raise fail(exc) from None
+    show_and_save(render_gateway_report(result), result, json_path)

@@ -1,0 +1,106 @@
+"""`link serve` and `link engine serve`: the two servers, the gateway and one engine on its own.
+
+    link serve [--config link.yaml] [--port 8000]    the gateway (OpenAI API over every configured model)
+    link engine serve --model NAME --port 8000      one engine as an OpenAI-compatible server
+    link engine serve --speculative ngram           with speculative decoding (serving/spec_decode/)
+
+Each loads and checks everything it can before binding its port, so a bad config, policy or model file is one
+line `error: ...` (exit code 2), not a traceback from the server's start-up.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from cli.errors import fail
+
+engine_app = typer.Typer(help="The inference engine on its own.", no_args_is_help=True)
+err_console = Console(stderr=True)
+
+
+def serve(
+    config: str = typer.Option(None, "--config", "-c", help="link.yaml (default: LINK_CONFIG, else the embedded default)."),
+    host: str = typer.Option(None, help="Interface to bind (default: LINK_HOST or 127.0.0.1)."),
+    port: int = typer.Option(None, help="TCP port (default: LINK_PORT or 8000)."),
+    log_level: str = typer.Option("info", help="uvicorn log level."),
+) -> None:
+    """Run the gateway: one OpenAI-compatible API over the configured models and policies."""
+    import uvicorn
+    from pydantic import ValidationError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from link.app import create_app
+    from link.config import ConfigError, load_config
+    from link.policies.base import PolicyError
+    from link.policies.store import check_config_policies
+    from link.settings import get_settings
+    from link.state import served_config
+
+    overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
+    try:
+        settings = get_settings(**overrides)
+        link_config = load_config(settings.config)
+        # a bad policy stops here, not as a traceback from the server's start-up
+        check_config_policies(served_config(settings, link_config))
+        gateway = create_app(settings, link_config)
+    except SQLAlchemyError as exc:
+        raise fail(f"cannot open the database: {str(exc).splitlines()[0]}") from None
+    except (ValidationError, ConfigError, PolicyError) as exc:
+        raise fail(exc) from None
+    if settings.config is None:
+        from link.config import DEFAULT_AUTO_POLICY, DEFAULT_ROUTER_COMMAND, default_router_path
+
+        if not default_router_path().is_file():
+            err_console.print(f"[yellow]note:[/yellow] {DEFAULT_AUTO_POLICY} is not served: no router file at "
+                              f"{default_router_path()}; create it with: "
+                              f"{DEFAULT_ROUTER_COMMAND.format(path=default_router_path())}")
+    uvicorn.run(gateway, host=settings.host, port=settings.port, log_level=log_level, timeout_graceful_shutdown=5)
+
+
+@engine_app.command("serve")
+def engine_serve(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="A model name from `link models`."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+    port: int = typer.Option(8000, help="TCP port."),
+    dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    block_size: int = typer.Option(16, help="Tokens per KV cache block."),
+    kv_cache_mb: int = typer.Option(256, help="KV cache memory in MiB."),
+    max_num_seqs: int = typer.Option(32, help="Sequences in one batch at most."),
+    max_num_batched_tokens: int = typer.Option(512, help="Tokens per engine step (prefill chunk budget)."),
+    prefix_caching: bool = typer.Option(True, help="Reuse KV blocks across requests sharing a prefix."),
+    speculative: str = typer.Option(None, help="Speculative decoding: ngram (prompt lookup) or draft (needs --draft-model); off when unset."),
+    draft_model: str = typer.Option(None, help="Draft model (a registry name) for --speculative draft."),
+    num_speculative_tokens: int = typer.Option(5, help="Most tokens drafted per step (k_max)."),
+    speculative_adaptive: bool = typer.Option(True, help="Adapt k to each request's acceptance rate and back off at large batches."),
+    speculative_disable_by_batch_size: int = typer.Option(
+        4, help="No speculation in a step that starts with this many running sequences or more (1 = never)."),
+    speculative_step_cost: bool = typer.Option(
+        True, help="With --speculative-adaptive: draft only in steps whose measured cost the expected accepted drafts repay."),
+) -> None:
+    """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
+    import uvicorn
+
+    from serving import ServingError
+    from serving.api.server import create_engine_app
+    from serving.llm_engine import EngineConfig
+    from serving.model_loader import load_model
+    from serving.registry import default_registry
+
+    from serving.spec_decode import SpeculativeConfig
+
+    try:
+        spec = None if speculative is None else SpeculativeConfig(
+            method=speculative, draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
+            adaptive=speculative_adaptive, disable_by_batch_size=speculative_disable_by_batch_size,
+            step_cost=speculative_step_cost)
+    except ValueError as exc:
+        raise fail(exc) from None
+    config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
+                          speculative=spec)
+    try:  # load before binding the port, so an unknown model or a bad file is a one-line error
+        loaded = load_model(default_registry().get(model), dtype)
+    except ServingError as exc:
+        raise fail(exc) from None
+    uvicorn.run(create_engine_app(model, engine_config=config, loaded=loaded), host=host, port=port, log_level="info")

@@ -1,0 +1,61 @@
+"""`link keys create|list|revoke` on SQLite and PostgreSQL (the database fixtures of tests/link/conftest.py,
+shared through tests/cli/conftest.py), and `link keys create` with an invalid name, limit or budget: one clean
+`error:` line naming the option, exit code 2, and no database touched. No model.
+
+    .venv/bin/python -m pytest -q tests/cli/test_cli_keys.py
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlmodel import select
+from typer.testing import CliRunner
+
+from cli.app import app
+from link.db.models import ApiKey
+from link.keys import KEY_PREFIX, verify_key
+
+
+@pytest.mark.parametrize("args, line", [
+    ([""], "error: NAME must not be empty"),
+    (["alice", "--rpm", "-5"], "error: --rpm must be at least 1 (got -5)"),
+    (["alice", "--tpm", "0"], "error: --tpm must be at least 1 (got 0)"),
+    (["alice", "--budget-usd", "-1"], "error: --budget-usd must be at least 0 (got -1)"),
+])
+def test_invalid_key_options_are_one_clean_line(tmp_path, args, line):
+    url = f"sqlite:///{tmp_path / 'link.db'}"
+    result = CliRunner().invoke(app, ["keys", "create", *args, "--database-url", url])
+    assert result.exit_code == 2
+    assert result.output.strip() == line, result.output
+    assert not (tmp_path / "link.db").exists()  # refused before the database is opened
+
+
+def test_cli_create_list_revoke(db_url, session):
+    runner = CliRunner()
+    created = runner.invoke(app, ["keys", "create", "cli-user", "--budget-usd", "3", "--rpm", "7", "--database-url", db_url])
+    assert created.exit_code == 0, created.output
+    plaintext = created.stdout.strip().splitlines()[-1]
+    assert plaintext.startswith(KEY_PREFIX)
+    identity = verify_key(session, plaintext)
+    assert identity.name == "cli-user" and identity.rpm_limit == 7 and identity.budget_usd == 3.0
+
+    listed = runner.invoke(app, ["keys", "list", "--database-url", db_url])
+    assert listed.exit_code == 0, listed.output
+    assert "cli-user" in listed.stdout and plaintext[:12] in listed.stdout and plaintext not in listed.stdout
+
+    revoked = runner.invoke(app, ["keys", "revoke", str(identity.key_id), "--database-url", db_url])
+    assert revoked.exit_code == 0, revoked.output
+    assert f"revoked key {identity.key_id}" in revoked.stdout
+    assert verify_key(session, plaintext) is None
+    active = runner.invoke(app, ["keys", "list", "--active", "--database-url", db_url])
+    assert "cli-user" not in active.stdout
+
+    missing = runner.invoke(app, ["keys", "revoke", "999999999", "--database-url", db_url])
+    assert missing.exit_code == 2 and "no API key" in missing.output
+
+
+def test_cli_uses_link_database_url(db_url, monkeypatch, session):
+    monkeypatch.setenv("LINK_DATABASE_URL", db_url)
+    result = CliRunner().invoke(app, ["keys", "create", "from-env"])
+    assert result.exit_code == 0, result.output
+    assert session.exec(select(ApiKey).where(ApiKey.name == "from-env")).first() is not None

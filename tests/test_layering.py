@@ -1,0 +1,74 @@
+"""The packages' dependencies point one way: `cli -> web, evals, posttrain -> link -> routers, serving -> kernels`.
+
+Read from the source (tests/import_graph.py: every import, at module level or inside a function, relative
+imports resolved), so a lazy import cannot hide a wrong edge. Each rule is one test; a later move that makes
+another rule true adds it here.
+
+    .venv/bin/python -m pytest -q tests/test_layering.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.import_graph import find_cycle, forbidden, package_graph, scan
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("cli", "web", "evals", "posttrain", "benchmarks", "link", "routers", "serving", "kernels")
+
+
+@pytest.fixture(scope="module")
+def imports():
+    found = scan(ROOT, PACKAGES)
+    assert {i.source_package for i in found} == set(PACKAGES)  # every package was read
+    return found
+
+
+def _listing(found) -> str:
+    return "\n".join(map(str, found))
+
+
+def test_link_is_the_platform_and_imports_no_application(imports):
+    found = forbidden(imports, "link", {"cli", "evals", "posttrain", "web"})
+    assert not found, f"link imports a package built on it:\n{_listing(found)}"
+
+
+@pytest.mark.parametrize("package", ["serving", "routers"])
+def test_engine_and_routers_do_not_import_link(imports, package):
+    found = forbidden(imports, package, {"link"})
+    assert not found, f"{package} imports link:\n{_listing(found)}"
+
+
+def test_nothing_imports_cli(imports):
+    found = [i for i in imports if i.target_package == "cli" and i.source_package != "cli"]
+    assert not found, f"cli is the application shell; nothing may import it:\n{_listing(found)}"
+
+
+def test_kernels_do_not_import_serving(imports):
+    found = forbidden(imports, "kernels", {"serving"})
+    assert not found, f"kernels imports serving:\n{_listing(found)}"
+
+
+def test_no_cycle_among_packages(imports):
+    graph = package_graph(imports)
+    assert find_cycle(graph) is None, f"packages import each other: {' -> '.join(find_cycle(graph))}"
+
+
+def test_the_scanner_sees_lazy_relative_and_literal_imports(tmp_path):
+    # the cases the rules rely on, on a throwaway package: a function-level import, a relative one from a
+    # package's __init__ and from a module, `from pkg import module`, and importlib with a literal name
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from .sub import leaf\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "leaf.py").write_text("def f():\n    from ..top import g\n    import importlib\n"
+                                             "    importlib.import_module('other.mod')\n")
+    (package / "top.py").write_text("from pkg import sub\nfrom pkg.sub import leaf\nimport os.path\n")
+    edges = {(i.source, i.target, i.line) for i in scan(tmp_path, ["pkg"])}
+    assert edges == {("pkg", "pkg.sub.leaf", 1), ("pkg.sub.leaf", "pkg.top", 2), ("pkg.sub.leaf", "importlib", 3),
+                     ("pkg.sub.leaf", "other.mod", 4), ("pkg.top", "pkg.sub", 1), ("pkg.top", "pkg.sub.leaf", 2),
+                     ("pkg.top", "os.path", 3)}
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
