@@ -16,7 +16,9 @@ blocks are free within one engine step.
 
 With `traffic` set to a `serving.traffic.TrafficRecorder`, every finished request's shape is recorded
 (the configuration tuner's input); `reconfigure(config)` swaps the engine's `EngineConfig` between two
-steps without losing running requests (`serving/reconfigure.py`).
+steps without losing running requests (`serving/reconfigure.py`). A request the engine stops (a token
+over `EngineConfig.sample_timeout_s`, `serving.sample_budget`) raises its `SamplingTimeoutError` from
+`generate`.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class AsyncLLMEngine:
 
         Raises:
             ServingError / ContextLengthError: invalid request (raised before anything is queued).
+            SamplingTimeoutError: the engine stopped the request, a token over `EngineConfig.sample_timeout_s`.
             RuntimeError: the engine loop died (its error is chained).
         """
         self.engine.check_request(prompt_token_ids, params)
@@ -89,6 +92,8 @@ class AsyncLLMEngine:
                 if isinstance(item, BaseException):
                     raise RuntimeError(f"engine loop failed: {item}") from item
                 finished = item.finished
+                if item.error is not None:
+                    raise item.error
                 if finished and self.traffic is not None:
                     self.traffic.observe(item, params)
                 yield item

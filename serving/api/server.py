@@ -6,6 +6,9 @@ and /metrics (Prometheus). Every error, unknown routes and wrong methods include
 object with a 4xx status; a bad request never disturbs the others. A client that disconnects, streamed
 or not, aborts its engine requests, which free their KV blocks before the next engine step. Several
 such servers, each with its own engine, are how the platform scales past one process.
+
+A request the engine stops (`SamplingTimeoutError`: a token over `EngineConfig.sample_timeout_s`) is a 400
+naming the field behind it, or, once a stream has started, one error event and `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from serving.api.metrics import EngineMetrics
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
 from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.async_engine import AsyncLLMEngine
-from serving.errors import ContextLengthError, ServingError
+from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
 from serving.registry import ModelRegistry, default_registry
@@ -88,8 +91,7 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
 
     @app.exception_handler(ServingError)
     async def _serving(request: Request, exc: ServingError):
-        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
-        return JSONResponse(error_body(str(exc), code=code), status_code=400)
+        return JSONResponse(_serving_error(exc), status_code=400)
 
     @app.get("/health")
     async def health(state: State):
@@ -155,7 +157,17 @@ async def _serve(plan: RequestPlan, state: EngineState, request: Request):
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
 
+def _serving_error(exc: ServingError) -> dict:
+    """The OpenAI error object of a request the engine refuses or stops."""
+    code = ("context_length_exceeded" if isinstance(exc, ContextLengthError) else
+            "sampling_timeout" if isinstance(exc, SamplingTimeoutError) else None)
+    return error_body(str(exc), param=getattr(exc, "param", None), code=code)
+
+
 async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
-    async for event in events:
-        yield f"data: {json.dumps(event)}\n\n"
+    try:
+        async for event in events:
+            yield f"data: {json.dumps(event)}\n\n"
+    except ServingError as exc:  # the engine stopped the request after the first chunk: one error event
+        yield f"data: {json.dumps(_serving_error(exc))}\n\n"
     yield "data: [DONE]\n\n"

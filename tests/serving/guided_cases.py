@@ -3,6 +3,8 @@ test_guided_decoding.py, test_guided_checks.py, and the toy model of toy_model.p
 
 from __future__ import annotations
 
+import time
+
 from serving.guided_json import JsonAutomaton
 
 PERSON = {
@@ -40,6 +42,15 @@ def nested(depth: int, key: str = "properties") -> dict:
                   "items": {"type": "array", "items": schema, "minItems": 1},
                   "anyOf": {"anyOf": [schema]}}[key]
     return schema
+
+
+def slowed(step, delay_s: float):
+    """The automaton's transition function `step`, sleeping `delay_s` first: guided decoding made slow on purpose."""
+    def slow(*args):
+        time.sleep(delay_s)
+        return step(*args)
+
+    return slow
 
 
 class CharTokenizer:

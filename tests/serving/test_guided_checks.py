@@ -1,6 +1,7 @@
 """Schemas the JSON automaton must refuse before any engine work (`serving.guided_checks`): `$ref` cycles that
-write nothing, schemas nested past MAX_SCHEMA_DEPTH, recursion with no finite document; and the recursion it
-decodes within the bound.
+write nothing, schemas nested past MAX_SCHEMA_DEPTH, recursion with no finite document; the recursion it
+decodes within the bound; and the deadline that stops a schema whose parses multiply. The same refusals over
+HTTP, and the engine answering afterwards, are in test_engine_watchdog.py and tests/link/test_gateway_local_guards.py.
 
     LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_guided_checks.py
 """
@@ -14,6 +15,7 @@ import pytest
 
 from serving.api.chat_tools import prepare_chat
 from serving.api.protocol import ChatCompletionRequest, ValidationProblem
+from serving.errors import SamplingTimeoutError
 from serving.guided_json import JsonAutomaton, response_format_schema
 from serving.guided_schema import MAX_SCHEMA_DEPTH, InvalidSchemaError
 from tests.serving.guided_cases import INDIRECT, SELF, TREE, nested, valid
@@ -120,3 +122,16 @@ def test_an_optional_branch_that_never_ends_is_never_entered():
     assert valid(endless, '{"ok": 1}') and auto.feed(auto.start(), '{"bad": ') is not None
     assert auto.feed(auto.start(), '{"bad": {') is None
 
+
+def test_a_deadline_stops_a_schema_whose_parses_multiply():
+    """Two array options that both recurse: every `[` doubles the parses, 2^k after k of them. Without a
+    deadline 30 of them would take hours; with one, feeding stops within it."""
+    doubling = {"$defs": {"a": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/a"}},
+                                          {"type": "array", "items": {"$ref": "#/$defs/a"}, "maxItems": 9}]}},
+                "$ref": "#/$defs/a"}
+    auto = JsonAutomaton(doubling)
+    assert len(auto.feed(auto.start(), "[" * 8)) == 2 ** 8
+    start = time.monotonic()
+    with pytest.raises(SamplingTimeoutError):
+        auto.feed(auto.start(), "[" * 30, deadline=start + 0.2)
+    assert time.monotonic() - start < 1.0
