@@ -6,7 +6,8 @@ request path is the standalone server's (`serving/api/responses.py`: `plan_chat`
 `whole_response`, `stream_events`), so a local answer through the gateway equals `link engine serve`'s.
 The first-chunk and whole-request timeouts start once the model is loaded. Requests with `tools` use
 the deployment's harness format (link.yaml `tool_format:`, `serving.tool_formats`). A request the engine
-stops (`SamplingTimeoutError`) is a 400 that leaves the replica in rotation.
+stops (`SamplingTimeoutError`) is a 400 that leaves the replica in rotation; an engine whose loop failed
+or stalled (`AsyncLLMEngine.problem`) fails its health check, so the gateway's /health lists the model.
 
     pool = EnginePool()                       # owned by the app; `await pool.aclose()` in its lifespan
     backend = make_backend(deployment, engine_pool=pool)
@@ -136,11 +137,15 @@ class EnginePool:
         return state
 
     def is_healthy(self, key: str) -> bool:
-        """False when the model failed to load or its engine loop died; True when loaded and fine, or not loaded yet."""
+        """False when the model failed to load or its engine loop died or stalled (`AsyncLLMEngine.problem`);
+        True when loaded and fine, or not loaded yet."""
         state = self._states.get(key)
         if state is None:
             return key not in self.load_errors
-        return state.engine.errored is None
+        problem = state.engine.problem
+        if problem is not None:
+            logger.warning("local model %s is unhealthy: %s", key, problem)
+        return problem is None
 
     async def aclose(self) -> None:
         """Stop every engine loop and background tuner; save each model's recorded traffic mix to
@@ -261,5 +266,5 @@ class LocalBackend(Backend):
             await _close(streams)
 
     async def health(self) -> bool:
-        """True unless the model failed to load or its engine loop died."""
+        """True unless the model failed to load or its engine loop died or stalled (see `EnginePool.is_healthy`)."""
         return self.pool.is_healthy(self.deployment.local)

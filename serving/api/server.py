@@ -7,6 +7,11 @@ object with a 4xx status; a bad request never disturbs the others. A client that
 or not, aborts its engine requests, which free their KV blocks before the next engine step. Several
 such servers, each with its own engine, are how the platform scales past one process.
 
+    GET /health   200 {"status": "ok"}
+                  503 {"status": "error" | "degraded", "model": name, "detail": ...} once the engine loop
+                  failed, or stalled (no step finished for `EngineConfig.stall_timeout_s` while requests
+                  wait; `serving.async_engine.AsyncLLMEngine.problem`).
+
 A request the engine stops (`SamplingTimeoutError`: a token over `EngineConfig.sample_timeout_s`) is a 400
 naming the field behind it, or, once a stream has started, one error event and `data: [DONE]`.
 """
@@ -52,13 +57,19 @@ State = Annotated[EngineState, Depends(_state)]
 
 
 def create_engine_app(model: str, *, dtype: str = "float32", engine_config: EngineConfig = EngineConfig(),
-                      registry: ModelRegistry | None = None, loaded: LoadedModel | None = None) -> FastAPI:
-    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`)."""
+                      registry: ModelRegistry | None = None, loaded: LoadedModel | None = None,
+                      step_in_thread: bool = False) -> FastAPI:
+    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`).
+
+    Args:
+        step_in_thread: run engine steps in a worker thread (`AsyncLLMEngine`): /health then answers during a
+            step that never returns; on the event loop (the default) the inter-token latency is lower on CPU.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         lm = loaded or load_model((registry or default_registry()).get(model), dtype)
-        engine = AsyncLLMEngine(LLMEngine(lm, engine_config))
+        engine = AsyncLLMEngine(LLMEngine(lm, engine_config), step_in_thread=step_in_thread)
         engine.start()
         app.state.engine_state = EngineState(model, lm, engine)
         yield
@@ -95,8 +106,10 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
 
     @app.get("/health")
     async def health(state: State):
-        if state.engine.errored is not None:
-            return JSONResponse({"status": "error", "detail": str(state.engine.errored)}, status_code=503)
+        problem = state.engine.problem
+        if problem is not None:
+            status = "error" if state.engine.errored is not None else "degraded"
+            return JSONResponse({"status": status, "model": state.name, "detail": problem}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")

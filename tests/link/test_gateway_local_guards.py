@@ -7,6 +7,7 @@ so each test runs in seconds on CPU.
   next request is answered.
 - Guided decoding made slow on purpose stops its own request within `sample_timeout_s` (a 400, or an error
   event once streaming), while a concurrent request completes and the replica stays in rotation.
+- /health is a 503 naming the local model while its engine's step loop is stuck, and 200 once it moves.
 
     LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/link/test_gateway_local_guards.py
 """
@@ -40,7 +41,7 @@ def gateway(new_database_url, tmp_path_factory):
     server = start_gateway_thread(settings, config)
     try:
         pool = server.state.engine_pool
-        pool.engine_config = dataclasses.replace(TOY_ENGINE, sample_timeout_s=BUDGET)
+        pool.engine_config = dataclasses.replace(TOY_ENGINE, sample_timeout_s=BUDGET, stall_timeout_s=0.5)
         pool.add_loaded(LOCAL, toy_chat_model(LOCAL))  # before any request, so the real model never loads
         yield server
     finally:
@@ -92,3 +93,34 @@ def test_a_slow_guided_request_is_stopped_and_a_concurrent_one_completes(gateway
         list(chunks)
     assert httpx.get(gateway.url + "/health").json()["status"] == "ok"  # the request's fault, not the replica's
 
+
+def _health_until(gateway, status_code: int, timeout_s: float = 10.0) -> httpx.Response:
+    deadline = time.monotonic() + timeout_s
+    while (response := httpx.get(gateway.url + "/health", timeout=5)).status_code != status_code and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return response
+
+
+def test_health_names_the_local_model_while_its_step_loop_is_stuck_and_recovers(gateway, client):
+    engine = gateway.state.engine_pool._states[LOCAL].engine.engine  # the LLMEngine behind the deployment
+    step, release = engine.step, threading.Event()
+
+    def stuck_step():  # the next step hangs until the test lets it go
+        release.wait(30)
+        return step()
+
+    assert _health_until(gateway, 200).status_code == 200
+    engine.step = stuck_step
+    answer = {}
+    thread = threading.Thread(target=lambda: answer.update(r=client.chat.completions.create(model=LOCAL, messages=ASK, max_tokens=4)))
+    try:
+        thread.start()
+        stalled = _health_until(gateway, 503)
+        assert stalled.status_code == 503, stalled.text
+        assert stalled.json()["status"] == "degraded" and stalled.json()["unavailable_models"] == [LOCAL]
+    finally:
+        release.set()
+        engine.step = step
+    thread.join(30)
+    assert answer["r"].usage.completion_tokens == 4
+    assert _health_until(gateway, 200).json()["status"] == "ok"

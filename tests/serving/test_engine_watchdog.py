@@ -1,10 +1,11 @@
-"""No single request can hold the engine: on the toy chat model (toy_model.py), the real engine, and the engine
-server over loopback HTTP with the official `openai` client.
+"""No single request can hold the engine, and /health says when it is held: on the toy chat model (toy_model.py),
+the real engine, and the engine server over loopback HTTP with the official `openai` client.
 
 - A `$ref` cycle or a 300-deep schema is a 400 at once, and the engine answers the next request.
 - Guided decoding made slow on purpose (every automaton step sleeps) stops its own request within
   `EngineConfig.sample_timeout_s`, while a request in the same steps completes; slow plain sampling is
   caught once it returns.
+- A step loop that makes no progress turns /health into a 503 naming the model, and back once it moves.
 
     LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_engine_watchdog.py
 """
@@ -35,7 +36,7 @@ from tests.serving.toy_model import TOY_ENGINE, toy_chat_model
 
 NAME = "toy-chat"
 BUDGET = 0.2  # seconds per token
-CONFIG = dataclasses.replace(TOY_ENGINE, sample_timeout_s=BUDGET)
+CONFIG = dataclasses.replace(TOY_ENGINE, sample_timeout_s=BUDGET, stall_timeout_s=0.5)
 ASK = [{"role": "user", "content": "Say something."}]
 
 
@@ -125,3 +126,38 @@ def test_slow_plain_sampling_is_measured_once_it_returns():
     assert info.value.param is None
     assert choose_token(state, seq, torch.zeros(8), 4 * BUDGET) == 3
 
+
+def _health_until(url: str, status_code: int, timeout_s: float = 10.0) -> httpx.Response:
+    deadline = time.monotonic() + timeout_s
+    while (response := httpx.get(url + "/health", timeout=5)).status_code != status_code and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return response
+
+
+def test_health_is_503_naming_the_model_while_the_step_loop_is_stuck_and_recovers(toy):
+    app = create_engine_app(NAME, loaded=toy, engine_config=CONFIG, step_in_thread=True)
+    release = threading.Event()
+    with serve_on_loopback(app) as url:
+        engine = app.state.engine_state.engine.engine
+        step = engine.step
+
+        def stuck_step():  # the first step hangs until the test lets it go
+            release.wait(30)
+            return step()
+
+        engine.step = stuck_step
+        answer = {}
+        body = {"model": NAME, "messages": ASK, "max_tokens": 4}
+        thread = threading.Thread(target=lambda: answer.update(r=httpx.post(url + "/v1/chat/completions", json=body, timeout=30)))
+        try:
+            assert httpx.get(url + "/health").json() == {"status": "ok"}
+            thread.start()
+            stalled = _health_until(url, 503)
+            assert stalled.status_code == 503, stalled.text
+            assert stalled.json()["status"] == "degraded" and stalled.json()["model"] == NAME
+            assert "stalled" in stalled.json()["detail"]
+        finally:
+            release.set()
+        thread.join(30)
+        assert answer["r"].status_code == 200
+        assert _health_until(url, 200).json() == {"status": "ok"}
