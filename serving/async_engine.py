@@ -17,12 +17,21 @@ blocks are free within one engine step.
 With `traffic` set to a `serving.traffic.TrafficRecorder`, every finished request's shape is recorded
 (the configuration tuner's input); `reconfigure(config)` swaps the engine's `EngineConfig` between two
 steps without losing running requests (`serving/reconfigure.py`).
+
+Health: `problem` says what is wrong, or None. The loop failed (`errored`), or it is stalled: requests
+wait and no step has finished for `EngineConfig.stall_timeout_s`. Both /health routes (the engine
+server's, the gateway's through `link.backends.local.EnginePool.is_healthy`) answer 503 with it. A stall
+is seen only while the event loop runs, so with steps on the loop a step that never returns leaves /health
+unanswered (a probe's timeout); in a worker thread /health names it. The engine itself bounds the work
+a request adds to a step (`EngineConfig.sample_timeout_s`, `serving.sample_budget`), and a request it
+stops raises its `SamplingTimeoutError` from `generate`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import AsyncIterator
 
 from serving.llm_engine import LLMEngine
@@ -42,6 +51,7 @@ class AsyncLLMEngine:
         self._task: asyncio.Task | None = None
         self.errored: BaseException | None = None
         self.traffic = None  # serving.traffic.TrafficRecorder: shapes of finished requests
+        self._last_progress = time.monotonic()  # when a step last finished, or work arrived at an idle loop
 
     @property
     def num_running(self) -> int:
@@ -50,6 +60,27 @@ class AsyncLLMEngine:
     @property
     def num_waiting(self) -> int:
         return len(self.engine.scheduler.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        """Requests in the engine, or adds, aborts and reconfigurations queued for the next step."""
+        return bool(self._pending) or self.engine.has_unfinished_requests
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds the loop has had work without finishing a step (0.0 while idle)."""
+        return time.monotonic() - self._last_progress if self.has_work else 0.0
+
+    @property
+    def problem(self) -> str | None:
+        """Why the engine cannot serve now (its loop failed, or stalled past `EngineConfig.stall_timeout_s`), or None."""
+        if self.errored is not None:
+            return f"the engine loop failed: {self.errored}"
+        stalled, bound = self.stalled_s, self.engine.config.stall_timeout_s
+        if stalled > bound:
+            return (f"the engine loop is stalled: no step has finished for {stalled:.0f} s (bound {bound:g} s) while "
+                    f"{self.num_running + self.num_waiting} requests wait")
+        return None
 
     def start(self) -> None:
         """Start the background loop on the running event loop (idempotent)."""
@@ -72,6 +103,7 @@ class AsyncLLMEngine:
 
         Raises:
             ServingError / ContextLengthError: invalid request (raised before anything is queued).
+            SamplingTimeoutError: the engine stopped the request, a token over `EngineConfig.sample_timeout_s`.
             RuntimeError: the engine loop died (its error is chained).
         """
         self.engine.check_request(prompt_token_ids, params)
@@ -80,8 +112,7 @@ class AsyncLLMEngine:
         self.start()
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
-        self._pending.append(("add", (request_id, prompt_token_ids, params, prompt, priority)))
-        self._wakeup.set()
+        self._enqueue(("add", (request_id, prompt_token_ids, params, prompt, priority)))
         finished = False
         try:
             while not finished:
@@ -89,6 +120,8 @@ class AsyncLLMEngine:
                 if isinstance(item, BaseException):
                     raise RuntimeError(f"engine loop failed: {item}") from item
                 finished = item.finished
+                if item.error is not None:
+                    raise item.error
                 if finished and self.traffic is not None:
                     self.traffic.observe(item, params)
                 yield item
@@ -99,15 +132,19 @@ class AsyncLLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Abort a request before the next step (safe from any coroutine)."""
-        self._pending.append(("abort", request_id))
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._enqueue(("abort", request_id))
 
     def reconfigure(self, config) -> None:
         """Apply an `EngineConfig` before the next step (`serving.reconfigure.reconfigure`): running
         requests are preempted by recomputation and continue under the new settings. A configuration
         the live requests do not fit in is logged and not applied."""
-        self._pending.append(("reconfigure", config))
+        self._enqueue(("reconfigure", config))
+
+    def _enqueue(self, item: tuple) -> None:
+        """Queue `item` for the loop and wake it; work reaching an idle loop restarts the stall clock."""
+        if not self.has_work:
+            self._last_progress = time.monotonic()
+        self._pending.append(item)
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -142,6 +179,7 @@ class AsyncLLMEngine:
                         await self._wakeup.wait()
                     continue
                 outputs = await asyncio.to_thread(self.engine.step) if self.step_in_thread else self.engine.step()
+                self._last_progress = time.monotonic()
                 for output in outputs:
                     queue = self._queues.get(output.request_id)
                     if queue is not None:

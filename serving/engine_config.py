@@ -35,6 +35,14 @@ class EngineConfig:
             nothing happens when the file does not exist.
         speculative: speculative decoding (`serving.spec_decode`); None (the default) decodes one token
             per step.
+        sample_timeout_s: seconds one sequence may take to choose one token (guided decoding's walk of the
+            vocabulary, logits processing); a request over it is stopped with `SamplingTimeoutError` so that
+            no request holds a step (`serving.sample_budget`). SmolLM2's whole 49k-token vocabulary walks in
+            about 0.3 s on a busy 2-core CPU; Gemma 3's is 5 times larger.
+        stall_timeout_s: seconds without a finished step, while requests wait, after which
+            `serving.async_engine.AsyncLLMEngine` calls its loop stalled and /health answers 503.
+    Raises:
+        ValueError: a timeout that is not positive.
     """
 
     block_size: int = 16
@@ -47,6 +55,13 @@ class EngineConfig:
     num_sliding_blocks: int | None = None
     tuned_kernels: bool = True
     speculative: SpeculativeConfig | None = None
+    sample_timeout_s: float = 5.0
+    stall_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (self.sample_timeout_s > 0 and self.stall_timeout_s > 0):
+            raise ValueError(f"sample_timeout_s and stall_timeout_s must be > 0, got {self.sample_timeout_s} and "
+                             f"{self.stall_timeout_s}")
 
 
 def pool_sizes(loaded: LoadedModel, config: EngineConfig) -> tuple[int, int]:

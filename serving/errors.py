@@ -31,3 +31,17 @@ class ContextLengthError(ServingError):
 
 class InvalidSamplingParamsError(ServingError):
     """A `SamplingParams` field out of its valid range."""
+
+
+class SamplingTimeoutError(ServingError):
+    """Choosing one token of a request took longer than the engine allows (`EngineConfig.sample_timeout_s`):
+    the engine stops that request, and the others in the step go on. `param` names the request field behind
+    the work (`response_format`, `tools`), or None.
+
+    Raised inside guided decoding as the deadline passes (`serving.guided_json.JsonAutomaton.feed`), then by
+    the engine with the message the client gets (`serving.sample_budget.choose_token`).
+    """
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param

@@ -15,6 +15,10 @@ Where every path is inside fixed text (a tag such as `<tool_call>`), only the to
 with the forced character are ranked (`TokenTable.starting_with`), so forcing text the model does not
 expect costs no walk down a 262k-token vocabulary.
 
+The walk stops at a deadline (`sample(..., deadline=)`; the engine gives `EngineConfig.sample_timeout_s`,
+`serving.sample_budget`): a schema whose branches multiply could otherwise hold the engine's step for
+minutes, and every other request with it.
+
 End-of-sequence tokens are valid only once the document is complete, so a finished output always
 parses; an output cut by `max_tokens` ends with finish_reason "length". With
 `SamplingParams.strip_leading_space` (the in-context chat format) the space that the engine drops from
@@ -25,10 +29,12 @@ exactly the text the client gets.
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterator, Sequence
 
 import torch
 
+from serving.errors import SamplingTimeoutError
 from serving.guided_json import JsonAutomaton, State
 from serving.logits_processors import apply_logit_bias, apply_penalties, mask_stop_tokens
 from serving.sampler import Sampler
@@ -93,7 +99,7 @@ class JsonGuide:
         then only end of output may follow, so the answer stops right after the JSON, as OpenAI's does."""
         return self.automaton.is_closed(self.state)
 
-    def _next_state(self, token_id: int) -> State | None:
+    def _next_state(self, token_id: int, deadline: float | None = None) -> State | None:
         if token_id in self.table.eos_ids:
             return self.state if self.is_complete else None
         if self.is_closed:
@@ -101,17 +107,22 @@ class JsonGuide:
         text = self.table.texts[token_id] if token_id < len(self.table.texts) else None
         if text is not None and self._skip_space and text.startswith(" "):
             text = text[1:] or None  # a bare space first would leave the model after "▁", where it answers badly
-        return None if text is None else self.automaton.feed(self.state, text)
+        return None if text is None else self.automaton.feed(self.state, text, deadline)
 
-    def sample(self, logits: torch.Tensor, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> int:
+    def sample(self, logits: torch.Tensor, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = (),
+               deadline: float | None = None) -> int:
         """Choose the next token among those that keep the output valid, and advance the state.
 
         Args:
             logits: the model's raw logits for the next position, shape [V].
             prompt_ids, output_ids: for the penalties (as `Sampler.sample`).
+            deadline: a `time.monotonic()` time, checked before each candidate token and inside large
+                automaton states (`JsonAutomaton.feed`); None: no limit.
         Returns:
             The token id. When no token can continue the document (a vocabulary unable to spell what
             the schema needs), an end-of-sequence id.
+        Raises:
+            SamplingTimeoutError: the deadline passed; the state is left as it was.
         """
         sampler = self.sampler
         params = sampler.params
@@ -124,11 +135,13 @@ class JsonGuide:
         for tid, value in _ranked(ranked, None if forced is None else self.table.starting_with(forced)):
             if value == float("-inf"):
                 break
+            if deadline is not None and time.monotonic() > deadline:
+                raise SamplingTimeoutError("guided decoding ran past its deadline")
             if best is not None:
                 extra += 1
                 if params.is_greedy or extra > MAX_EXTRA_CANDIDATES or (value - best) / params.temperature < math.log(EPSILON):
                     break
-            nxt = self._next_state(tid)
+            nxt = self._next_state(tid, deadline)
             if nxt is not None:
                 states[tid] = nxt
                 best = value if best is None else best

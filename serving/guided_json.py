@@ -39,7 +39,9 @@ run to `max_tokens`). No bound can dead-end: each leaves a way to close the valu
 from __future__ import annotations
 
 import json
+import time
 
+from serving.errors import SamplingTimeoutError
 from serving.guided_schema import UnsupportedSchemaError, compile_schema, response_format_schema
 from serving.guided_steps import (
     MAX_DEPTH, MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_KEY_CHARS, MAX_MEMBERS, MAX_STRING_CHARS,
@@ -51,6 +53,7 @@ __all__ = ["JsonAutomaton", "State", "UnsupportedSchemaError", "automaton_for", 
            "MAX_WHITESPACE"]
 
 State = tuple  # of configurations ((frame, parent), whitespace run length); see serving.guided_steps
+CHECK_EVERY = 256  # configurations stepped between two deadline checks in `JsonAutomaton.feed`
 
 
 class JsonAutomaton:
@@ -94,10 +97,24 @@ class JsonAutomaton:
     def start(self) -> State:
         return tuple(open_block(begin, node, end, self.max_blocks - 1, self._again) for begin, node, end in self.blocks)
 
-    def feed(self, state: State, text: str) -> State | None:
-        """The state after `text`, or None when no continuation of the text can be valid."""
+    def feed(self, state: State, text: str, deadline: float | None = None) -> State | None:
+        """The state after `text`, or None when no continuation of the text can be valid.
+
+        Args:
+            deadline: a `time.monotonic()` time. A state of `CHECK_EVERY` configurations or more (an
+                ambiguous schema's branches multiply) checks it every `CHECK_EVERY` of them; None: no limit.
+        Raises:
+            SamplingTimeoutError: the deadline passed.
+        """
         for c in text:
-            nxt = [cfg for old in state for cfg in step(old, c, self.compact)]
+            if deadline is None or len(state) < CHECK_EVERY:
+                nxt = [cfg for old in state for cfg in step(old, c, self.compact)]
+            else:
+                nxt = []
+                for i in range(0, len(state), CHECK_EVERY):
+                    if time.monotonic() > deadline:
+                        raise SamplingTimeoutError(f"guided decoding ran past its deadline ({len(state)} parses at once)")
+                    nxt.extend(cfg for old in state[i:i + CHECK_EVERY] for cfg in step(old, c, self.compact))
             if not nxt:
                 return None
             state = tuple(nxt) if len(nxt) == 1 else tuple(dict.fromkeys(nxt))

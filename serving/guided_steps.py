@@ -19,7 +19,7 @@ The bounds (see `serving.guided_json`) live here as constants.
 
 from __future__ import annotations
 
-from serving.guided_schema import ANY, ANY_ARRAY, ANY_OBJECT, Node, literals
+from serving.guided_schema import ANY, ANY_ARRAY, ANY_OBJECT, MAX_SCHEMA_DEPTH, Node, literals
 
 MAX_INT_DIGITS, MAX_FRAC_DIGITS, MAX_EXP_DIGITS = 15, 20, 3  # 20: every Python repr of a float in [1e-4, 1)
 MAX_DEPTH = 8
@@ -100,7 +100,7 @@ def _depth(parent: tuple | None) -> int:
 
 
 def _start(node: Node, parent: tuple, c: str) -> list:
-    while node.kind == "ref":
+    while node.kind == "ref":  # ends: serving.guided_checks refused $ref cycles that write nothing
         node = node.target
     kind = node.kind
     if kind == "anyof":
@@ -112,10 +112,12 @@ def _start(node: Node, parent: tuple, c: str) -> list:
         if node is None or (c in "{[" and _depth(parent) >= MAX_DEPTH):
             return []
         return _start(node, parent, c)
-    if kind == "object":
-        return [((("obj", node, "first", frozenset()), parent), 0)] if c == "{" else []
-    if kind == "array":
-        return [((("arr", node, "first", 0), parent), 0)] if c == "[" else []
+    if kind in ("object", "array"):
+        # Only a container whose shortest document still fits under MAX_SCHEMA_DEPTH here opens: a recursive
+        # schema cannot nest without end, and never into a branch it could not close (serving.guided_checks).
+        if c != ("{" if kind == "object" else "[") or node.height is None or _depth(parent) + node.height > MAX_SCHEMA_DEPTH:
+            return []
+        return [((("obj", node, "first", frozenset()) if kind == "object" else ("arr", node, "first", 0), parent), 0)]
     if kind == "string":
         return [((("str", 0, None, "", MAX_STRING_CHARS if node is _STRING else -1), parent), 0)] if c == '"' else []
     if kind in ("number", "integer"):

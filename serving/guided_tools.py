@@ -26,6 +26,10 @@ object, as OpenAI's non-strict function calling promises no more; with `"strict"
     params = dataclasses.replace(params, structural_tag=tag)
     parsed = parse_forced_calls(output_text, forced_tools(tools, tool_choice))   # content None, the calls
 
+A `parameters` schema no automaton can decode (nested deeper than `serving.guided_schema.MAX_SCHEMA_DEPTH`,
+a `$ref` cycle that writes nothing, no finite document) is refused strict or not (`ToolSchemaError`,
+naming `tools[i].function.parameters`): it is malformed, not merely beyond the subset.
+
 A forced output always comes back as `tool_calls`, even when max_tokens cut it (`parse_forced_calls`).
 Each function takes the harness format (`fmt`, a json-style `serving.tool_formats.ToolCallFormat`: its
 block tags and keys); an xml-style format cannot be forced this way (`ToolCallFormat.can_force`).
@@ -36,7 +40,9 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from serving.guided_checks import check_json_depth
 from serving.guided_json import JsonAutomaton, UnsupportedSchemaError
+from serving.guided_schema import InvalidSchemaError
 from serving.toolcalls import (
     DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, forced_tool_name, parse_tool_calls, tool_call,
     tool_functions,
@@ -45,10 +51,21 @@ from serving.toolcalls import (
 MAX_PARALLEL_CALLS = 4
 
 
-def call_structure(function: dict, fmt: ToolCallFormat = DEFAULT_FORMAT) -> dict:
+class ToolSchemaError(ToolFormatError):
+    """A forced function's `parameters` that no automaton can decode; `param` names it (`tools[0].function.parameters`)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def call_structure(function: dict, fmt: ToolCallFormat = DEFAULT_FORMAT, param: str = "tools[].function.parameters") -> dict:
     """The structure {"begin", "schema", "end"} of one call to `function` (an OpenAI `function` object).
 
+    Args:
+        param: where the request holds `function`'s parameters, for errors (`tools[2].function.parameters`).
     Raises:
+        ToolSchemaError: parameters no automaton can decode (`serving.guided_schema.InvalidSchemaError`).
         ToolFormatError: a strict function whose parameters schema the automaton cannot enforce.
     """
     schema = function.get("parameters")
@@ -56,9 +73,12 @@ def call_structure(function: dict, fmt: ToolCallFormat = DEFAULT_FORMAT) -> dict
         schema = {"type": "object"}  # arguments are always an object (the parser takes nothing else)
     elif "type" not in schema and not {"$ref", "anyOf", "enum", "const"} & set(schema):
         schema = {"type": "object", **schema}
-    schema = _closed(schema)
     try:
+        check_json_depth(schema)  # before `_closed` walks it recursively
+        schema = _closed(schema)
         JsonAutomaton(schema)
+    except InvalidSchemaError as exc:
+        raise ToolSchemaError(f"{param}: {exc}", param) from None
     except UnsupportedSchemaError as exc:
         if function.get("strict") is True:
             raise ToolFormatError(f"tools: function {function['name']!r} is strict but its parameters cannot be "
@@ -121,6 +141,7 @@ def forced_tool_tag(tools: Sequence[dict] | None, tool_choice: Any, parallel_too
         parallel_tool_calls: False allows one call.
         fmt: the harness format (style json).
     Raises:
+        ToolSchemaError: a forced function's parameters that no automaton can decode.
         ToolFormatError: malformed tools or tool_choice, a strict function that cannot be enforced, or a forcing
             tool_choice with a format that cannot be forced.
     """
@@ -128,8 +149,11 @@ def forced_tool_tag(tools: Sequence[dict] | None, tool_choice: Any, parallel_too
     if allowed is None:
         return None
     max_blocks = MAX_PARALLEL_CALLS if parallel_tool_calls and tool_choice == "required" else 1
-    return json.dumps({"structures": [call_structure(fn, fmt) for fn in tool_functions(allowed)], "max_blocks": max_blocks,
-                       "separator": "", "whitespace": "compact"}, ensure_ascii=False)
+    chosen = {id(tool) for tool in allowed}
+    structures = [call_structure(fn, fmt, f"tools[{i}].function.parameters")
+                  for i, (tool, fn) in enumerate(zip(tools, tool_functions(tools))) if id(tool) in chosen]
+    return json.dumps({"structures": structures, "max_blocks": max_blocks, "separator": "", "whitespace": "compact"},
+                      ensure_ascii=False)
 
 
 def parse_forced_calls(text: str, tools: Sequence[dict], fmt: ToolCallFormat = DEFAULT_FORMAT) -> ParsedOutput:

@@ -60,7 +60,8 @@ class LLM:
             prompts: one prompt or a list; a prompt is text or {"prompt_token_ids": [int, ...]}.
             sampling_params: one for all prompts, or one per prompt (default `SamplingParams()`).
         Returns:
-            One `RequestOutput` per prompt, in order.
+            One `RequestOutput` per prompt, in order; one the engine stopped (a token over
+            `EngineConfig.sample_timeout_s`) has `error` set and finish_reason "abort".
         Raises:
             ContextLengthError: a prompt that leaves no room to generate within the context.
             ServingError: an empty prompt, or a params list of the wrong length.

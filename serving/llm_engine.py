@@ -12,7 +12,9 @@ Each step: the `Scheduler` picks the batch (continuous batching, chunked prefill
 token, detokenizes and checks its stop conditions. With `EngineConfig.speculative`, decoding sequences
 first get draft tokens that the same forward pass verifies (`serving.spec_decode`); a sequence then
 emits its accepted drafts and one more token per step. A request with n > 1 prefills its prompt once and
-forks n sequences that share the prompt's KV blocks (copy-on-write on the partial last block).
+forks n sequences that share the prompt's KV blocks (copy-on-write on the partial last block). A request
+whose next token takes longer than `EngineConfig.sample_timeout_s` to choose is stopped within that step
+(`serving.sample_budget`): its last output carries the `SamplingTimeoutError`, the others go on.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import torch
 from serving.block_manager import BlockManager
 from serving.detokenizer import IncrementalDetokenizer
 from serving.engine_config import EngineConfig, pool_sizes  # EngineConfig is imported from here too
-from serving.errors import ContextLengthError, ServingError
+from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.model_loader import LoadedModel
 from serving.model_runner import ModelRunner
 from serving.outputs import Logprob, RequestOutput
 from serving.request_state import RequestState, SeqState
 from serving.sampler import Sampler, batched_argmax, compute_logprobs
+from serving.sample_budget import choose_token
 from serving.sampling_params import SEED_MIN, SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
@@ -151,7 +154,9 @@ class LLMEngine:
         for seq, _ in plan.scheduled:
             if seq.seq_id not in logits:
                 continue
-            request = self._seq_to_request[seq.seq_id]
+            request = self._seq_to_request.get(seq.seq_id)
+            if request is None:
+                continue  # its request was stopped earlier in this step (`_stop`)
             row = logits[seq.seq_id]
             touched[request.request_id] = request
             if seq.draft_token_ids:
@@ -159,6 +164,8 @@ class LLMEngine:
                 continue
             if len(request.seqs) < request.params.n:  # first token: fork the other samples
                 for index in range(len(request.seqs), request.params.n):
+                    if request.error is not None:
+                        break  # a sample ran over its budget: the request is stopped, no more forks
                     child = seq.fork(next(self._seq_ids))
                     self.block_manager.fork(seq, child)
                     if self.sliding_block_manager is not None:
@@ -212,6 +219,16 @@ class LLMEngine:
         self.block_manager.truncate(seq, num_computed)
         self._advance(seq, len(tokens))
 
+    def _stop(self, request: RequestState, error: ServingError) -> None:
+        """End `request` now with `error`: its unfinished sequences get finish_reason "abort" and free their blocks;
+        `step` returns its last snapshot, which carries the error."""
+        request.error = error
+        for seq in request.seqs:
+            state = request.states[seq.seq_id]
+            if state.finish_reason is None:
+                state.finish_reason = "abort"
+                self._finish_seq(seq)
+
     def _finish_seq(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
         self._seq_to_request.pop(seq.seq_id, None)
@@ -243,11 +260,17 @@ class LLMEngine:
         return {} if tokens is None else {seq.seq_id: token for seq, token in zip(seqs, tokens)}
 
     def _sample(self, request: RequestState, seq: Sequence, logits: torch.Tensor, token: int | None = None) -> None:
-        """Choose (unless `token` was decided in the batch), record, detokenize and check the stop rules."""
+        """Choose (unless `token` was decided in the batch), record, detokenize and check the stop rules; a
+        choice over `config.sample_timeout_s` stops the request instead."""
+        if request.error is not None:
+            return  # stopped by another of its samples in this step
         state, params, tokenizer = request.states[seq.seq_id], request.params, self.loaded.tokenizer
         if token is None:
-            sample = state.guide.sample if state.guide is not None else state.sampler.sample
-            token = sample(logits, seq.prompt_token_ids, seq.output_token_ids)
+            try:
+                token = choose_token(state, seq, logits, self.config.sample_timeout_s)
+            except SamplingTimeoutError as exc:
+                self._stop(request, exc)
+                return
         request.last_token_time = time.monotonic()
         if state.first_token_time is None:
             state.first_token_time = request.last_token_time

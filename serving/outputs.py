@@ -22,7 +22,8 @@ class CompletionOutput:
         index: which of the request's `n` samples this is.
         text: the generated text, without the matched stop string (unless asked) or EOS.
         token_ids: every generated token id, including the one that ended generation.
-        finish_reason: "stop" (EOS, stop token or stop string) or "length" (max_tokens or context full).
+        finish_reason: "stop" (EOS, stop token or stop string), "length" (max_tokens or context full) or
+            "abort" (the engine stopped the request: `RequestOutput.error` says why).
         stop_reason: the stop string or stop token id that matched; None for EOS or length.
         logprobs: per generated token, {token id: Logprob} holding the chosen token and the top-k.
         cumulative_logprob: sum of the chosen tokens' logprobs (when logprobs were requested).
@@ -68,8 +69,9 @@ class SpeculativeStats:
 
 @dataclass
 class RequestOutput:
-    """The result of one prompt: its tokens and its `n` completions, plus timing in seconds, and its
-    speculative decoding counts when the engine speculates (else None)."""
+    """The result of one prompt: its tokens and its `n` completions, plus timing in seconds, its
+    speculative decoding counts when the engine speculates (else None), and the error that stopped it
+    (`serving.errors.SamplingTimeoutError`; else None)."""
 
     request_id: str
     prompt: str | None
@@ -78,3 +80,4 @@ class RequestOutput:
     finished: bool = True
     metrics: dict[str, float] = field(default_factory=dict)
     speculative: SpeculativeStats | None = None
+    error: Exception | None = None

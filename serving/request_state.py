@@ -1,6 +1,7 @@
 """The engine's records of a request in flight: `RequestState` (a prompt, its n sequences, timing) and
 `SeqState` (one sequence's sampler, detokenizer, visible text, logprobs, stop state, speculation record),
-and `RequestState.snapshot`, the `RequestOutput` a step returns for it.
+and `RequestState.snapshot`, the `RequestOutput` a step returns for it (with the error, when the engine
+stopped the request).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from serving.detokenizer import IncrementalDetokenizer
+from serving.errors import ServingError
 from serving.outputs import CompletionOutput, Logprob, RequestOutput
 from serving.sampler import Sampler
 from serving.sampling_params import SamplingParams
@@ -46,9 +48,12 @@ class RequestState:
     states: dict[int, SeqState] = field(default_factory=dict)
     first_scheduled_time: float | None = None
     last_token_time: float | None = None
+    error: ServingError | None = None  # set when the engine stopped the request (`LLMEngine._stop`)
 
     @property
     def finished(self) -> bool:
+        if self.error is not None:
+            return True
         return len(self.seqs) == self.params.n and all(st.finish_reason for st in self.states.values())
 
     def snapshot(self, is_speculative: bool) -> RequestOutput:
@@ -73,4 +78,5 @@ class RequestState:
             if num_steps > 0:
                 metrics["itl_seconds"] = (self.last_token_time - first) / num_steps
         spec = summarize(st.spec for st in self.states.values() if st.spec is not None) if is_speculative else None
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished, metrics, spec)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions, self.finished, metrics, spec,
+                             self.error)

@@ -5,7 +5,9 @@ starts one `AsyncLLMEngine` for it and shares it between every deployment naming
 request path is the standalone server's (`serving/api/responses.py`: `plan_chat`/`plan_completion`,
 `whole_response`, `stream_events`), so a local answer through the gateway equals `link engine serve`'s.
 The first-chunk and whole-request timeouts start once the model is loaded. Requests with `tools` use
-the deployment's harness format (link.yaml `tool_format:`, `serving.tool_formats`).
+the deployment's harness format (link.yaml `tool_format:`, `serving.tool_formats`). A request the engine
+stops (`SamplingTimeoutError`) is a 400 that leaves the replica in rotation; an engine whose loop failed
+or stalled (`AsyncLLMEngine.problem`) fails its health check, so the gateway's /health lists the model.
 
     pool = EnginePool()                       # owned by the app; `await pool.aclose()` in its lifespan
     backend = make_backend(deployment, engine_pool=pool)
@@ -25,7 +27,7 @@ from link.backends.base import Backend, BackendError, BackendUnavailable, Endpoi
 from link.config import ModelDeployment
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem
 from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
-from serving.errors import ContextLengthError, ServingError
+from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.registry import ModelRegistry, ModelSpec, default_registry
 from serving.traffic import TrafficRecorder, save_mix, traffic_path
 
@@ -135,11 +137,15 @@ class EnginePool:
         return state
 
     def is_healthy(self, key: str) -> bool:
-        """False when the model failed to load or its engine loop died; True when loaded and fine, or not loaded yet."""
+        """False when the model failed to load or its engine loop died or stalled (`AsyncLLMEngine.problem`);
+        True when loaded and fine, or not loaded yet."""
         state = self._states.get(key)
         if state is None:
             return key not in self.load_errors
-        return state.engine.errored is None
+        problem = state.engine.problem
+        if problem is not None:
+            logger.warning("local model %s is unhealthy: %s", key, problem)
+        return problem is None
 
     async def aclose(self) -> None:
         """Stop every engine loop and background tuner; save each model's recorded traffic mix to
@@ -180,9 +186,12 @@ def _problem(exc: Exception, name: str) -> BackendError:
         param = ".".join(str(p) for p in first.get("loc", ())) or None
         message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
         return BackendError(message, status_code=400, error={"message": message, "type": "invalid_request_error", "param": param, "code": None})
-    code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
+    if isinstance(exc, SamplingTimeoutError):  # the engine stopped this request; the replica is fine (4xx)
+        code, param = "sampling_timeout", exc.param
+    else:
+        code, param = ("context_length_exceeded" if isinstance(exc, ContextLengthError) else None), "messages"
     return BackendError(str(exc), status_code=400, code=code,
-                        error={"message": str(exc), "type": "invalid_request_error", "param": "messages", "code": code})
+                        error={"message": str(exc), "type": "invalid_request_error", "param": param, "code": code})
 
 
 async def _close(streams: list) -> None:
@@ -236,6 +245,8 @@ class LocalBackend(Backend):
             return await with_timeout(whole_response(plan, streams, state), self.deployment)
         except RuntimeError as exc:  # the engine loop died
             raise BackendUnavailable(f"{self.deployment.name}: {exc}") from exc
+        except ServingError as exc:  # the engine stopped the request (SamplingTimeoutError)
+            raise _problem(exc, self.deployment.name) from exc
         finally:
             await _close(streams)
 
@@ -249,9 +260,11 @@ class LocalBackend(Backend):
                 yield chunk
         except RuntimeError as exc:
             raise BackendUnavailable(f"{self.deployment.name}: the engine failed after {num_chunks} chunks: {exc}") from exc
+        except ServingError as exc:  # the engine stopped the request (SamplingTimeoutError): one error event
+            raise _problem(exc, self.deployment.name) from exc
         finally:
             await _close(streams)
 
     async def health(self) -> bool:
-        """True unless the model failed to load or its engine loop died."""
+        """True unless the model failed to load or its engine loop died or stalled (see `EnginePool.is_healthy`)."""
         return self.pool.is_healthy(self.deployment.local)

@@ -2,8 +2,9 @@
 
     GET /health    200 {"status": "ok", "models": {name: [replica status, ...]}}
                    503 {"status": "degraded", "unavailable_models": [...], "models": {...}} while some model has
-                   no replica in rotation (each one ejected after failures); a local model that is not loaded
-                   yet counts as healthy. No key needed.
+                   no replica in rotation (each one ejected after failures or a failed health check: a local
+                   model's engine loop that died or stalled, `link.backends.local.EnginePool.is_healthy`); a
+                   local model that is not loaded yet counts as healthy. No key needed.
     GET /metrics   the master key (`Authorization: Bearer`) when one is configured, unless LINK_METRICS_PUBLIC=true.
 """
 

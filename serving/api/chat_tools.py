@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from serving.api.protocol import ChatCompletionRequest, ValidationProblem
 from serving.guided_json import UnsupportedSchemaError, response_format_schema
+from serving.guided_schema import InvalidSchemaError
 from serving.guided_tools import forced_tool_tag, forced_tools, parse_forced_calls
 from serving.toolcalls import (
     DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, parse_tool_calls, render_messages, streamable_length,
@@ -82,7 +83,9 @@ def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORM
     """The messages and constraints of a chat request, tools in the harness format `fmt`.
 
     Raises:
-        ValidationProblem: malformed tools/tool_choice, an unsupported response_format or schema keyword,
+        ValidationProblem: malformed tools/tool_choice, an unsupported response_format or schema keyword, a
+            schema no automaton can decode (param `response_format.json_schema.schema` or
+            `tools[i].function.parameters`: too deep, a `$ref` cycle that writes nothing),
             or response_format json together with active tools; tools `fmt` cannot carry (`fmt.check_tools`). (`stop` with response_format is accepted, as
             by OpenAI: a stop sequence may end the output before the JSON closes.)
     """
@@ -98,10 +101,13 @@ def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORM
         tag = forced_tool_tag(tools, body.tool_choice, parallel, fmt) if fmt.can_force else None
         forced = forced_tools(tools, body.tool_choice)
     except ToolFormatError as exc:
-        param = "tool_choice" if "tool_choice" in str(exc) else "messages" if "messages[" in str(exc) else "tools"
+        param = getattr(exc, "param", None) or (
+            "tool_choice" if "tool_choice" in str(exc) else "messages" if "messages[" in str(exc) else "tools")
         raise ValidationProblem(str(exc), param=param) from None
     try:
         schema = response_format_schema(body.response_format) if body.response_format else None
+    except InvalidSchemaError as exc:  # too deep, a $ref cycle: the message names the place (#/$defs/a)
+        raise ValidationProblem(str(exc), param="response_format.json_schema.schema") from None
     except UnsupportedSchemaError as exc:
         raise ValidationProblem(str(exc), param="response_format") from None
     if schema is not None:

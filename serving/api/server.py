@@ -10,6 +10,14 @@ refusal naming its field); path and query parameters follow the same text rule (
 client that disconnects, streamed or not, aborts its engine requests, which free their KV blocks before
 the next engine step. Several such servers, each with its own engine, are how the platform scales past
 one process.
+
+    GET /health   200 {"status": "ok"}
+                  503 {"status": "error" | "degraded", "model": name, "detail": ...} once the engine loop
+                  failed, or stalled (no step finished for `EngineConfig.stall_timeout_s` while requests
+                  wait; `serving.async_engine.AsyncLLMEngine.problem`).
+
+A request the engine stops (`SamplingTimeoutError`: a token over `EngineConfig.sample_timeout_s`) is a 400
+naming the field behind it, or, once a stream has started, one error event and `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from serving.api.responses import RequestPlan, plan_chat, plan_completion, strea
 from serving.api.strict_json import parse_json_object
 from serving.api.url_params import check_url_params
 from serving.async_engine import AsyncLLMEngine
-from serving.errors import ContextLengthError, ServingError
+from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
 from serving.registry import ModelRegistry, default_registry
@@ -82,14 +90,19 @@ CompletionBody = Annotated[CompletionRequest, Depends(_strict_body(CompletionReq
 
 def create_engine_app(model: str, *, dtype: str = "float32", engine_config: EngineConfig = EngineConfig(),
                       registry: ModelRegistry | None = None, loaded: LoadedModel | None = None,
-                      body_limits: BodyLimits = BodyLimits()) -> FastAPI:
-    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`). `body_limits` bound
-    every request body (413 larger, 400 deeper)."""
+                      body_limits: BodyLimits = BodyLimits(), step_in_thread: bool = False) -> FastAPI:
+    """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`).
+
+    Args:
+        body_limits: bound every request body (413 larger, 400 deeper).
+        step_in_thread: run engine steps in a worker thread (`AsyncLLMEngine`): /health then answers during a
+            step that never returns; on the event loop (the default) the inter-token latency is lower on CPU.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         lm = loaded or load_model((registry or default_registry()).get(model), dtype)
-        engine = AsyncLLMEngine(LLMEngine(lm, engine_config))
+        engine = AsyncLLMEngine(LLMEngine(lm, engine_config), step_in_thread=step_in_thread)
         engine.start()
         app.state.engine_state = EngineState(model, lm, engine)
         yield
@@ -123,13 +136,14 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
 
     @app.exception_handler(ServingError)
     async def _serving(request: Request, exc: ServingError):
-        code = "context_length_exceeded" if isinstance(exc, ContextLengthError) else None
-        return JSONResponse(error_body(str(exc), code=code), status_code=400)
+        return JSONResponse(_serving_error(exc), status_code=400)
 
     @app.get("/health")
     async def health(state: State):
-        if state.engine.errored is not None:
-            return JSONResponse({"status": "error", "detail": str(state.engine.errored)}, status_code=503)
+        problem = state.engine.problem
+        if problem is not None:
+            status = "error" if state.engine.errored is not None else "degraded"
+            return JSONResponse({"status": status, "model": state.name, "detail": problem}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models")
@@ -190,7 +204,17 @@ async def _serve(plan: RequestPlan, state: EngineState, request: Request):
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
 
+def _serving_error(exc: ServingError) -> dict:
+    """The OpenAI error object of a request the engine refuses or stops."""
+    code = ("context_length_exceeded" if isinstance(exc, ContextLengthError) else
+            "sampling_timeout" if isinstance(exc, SamplingTimeoutError) else None)
+    return error_body(str(exc), param=getattr(exc, "param", None), code=code)
+
+
 async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
-    async for event in events:
-        yield f"data: {json.dumps(event)}\n\n"
+    try:
+        async for event in events:
+            yield f"data: {json.dumps(event)}\n\n"
+    except ServingError as exc:  # the engine stopped the request after the first chunk: one error event
+        yield f"data: {json.dumps(_serving_error(exc))}\n\n"
     yield "data: [DONE]\n\n"

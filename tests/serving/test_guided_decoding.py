@@ -17,28 +17,13 @@ from serving.guided_json import JsonAutomaton
 from serving.sampler import Sampler
 from serving.sampling_params import SamplingParams
 from serving.toolcalls import parse_tool_calls
-from tests.serving.guided_cases import PERSON, valid
-
-
-class _CharTokenizer:
-    """A toy tokenizer: printable ASCII characters, a few multi-character tokens and an EOS (id 0)."""
-
-    def __init__(self):
-        self.vocab = ["</s>"] + [chr(c) for c in range(32, 127)] + ["\n", '{"', '": ', '", "', "true", "12", "name", "}\n", " {", "<tool_call>"]
-        self.eos_token_ids = (0,)
-        self.vocab_size = len(self.vocab)
-
-    def encode(self, text, add_special_tokens=True):
-        return [self.vocab.index(c) for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(self.vocab[i] for i in ids if not (skip_special_tokens and i == 0))
+from tests.serving.guided_cases import PERSON, TREE, CharTokenizer, valid
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-@pytest.mark.parametrize("schema", [{"type": "object"}, PERSON])
+@pytest.mark.parametrize("schema", [{"type": "object"}, PERSON, TREE])
 def test_guide_on_random_logits_produces_a_valid_document(temperature, schema):
-    tok = _CharTokenizer()
+    tok = CharTokenizer()
     table = TokenTable(tok)
     for seed in range(4):
         params = SamplingParams(temperature=temperature, seed=seed)
@@ -58,7 +43,7 @@ def test_guide_on_random_logits_produces_a_valid_document(temperature, schema):
 
 
 def test_end_of_output_is_forced_once_the_document_is_closed():
-    tok = _CharTokenizer()
+    tok = CharTokenizer()
     table = TokenTable(tok)
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False}
@@ -80,7 +65,7 @@ def _guide(tok, automaton, **params) -> JsonGuide:
 
 
 def test_token_table_indexes_tokens_by_their_first_character():
-    tok = _CharTokenizer()
+    tok = CharTokenizer()
     table = TokenTable(tok)
     for c in "<{ ":
         expected = sorted(i for i, t in enumerate(tok.vocab) if i != 0 and t.startswith(c))
@@ -91,7 +76,7 @@ def test_token_table_indexes_tokens_by_their_first_character():
 def test_forced_text_is_written_whatever_the_model_prefers():
     """A tagged block on random logits: the tag and name come out exactly, the document is valid, and the
     harness parser reads the call back."""
-    tok = _CharTokenizer()
+    tok = CharTokenizer()
     block = {"begin": '<tool_call>\n{"name": "get_weather", "arguments": ', "end": "}\n</tool_call>",
              "schema": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
                         "additionalProperties": False}}
@@ -111,7 +96,7 @@ def test_forced_text_is_written_whatever_the_model_prefers():
 def test_the_opening_space_of_an_in_context_reply_is_not_part_of_the_document():
     """With strip_leading_space the first token's space is dropped before the automaton sees it (the engine
     drops it from the text): " {" may open the document, a bare " " may not, and no later space is dropped."""
-    tok = _CharTokenizer()
+    tok = CharTokenizer()
     auto = JsonAutomaton({"type": "object"})
     favour = torch.full((tok.vocab_size,), -10.0)
     favour[tok.vocab.index(" ")], favour[tok.vocab.index(" {")], favour[tok.vocab.index("{")] = 9.0, 8.0, 7.0

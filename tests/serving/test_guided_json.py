@@ -18,7 +18,7 @@ from serving.guided_json import (
     MAX_DEPTH, MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_KEY_CHARS, MAX_MEMBERS, MAX_STRING_CHARS, MAX_WHITESPACE,
     JsonAutomaton, UnsupportedSchemaError, automaton_for, response_format_schema,
 )
-from tests.serving.guided_cases import PERSON, valid
+from tests.serving.guided_cases import PERSON, TREE, valid
 
 def _reject_index(auto: JsonAutomaton, text: str) -> int | None:
     """The index of the first character the automaton refuses, or None."""
@@ -241,11 +241,13 @@ def test_undeclared_members_keys_and_free_form_strings_and_arrays_are_bounded():
 ALPHABET = list('{}[]",:-+. \neE019abflnrstu\\') + ["é"]
 
 
-@pytest.mark.parametrize("schema", [{"type": "object"}, PERSON, {"type": "array", "minItems": 3}])
+@pytest.mark.parametrize("schema", [{"type": "object"}, PERSON, {"type": "array", "minItems": 3}, TREE])
 def test_no_reachable_state_is_a_dead_end_with_tiny_bounds(schema, monkeypatch):
     """Random walks over every accepted character, with bounds small enough to be hit all the time: each
-    state reached either accepts a next character or is a complete document."""
-    for name, value in [("MAX_MEMBERS", 3), ("MAX_KEY_CHARS", 1), ("MAX_STRING_CHARS", 2), ("MAX_DEPTH", 3), ("MAX_WHITESPACE", 2)]:
+    state reached either accepts a next character or is a complete document (a recursive schema included,
+    nesting against MAX_SCHEMA_DEPTH)."""
+    for name, value in [("MAX_MEMBERS", 3), ("MAX_KEY_CHARS", 1), ("MAX_STRING_CHARS", 2), ("MAX_DEPTH", 3), ("MAX_WHITESPACE", 2),
+                        ("MAX_SCHEMA_DEPTH", 5)]:
         monkeypatch.setattr(guided_steps, name, value)
     for part in ("int", "frac", "exp"):
         monkeypatch.setitem(guided_steps._NUM_DIGITS, part, 2)
