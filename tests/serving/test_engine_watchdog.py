@@ -1,7 +1,8 @@
 """No single request can hold the engine, and /health says when it is held: on the toy chat model (toy_model.py),
 the real engine, and the engine server over loopback HTTP with the official `openai` client.
 
-- A `$ref` cycle or a 300-deep schema is a 400 at once, and the engine answers the next request.
+- A `$ref` cycle or a 300-deep schema (refused by the request boundary) is a 400 at once, and the engine answers the
+  next request.
 - Guided decoding made slow on purpose (every automaton step sleeps) stops its own request within
   `EngineConfig.sample_timeout_s`, while a request in the same steps completes; slow plain sampling is
   caught once it returns.
@@ -62,14 +63,19 @@ def _json_schema(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
 
 
-@pytest.mark.parametrize("schema", [SELF, INDIRECT, nested(300)], ids=["self", "indirect", "depth300"])
-def test_bad_schemas_are_400s_at_once_and_the_engine_answers_afterwards(server, schema):
+# a schema 300 deep is a body nested deeper than the request boundary allows (64 levels): refused before the
+# schema is read; a deep schema within the body limit is refused by the schema's own depth check (test_guided_checks)
+@pytest.mark.parametrize("schema,param,code", [
+    (SELF, "response_format.json_schema.schema", None), (INDIRECT, "response_format.json_schema.schema", None),
+    (nested(300), None, "json_too_deep")], ids=["self", "indirect", "depth300"])
+def test_bad_schemas_are_400s_at_once_and_the_engine_answers_afterwards(server, schema, param, code):
     url, client = server
     start = time.monotonic()
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=NAME, messages=ASK, max_tokens=8, response_format=_json_schema(schema))
     assert time.monotonic() - start < 1.0
-    assert info.value.body["param"] == "response_format.json_schema.schema" and info.value.body["type"] == "invalid_request_error"
+    assert info.value.body["param"] == param and info.value.body["type"] == "invalid_request_error"
+    assert code is None or info.value.body["code"] == code
     answer = client.chat.completions.create(model=NAME, messages=ASK, max_tokens=8, temperature=0)
     assert answer.choices[0].finish_reason == "length" and answer.usage.completion_tokens == 8
     assert httpx.get(url + "/health").json() == {"status": "ok"}
