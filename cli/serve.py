@@ -64,12 +64,13 @@ def serve(
     from link.policies.base import PolicyError
     from link.policies.store import check_config_policies
     from link.settings import get_settings
-    from link.state import served_config
+    from link.state import registered_model_names, served_config
 
     overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
     try:
         settings = get_settings(**overrides)
-        link_config = load_config(settings.config)
+        # every mistake of the file at once, policy options included (they may name a model registered in the database)
+        link_config = load_config(settings.config, check_policies=True, served_models=registered_model_names(settings))
         # a bad policy stops here, not as a traceback from the server's start-up
         check_config_policies(served_config(settings, link_config))
         gateway = create_app(settings, link_config)

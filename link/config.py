@@ -348,8 +348,10 @@ def embedded_default() -> LinkConfig:
     return parse_config(data, "embedded default")
 
 
-def parse_config(data: Any, source: str = "link.yaml", *, check_policies: bool = False) -> LinkConfig:
-    """Validate already-parsed YAML/JSON data; `check_policies` adds each policy type's option checks.
+def parse_config(data: Any, source: str = "link.yaml", *, check_policies: bool = False,
+                 served_models: tuple[str, ...] = ()) -> LinkConfig:
+    """Validate already-parsed YAML/JSON data; `check_policies` adds each policy type's option checks, against the
+    config's models and `served_models` (those registered in the database).
 
     Raises:
         ConfigError: listing every problem, one line each, as "{source}: models[i].field (name 'x'): what to fix":
@@ -365,16 +367,17 @@ def parse_config(data: Any, source: str = "link.yaml", *, check_policies: bool =
         config = LinkConfig.model_validate(data)
     except ValidationError as exc:
         error = exc
-    problems = config_problems(data, error, check_policies=check_policies) or ([str(error)] if config is None else [])
+    problems = config_problems(data, error, check_policies=check_policies, served_models=served_models) or ([str(error)] if config is None else [])
+    if len(problems) == 1:
+        raise ConfigError(f"invalid config: {source}: {problems[0]}")
     if problems:
-        s = "" if len(problems) == 1 else "s"
-        raise ConfigError(f"invalid config ({len(problems)} problem{s}):\n  " +
-                          "\n  ".join(f"{source}: {line}" for line in problems))
+        raise ConfigError(f"invalid config ({len(problems)} problems):\n  " + "\n  ".join(f"{source}: {p}" for p in problems))
     return config
 
 
-def load_config(path: Path | str | None = None) -> LinkConfig:
-    """Read `link.yaml` at `path`; None gives the embedded default (`embedded_default`).
+def load_config(path: Path | str | None = None, **checks) -> LinkConfig:
+    """Read `link.yaml` at `path`; None gives the embedded default (`embedded_default`). `checks`: `parse_config`'s
+    `check_policies` and `served_models`.
 
     Raises:
         ConfigError: a missing file, a YAML syntax error (with its line), or every problem of its fields and
@@ -393,4 +396,4 @@ def load_config(path: Path | str | None = None) -> LinkConfig:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: YAML syntax error{at}: {getattr(exc, 'problem', None) or exc}") from None
-    return parse_config(data, str(path), check_policies=True)
+    return parse_config(data, str(path), **checks)

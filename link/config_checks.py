@@ -1,14 +1,15 @@
 """Every mistake in a `link.yaml`, found in one pass and described with its path in the file.
 
-    problems = config_problems(data, exc, check_policies=True)   # exc: LinkConfig.model_validate's error, or None
+    problems = config_problems(data, exc, check_policies=True, served_models=registered)   # exc: model_validate's
     # ["models[2].api_key_env (name 'gpt'): must be the NAME of an environment variable ...",
     #  "policies[0].models (name 'cheap'): unknown model(s) ['gtp-4o']; known: ['gpt', 'smol']", ...]
 
 Pydantic gathers the field errors of every entry, but the checks between entries (a policy over a model that
 is not configured, a policy named like a model or twice) run only on a config whose fields are all valid, and a
 policy type's option checks (`link.policies.base.Policy.check`) only when the gateway builds it. Here they run
-on the raw data next to pydantic's errors, so three mistakes are reported by one start, not three. The option
-checks are asked for by `load_config` (a file a user wrote); they import the policy's module (a "moa" or
+on the raw data next to pydantic's errors, so three mistakes are reported by one start, not three. `link serve`
+asks for the option checks (`load_config(path, check_policies=True, served_models=...)`) with the models registered
+in its database, which an option (a judge, an aggregator) may name; they import the policy's module (a "moa" or
 "cascade" policy imports torch) and read a router's file header.
 """
 
@@ -43,7 +44,8 @@ def cross_check(model_names: set[str], policies: list[tuple[int, str | None, lis
     return problems
 
 
-def config_problems(data: dict, exc: ValidationError | None, *, check_policies: bool = False) -> list[str]:
+def config_problems(data: dict, exc: ValidationError | None, *, check_policies: bool = False,
+                    served_models: tuple[str, ...] = ()) -> list[str]:
     """Every problem of the raw config `data`: pydantic's field errors (from `exc`), the cross-checks between
     entries and, with `check_policies`, each valid policy's option checks. Empty when the config is valid.
 
@@ -51,6 +53,7 @@ def config_problems(data: dict, exc: ValidationError | None, *, check_policies: 
         data: the parsed YAML mapping.
         exc: the ValidationError of `LinkConfig.model_validate(data)`, or None when it passed.
         check_policies: run `Policy.check` of every policy entry that passed the checks above.
+        served_models: model names served besides the config's (registered in the database), for those checks.
     Returns:
         one "where: what to fix" line per problem, e.g. "models[1].timeout_s (name 'x'): Input should be ...".
     """
@@ -67,7 +70,7 @@ def config_problems(data: dict, exc: ValidationError | None, *, check_policies: 
     flagged = {int(line.split("]", 1)[0].removeprefix("policies[")) for line in crossed}
     for i, entry in enumerate(policies if check_policies else ()):
         if i not in flagged:
-            problems += _policy_check(i, entry, model_names)
+            problems += _policy_check(i, entry, model_names | set(served_models))
     return sorted(problems, key=_file_order)
 
 

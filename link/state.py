@@ -33,7 +33,7 @@ from link.db import make_db_engine, upgrade
 from link.deployments import DeploymentPool
 from link.limits import RateLimiter
 from link.metrics import GatewayMetrics
-from link.model_registration import with_registered_models
+from link.model_registration import registered_deployments, with_registered_models
 from link.policies.store import PolicyStore
 from link.readiness import ReadinessProblem, log_problems, readiness_problems
 from link.redact import Redactor, RedactingFilter, attach_log_filter, detach_log_filter
@@ -79,6 +79,16 @@ def served_config(settings: Settings, config: LinkConfig) -> LinkConfig:
     db = make_db_engine(settings.database_url)
     try:
         return with_registered_models(config, db)
+    finally:
+        db.dispose()
+
+
+def registered_model_names(settings: Settings) -> tuple[str, ...]:
+    """The names of the models registered in the gateway's database (migrated first). Raises SQLAlchemyError."""
+    upgrade(settings.database_url)
+    db = make_db_engine(settings.database_url)
+    try:
+        return tuple(d.name for d in registered_deployments(db))
     finally:
         db.dispose()
 

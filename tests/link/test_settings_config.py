@@ -228,7 +228,7 @@ policies:
   - {name: safe, type: fixed, models: [smol]}
 """)
     with pytest.raises(ConfigError) as info:
-        load_config(path)
+        load_config(path, check_policies=True)
     assert str(info.value).splitlines() == [
         "invalid config (5 problems):",
         f"  {path}: models[1].api_key_env (name 'gpt'): must be the NAME of an environment variable "
@@ -251,5 +251,5 @@ models:
 policies:
   - {name: safe, type: fallback, models: [remote, smol], options: {capture_traces: true}}
 """)
-    config = load_config(path)
+    config = load_config(path, check_policies=True)
     assert config.policy("safe").models == ["remote", "smol"] and config.model_names == ["smol", "remote"]
