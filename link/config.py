@@ -21,6 +21,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from link.config_checks import config_problems, cross_check
+
 BackendKind = Literal["local", "litellm", "openai"]
 logger = logging.getLogger(__name__)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -141,43 +143,58 @@ class ModelDeployment(BaseModel):
     tool_format: str | dict[str, Any] | None = None
     deployment_id: str = ""
 
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r}: use letters, digits and . _ - / : @ + only, no spaces")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, value: str | None) -> str | None:
+        if value is not None and (value.lower().startswith("sk-") or not _ENV_NAME.match(value)):
+            raise ValueError("must be the NAME of an environment variable (e.g. OPENAI_API_KEY), never the key itself")
+        return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _check_api_base(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} must start with http:// or https://")
+        return value
+
     @model_validator(mode="after")
     def _check_kind(self) -> ModelDeployment:
-        if not _NAME.match(self.name):
-            raise ValueError(f"name {self.name!r}: use letters, digits and . _ - / : @ + only, no spaces")
+        """The checks between fields, all of them: one error listing every problem of the entry."""
+        problems = []
         if self.first_token_timeout_s > self.timeout_s:
-            raise ValueError(f"first_token_timeout_s ({self.first_token_timeout_s}) exceeds timeout_s ({self.timeout_s}); "
-                             "lower it or raise timeout_s")
-        if self.api_key_env is not None:
-            if self.api_key_env.lower().startswith("sk-") or not _ENV_NAME.match(self.api_key_env):
-                raise ValueError("api_key_env must be the NAME of an environment variable (e.g. OPENAI_API_KEY), "
-                                 "never the key itself")
+            problems.append(f"first_token_timeout_s ({self.first_token_timeout_s}) exceeds timeout_s ({self.timeout_s}); "
+                            "lower it or raise timeout_s")
         if self.kind == "local":
             if not self.local:
-                raise ValueError("kind 'local' needs `local`: a registry name (see `link models`) or a model file path")
-            for field in ("model", "api_base", "api_key_env"):
-                if getattr(self, field) is not None:
-                    raise ValueError(f"`{field}` does not apply to kind 'local'; remove it (use `local` to name the model)")
+                problems.append("kind 'local' needs `local`: a registry name (see `link models`) or a model file path")
+            problems += [f"`{field}` does not apply to kind 'local'; remove it (use `local` to name the model)"
+                         for field in ("model", "api_base", "api_key_env") if getattr(self, field) is not None]
             if self.is_local_path and self.architecture is None:
-                raise ValueError(f"local model file {self.local!r} needs `architecture` ('llama' or 'gemma3') and "
-                                 "`chat_format` ('template' or 'in-context')")
+                problems.append(f"local model file {self.local!r} needs `architecture` ('llama' or 'gemma3') and "
+                                "`chat_format` ('template' or 'in-context')")
         else:
             if self.local is not None:
-                raise ValueError(f"`local` applies only to kind 'local', not {self.kind!r}; use `model`")
-            for field in ("engine", "tool_format"):
-                if getattr(self, field) is not None:
-                    raise ValueError(f"`{field}` applies only to kind 'local', not {self.kind!r}")
+                problems.append(f"`local` applies only to kind 'local', not {self.kind!r}; use `model`")
+            problems += [f"`{field}` applies only to kind 'local', not {self.kind!r}"
+                         for field in ("engine", "tool_format") if getattr(self, field) is not None]
             if self.kind == "litellm" and not self.model:
-                raise ValueError("kind 'litellm' needs `model`: a LiteLLM model string such as 'openai/gpt-4o-mini'")
+                problems.append("kind 'litellm' needs `model`: a LiteLLM model string such as 'openai/gpt-4o-mini'")
             if self.kind == "openai" and not self.api_base:
-                raise ValueError("kind 'openai' needs `api_base`, e.g. 'http://127.0.0.1:8001/v1'")
-            if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
-                raise ValueError(f"api_base {self.api_base!r} must start with http:// or https://")
-        if self.tool_format is not None:
+                problems.append("kind 'openai' needs `api_base`, e.g. 'http://127.0.0.1:8001/v1'")
+        if self.tool_format is not None and self.kind == "local":
             try:
                 self.harness_format  # noqa: B018 - refuses a bad tool_format at load
             except ValueError as exc:
-                raise ValueError(str(exc) if str(exc).startswith("tool_format") else f"tool_format: {exc}") from None
+                problems.append(str(exc) if str(exc).startswith("tool_format") else f"tool_format: {exc}")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -259,17 +276,9 @@ class LinkConfig(BaseModel):
             index = seen.get(dep.name, 0)
             seen[dep.name] = index + 1
             self.models[i] = dep.model_copy(update={"deployment_id": f"{dep.name}#{index}"})
-        names = set(seen)
-        policy_names: set[str] = set()
-        for policy in self.policies:
-            if policy.name in names:
-                raise ValueError(f"policies: {policy.name!r} is also a model name; rename the policy")
-            if policy.name in policy_names:
-                raise ValueError(f"policies: {policy.name!r} is defined twice; keep one")
-            policy_names.add(policy.name)
-            unknown = [m for m in policy.models if m not in names]
-            if unknown:
-                raise ValueError(f"policy {policy.name!r}: unknown model(s) {unknown}; known: {sorted(names)}")
+        problems = cross_check(set(seen), [(i, p.name, p.models) for i, p in enumerate(self.policies)])
+        if problems:  # parse_config reports these from the raw data, next to the field errors
+            raise ValueError("; ".join(problems))
         return self
 
     @property
@@ -339,50 +348,40 @@ def embedded_default() -> LinkConfig:
     return parse_config(data, "embedded default")
 
 
-def _describe(error: dict, raw: Any) -> str:
-    """One pydantic error as "models[1] (name 'x'): kind: <message>"."""
-    loc = list(error.get("loc", ()))
-    where = ""
-    if len(loc) >= 2 and loc[0] in ("models", "policies") and isinstance(loc[1], int):
-        where = f"{loc[0]}[{loc[1]}]"
-        try:
-            entry_name = raw[loc[0]][loc[1]].get("name")
-        except (KeyError, IndexError, TypeError, AttributeError):
-            entry_name = None
-        if entry_name:
-            where += f" (name {entry_name!r})"
-        loc = loc[2:]
-    field = ".".join(str(p) for p in loc)
-    message = error.get("msg", "invalid").removeprefix("Value error, ")
-    if error.get("type") == "extra_forbidden":
-        message = "unknown field; check its spelling against link.example.yaml"
-    elif error.get("type") == "missing":
-        message = "required field is missing"
-    return ": ".join(p for p in (where, field, message) if p)
-
-
-def parse_config(data: Any, source: str = "link.yaml") -> LinkConfig:
-    """Validate already-parsed YAML/JSON data.
+def parse_config(data: Any, source: str = "link.yaml", *, check_policies: bool = False,
+                 served_models: tuple[str, ...] = ()) -> LinkConfig:
+    """Validate already-parsed YAML/JSON data; `check_policies` adds each policy type's option checks, against the
+    config's models and `served_models` (those registered in the database).
 
     Raises:
-        ConfigError: listing every invalid field as "{source}: models[i] (name 'x'): field: what to fix".
+        ConfigError: listing every problem, one line each, as "{source}: models[i].field (name 'x'): what to fix":
+            invalid fields, policies over unknown models or named twice, bad policy options
+            (link/config_checks.py).
     """
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with `models` and `policies`")
+    config, error = None, None
     try:
-        return LinkConfig.model_validate(data)
+        config = LinkConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: {_describe(e, data)}" for e in exc.errors()]
-        raise ConfigError("invalid config:\n  " + "\n  ".join(lines)) from None
+        error = exc
+    problems = config_problems(data, error, check_policies=check_policies, served_models=served_models) or ([str(error)] if config is None else [])
+    if len(problems) == 1:
+        raise ConfigError(f"invalid config: {source}: {problems[0]}")
+    if problems:
+        raise ConfigError(f"invalid config ({len(problems)} problems):\n  " + "\n  ".join(f"{source}: {p}" for p in problems))
+    return config
 
 
-def load_config(path: Path | str | None = None) -> LinkConfig:
-    """Read `link.yaml` at `path`; None gives the embedded default (`embedded_default`).
+def load_config(path: Path | str | None = None, **checks) -> LinkConfig:
+    """Read `link.yaml` at `path`; None gives the embedded default (`embedded_default`). `checks`: `parse_config`'s
+    `check_policies` and `served_models`.
 
     Raises:
-        ConfigError: a missing file, a YAML syntax error (with its line), or invalid fields.
+        ConfigError: a missing file, a YAML syntax error (with its line), or every problem of its fields and
+            policies (their options included), one line each.
     """
     if path is None:
         return embedded_default()
@@ -397,4 +396,4 @@ def load_config(path: Path | str | None = None) -> LinkConfig:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: YAML syntax error{at}: {getattr(exc, 'problem', None) or exc}") from None
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), **checks)

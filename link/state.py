@@ -9,6 +9,8 @@ errors), the accounting (the request-log row) and a filter on the loggers, remov
 At start-up the budget ledger releases the reservations that gateway processes killed before settling them left
 behind (under this replica's LINK_INSTANCE_ID, or under an expired lease), never those of a live replica; a
 heartbeat task then renews this process's lease (the rule: link/budget_leases.py).
+Every configured model's readiness (a key variable unset, a model file missing: link/readiness.py) is checked once
+at start-up, logged one line per problem, and kept for `/health`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from link.db import make_db_engine, upgrade
 from link.deployments import DeploymentPool
 from link.limits import RateLimiter
 from link.metrics import GatewayMetrics
-from link.model_registration import with_registered_models
+from link.model_registration import registered_deployments, with_registered_models
 from link.policies.store import PolicyStore
+from link.readiness import ReadinessProblem, log_problems, readiness_problems
 from link.redact import Redactor, RedactingFilter, attach_log_filter, detach_log_filter
 from link.request_log import RequestLogWriter
 from link.settings import Settings
@@ -62,6 +65,7 @@ class GatewayState:
     redactor: Redactor = field(default_factory=Redactor)  # every configured secret, out of error texts (link/redact.py)
     log_filter: RedactingFilter | None = None  # the redactor on the loggers, until close_gateway
     ledger_heartbeat: asyncio.Task | None = None  # renews the budget ledger's lease (link/budget_leases.py)
+    readiness: list[ReadinessProblem] = field(default_factory=list)  # found at start-up (link/readiness.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -75,6 +79,16 @@ def served_config(settings: Settings, config: LinkConfig) -> LinkConfig:
     db = make_db_engine(settings.database_url)
     try:
         return with_registered_models(config, db)
+    finally:
+        db.dispose()
+
+
+def registered_model_names(settings: Settings) -> tuple[str, ...]:
+    """The names of the models registered in the gateway's database (migrated first). Raises SQLAlchemyError."""
+    upgrade(settings.database_url)
+    db = make_db_engine(settings.database_url)
+    try:
+        return tuple(d.name for d in registered_deployments(db))
     finally:
         db.dispose()
 
@@ -112,6 +126,9 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
             pools[name] = DeploymentPool(name, backends, cooldown_s=settings.eject_cooldown_s,
                                          health_interval_s=settings.health_interval_s)
             pools[name].start()
+        registry = engine_pool.registry if engine_pool is not None else None
+        readiness = await asyncio.to_thread(readiness_problems, config, registry)
+        log_problems(readiness)
     except BaseException:
         await _close_parts(pools, engine_pool, limiter, log_writer, db)
         raise
@@ -122,7 +139,7 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
                         accounting=Accounting(metrics, log_writer, ledger, limiter, redactor=redactor),
                         limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),
                         traces=TraceRecorder(db), redactor=redactor, log_filter=attach_log_filter(redactor),
-                        ledger_heartbeat=heartbeat)
+                        ledger_heartbeat=heartbeat, readiness=readiness)
 
 
 async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:

@@ -47,7 +47,7 @@ from link.deps import StateDep
 from link.executor import ExecutedStream, GatewayCaller, execute_whole, executed_frames, start_executed_stream
 from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
-from link.routes.bodies import json_body
+from serving.api.openapi_body import json_body
 from link.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError, model_card, model_not_found,
                           parse_json_object, validate_request)
 from link.state import GatewayState

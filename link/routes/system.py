@@ -5,6 +5,11 @@
                    no replica in rotation (each one ejected after failures or a failed health check: a local
                    model's engine loop that died or stalled, `link.backends.local.EnginePool.is_healthy`); a
                    local model that is not loaded yet counts as healthy. No key needed.
+                   With start-up problems (link/readiness.py: a key variable unset, a model file missing) the
+                   status is "degraded" and "problems" lists them ({model, deployment_id, problem}), still a 200:
+                   every replica of the gateway shares the config and environment, so a load balancer dropping
+                   this one would take down the models it can serve and gain nothing. Only when no model can
+                   serve is it a 503 ("unready_models" names those that cannot).
     GET /metrics   the master key (`Authorization: Bearer`) when one is configured, unless LINK_METRICS_PUBLIC=true.
 """
 
@@ -14,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from link.deps import StateDep
+from link.readiness import unready_models
 
 router = APIRouter(tags=["system"])
 
@@ -23,9 +29,14 @@ async def health(state: StateDep) -> JSONResponse:
     """See the module docstring; a replica's status is {deployment_id, healthy, outstanding, served, ejected_for_s}."""
     models = {name: pool.status() for name, pool in state.pools.items()}
     unavailable = [name for name, pool in state.pools.items() if not pool.healthy_replicas]
+    body: dict = {"status": "degraded" if unavailable or state.readiness else "ok"}
     if unavailable:
-        return JSONResponse({"status": "degraded", "unavailable_models": unavailable, "models": models}, status_code=503)
-    return JSONResponse({"status": "ok", "models": models})
+        body["unavailable_models"] = unavailable
+    if state.readiness:
+        body["unready_models"] = unready_models(state.config, state.readiness)
+        body["problems"] = [p.to_dict() for p in state.readiness]
+    serves_none = bool(state.pools) and len(body.get("unready_models", ())) == len(state.pools)
+    return JSONResponse({**body, "models": models}, status_code=503 if unavailable or serves_none else 200)
 
 
 @router.get("/metrics")

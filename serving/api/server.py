@@ -36,7 +36,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.api.boundary import BodyLimits, RequestBoundary
 from serving.api.disconnect import ClientDisconnected, unless_disconnected
+from serving.api.docs import mount_offline_docs
 from serving.api.metrics import EngineMetrics
+from serving.api.openapi_body import json_body
 from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
 from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.api.strict_json import parse_json_object
@@ -80,8 +82,8 @@ def _strict_body(schema: type[BaseModel]):
 
 
 def _documented(schema: type[BaseModel]) -> dict:
-    """The OpenAPI request body of a route that reads its body through `_strict_body`."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema.model_json_schema()}}}}
+    """The OpenAPI request body of a route that reads its body through `_strict_body` (its `$defs` in place)."""
+    return json_body(schema)
 
 
 ChatBody = Annotated[ChatCompletionRequest, Depends(_strict_body(ChatCompletionRequest))]
@@ -108,7 +110,9 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
         yield
         await engine.shutdown()
 
-    app = FastAPI(title=f"TogetherLink engine: {model}", lifespan=lifespan, dependencies=[Depends(check_url_params)])
+    app = FastAPI(title=f"TogetherLink engine: {model}", lifespan=lifespan, dependencies=[Depends(check_url_params)],
+                  docs_url=None, redoc_url=None)
+    mount_offline_docs(app)  # /docs and /redoc from package files: no CDN
     app.add_middleware(RequestBoundary, limits=body_limits)
 
     @app.exception_handler(RequestValidationError)

@@ -227,7 +227,7 @@ def test_link_serve_refuses_a_bad_policy_before_the_server_starts(tmp_path):
                       "options": {"path": str(tmp_path / "none.safetensors")}}]}))
     result = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", "1"])
     assert result.exit_code == 2, result.output
-    assert "policy 'my-router': options.path: no router file" in result.output
+    assert "policies[0].options.path (name 'my-router'): no router file" in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
@@ -261,5 +261,5 @@ def test_link_serve_checks_policies_against_the_registered_models_too(tmp_path, 
     # without the registered model the same policy is refused before the server starts
     monkeypatch.setenv("LINK_DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
     result = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", "8799"])
-    assert result.exit_code == 2 and "policy 'judged': judge model 'm3' is not served" in result.output
+    assert result.exit_code == 2 and "policies[0].options.judge (name 'judged'): judge model 'm3' is not served" in result.output
     assert started == [8799]

@@ -158,23 +158,23 @@ def test_engine_options_set_only_the_fields_given():
     ({"name": "a", "kind": "local"}, "models[0] (name 'a'): kind 'local' needs `local`"),
     ({"name": "a", "kind": "litellm"}, "models[0] (name 'a'): kind 'litellm' needs `model`"),
     ({"name": "a", "kind": "openai", "model": "m"}, "models[0] (name 'a'): kind 'openai' needs `api_base`"),
-    ({"name": "a", "kind": "vllm"}, "models[0] (name 'a'): kind: Input should be 'local', 'litellm' or 'openai'"),
+    ({"name": "a", "kind": "vllm"}, "models[0].kind (name 'a'): Input should be 'local', 'litellm' or 'openai'"),
     ({"name": "a", "kind": "openai", "api_base": "127.0.0.1:8001"}, "must start with http:// or https://"),
     ({"name": "a", "kind": "litellm", "model": "openai/x", "api_key_env": "sk-live-123"}, "NAME of an environment variable"),
-    ({"name": "a", "kind": "litellm", "model": "openai/x", "api_bse": "http://x"}, "models[0] (name 'a'): api_bse: unknown field"),
+    ({"name": "a", "kind": "litellm", "model": "openai/x", "api_bse": "http://x"}, "models[0].api_bse (name 'a'): unknown field"),
     ({"name": "a", "kind": "litellm", "model": "openai/x", "input_cost_per_million": -1},
-     "models[0] (name 'a'): input_cost_per_million: Input should be greater than or equal to 0"),
+     "models[0].input_cost_per_million (name 'a'): Input should be greater than or equal to 0"),
     ({"name": "a", "kind": "litellm", "model": "openai/x", "timeout_s": 5, "first_token_timeout_s": 10},
      "first_token_timeout_s (10.0) exceeds timeout_s (5.0)"),
     ({"name": "a", "kind": "local", "local": "/models/x.gguf"}, "needs `architecture`"),
     ({"name": "a", "kind": "local", "local": "smol", "api_base": "http://x"}, "`api_base` does not apply to kind 'local'"),
     ({"name": "my model", "kind": "local", "local": "smol"}, "no spaces"),
-    ({"kind": "local", "local": "smol"}, "models[0]: name: required field is missing"),
+    ({"kind": "local", "local": "smol"}, "models[0].name: required field is missing"),
     ({"name": "a", "kind": "litellm", "model": "openai/x", "engine": {"max_num_seqs": 4}}, "`engine` applies only to kind 'local'"),
-    ({"name": "a", "kind": "local", "local": "smol", "engine": {"dtype": "fp8"}}, "dtype: Input should be 'auto', 'float32' or 'bfloat16'"),
+    ({"name": "a", "kind": "local", "local": "smol", "engine": {"dtype": "fp8"}}, "models[0].engine.dtype (name 'a'): Input should be 'auto', 'float32' or 'bfloat16'"),
     ({"name": "a", "kind": "local", "local": "smol", "engine": {"kv_cache_mb": 8}},
-     "engine.kv_cache_mb: Input should be greater than or equal to 16"),
-    ({"name": "a", "kind": "local", "local": "smol", "engine": {"block_sise": 8}}, "engine.block_sise: unknown field"),
+     "models[0].engine.kv_cache_mb (name 'a'): Input should be greater than or equal to 16"),
+    ({"name": "a", "kind": "local", "local": "smol", "engine": {"block_sise": 8}}, "models[0].engine.block_sise (name 'a'): unknown field"),
 ])
 def test_model_errors_name_the_entry_the_field_and_the_fix(entry, expected):
     with pytest.raises(ConfigError) as info:
@@ -185,9 +185,9 @@ def test_model_errors_name_the_entry_the_field_and_the_fix(entry, expected):
 @pytest.mark.parametrize("policy, expected", [
     ({"name": "p", "type": "fixed", "models": ["a", "b"]}, "a 'fixed' policy names exactly one model"),
     ({"name": "p", "type": "fallback", "models": ["a"]}, "a 'fallback' policy needs at least two models"),
-    ({"name": "p", "type": "fallback", "models": ["a", "zzz"]}, "policy 'p': unknown model(s) ['zzz']"),
-    ({"name": "a", "type": "fixed", "models": ["a"]}, "'a' is also a model name"),
-    ({"name": "p", "type": "magic", "models": ["a"]}, "policies[0] (name 'p'): type: unknown policy type 'magic'; available: cascade, fallback"),
+    ({"name": "p", "type": "fallback", "models": ["a", "zzz"]}, "policies[0].models (name 'p'): unknown model(s) ['zzz']"),
+    ({"name": "a", "type": "fixed", "models": ["a"]}, "policies[0].name: 'a' is also a model name"),
+    ({"name": "p", "type": "magic", "models": ["a"]}, "policies[0].type (name 'p'): unknown policy type 'magic'; available: cascade, fallback"),
 ])
 def test_policy_errors(policy, expected):
     models = [{"name": "a", "kind": "local", "local": "smollm2-135m-instruct"},
@@ -211,3 +211,45 @@ def test_file_errors_are_config_errors_with_a_location(tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert load_config(empty) == LinkConfig()
+
+
+def test_every_mistake_of_a_file_is_reported_at_once(tmp_path):
+    # five independent mistakes: a field, two checks between fields, a policy over a misspelt model (a check
+    # between entries), a policy option and a policy name used twice
+    path = tmp_path / "link.yaml"
+    path.write_text("""
+models:
+  - {name: smol, kind: local, local: smollm2-135m-instruct}
+  - {name: gpt, kind: litellm, model: openai/gpt-4o-mini, api_key_env: sk-live-123}
+  - {name: remote, kind: openai, model: m, timeout_s: 5, first_token_timeout_s: 10}
+policies:
+  - {name: cheap-first, type: fallback, models: [smol, gtp]}
+  - {name: safe, type: fallback, models: [smol, remote], options: {colour: red}}
+  - {name: safe, type: fixed, models: [smol]}
+""")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, check_policies=True)
+    assert str(info.value).splitlines() == [
+        "invalid config (5 problems):",
+        f"  {path}: models[1].api_key_env (name 'gpt'): must be the NAME of an environment variable "
+        "(e.g. OPENAI_API_KEY), never the key itself",
+        f"  {path}: models[2] (name 'remote'): first_token_timeout_s (10.0) exceeds timeout_s (5.0); lower it or "
+        "raise timeout_s; kind 'openai' needs `api_base`, e.g. 'http://127.0.0.1:8001/v1'",
+        f"  {path}: policies[0].models (name 'cheap-first'): unknown model(s) ['gtp']; known: ['gpt', 'remote', 'smol']",
+        f"  {path}: policies[1].options.colour (name 'safe'): unknown option 'colour' of a 'fallback' policy; "
+        "its options: capture_traces",
+        f"  {path}: policies[2].name: 'safe' is already the name of policies[1]; keep one",
+    ]
+
+
+def test_a_valid_file_with_policies_loads(tmp_path):
+    path = tmp_path / "link.yaml"
+    path.write_text("""
+models:
+  - {name: smol, kind: local, local: smollm2-135m-instruct}
+  - {name: remote, kind: openai, api_base: "http://127.0.0.1:8001/v1"}
+policies:
+  - {name: safe, type: fallback, models: [remote, smol], options: {capture_traces: true}}
+""")
+    config = load_config(path, check_policies=True)
+    assert config.policy("safe").models == ["remote", "smol"] and config.model_names == ["smol", "remote"]

@@ -2,10 +2,13 @@
 
     @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 
+Both servers use it: the gateway's routes (link/routes/) and the engine server (serving/api/server.py).
+
 The body is documented in `/openapi.json` (and `/docs`) as the pydantic model's JSON Schema with its `$defs`
 written in place: a route's `openapi_extra` cannot add shared components, and a `#/$defs/...` reference would
-resolve against the whole OpenAPI document. The schema is for readers and for fuzzing the API from it; the
-route's own parser stays the judge of what it accepts.
+resolve against the whole OpenAPI document (ReDoc refuses such a document: "Invalid reference token: $defs").
+The schema is for readers and for fuzzing the API from it; the route's own parser stays the judge of what it
+accepts.
 """
 
 from __future__ import annotations
