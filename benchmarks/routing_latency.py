@@ -91,8 +91,8 @@ def real_prompts(data_dir: Path, num: int, seed: int) -> tuple[list[str], dict[s
 def train_knn(out: Path, data_dir: Path) -> Path:
     """A kNN router on routerbench:train (embeddings from the usual cache), as `link router train` makes it."""
     from evals.recorded import load_source
-    from routers.data import RoutingData
-    from routers.pipeline import train_and_save
+    from routers.offline.data import RoutingData
+    from routers.offline.pipeline import train_and_save
 
     data = RoutingData.from_outcomes(load_source("routerbench:train", data_dir))  # what `--data routerbench:train` reads
     return train_and_save("knn", data, out,

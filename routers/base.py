@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from routers.data import RoutingData
+from routers.offline.data import RoutingData
 from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens
 from routers.features import Featurizer, Features, request_text
 
@@ -126,7 +126,7 @@ ROUTERS: dict[str, str] = {
     "single": "routers.baselines:SingleModelRouter",
     "oracle": "routers.baselines:OracleRouter",
     "best-per-task": "routers.baselines:BestPerTaskRouter",
-    "length": "routers.evaluate:PromptLengthRouter",
+    "length": "routers.baselines:PromptLengthRouter",
 }
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router
-from routers.data import RoutingData
+from routers.offline.data import RoutingData
 from routers.features import Features
 from routers.kinds import KINDS, apply_evidence_rule, check_unseen_quality, labelled_kinds
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from routers.base import Router
 from routers.boosters import BoosterBag
-from routers.data import RoutingData
+from routers.offline.data import RoutingData
 from routers.features import BASE_FEATURE_NAMES, Features
 from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
                            labelled_kinds)

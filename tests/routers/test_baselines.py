@@ -7,7 +7,7 @@ import pytest
 
 from routers.base import load_router, make_router, save_router
 from routers.baselines import BestPerTaskRouter, OracleRouter, RandomRouter, SingleModelRouter
-from routers.data import RoutingData
+from routers.offline.data import RoutingData
 from routers.decision import choose
 from routers.features import Features
 

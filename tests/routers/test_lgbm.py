@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from routers.base import load_router, save_router
-from routers.data import RoutingData
+from routers.offline.data import RoutingData
 from routers.features import BASE_FEATURE_NAMES, HAS_TOOLS, TEXT_FEATURE_NAMES, Features
 from routers.lexical import hashed_ngrams
 from routers.lgbm import LGBMRouter

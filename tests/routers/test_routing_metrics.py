@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routers.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, rank_auc,
+from routers.offline.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, rank_auc,
                              within_suite_auc,
                              hull_quality_at, nondecreasing_convex_hull, threshold_curve)
 
