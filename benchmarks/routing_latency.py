@@ -121,6 +121,8 @@ def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> di
     "decisions" holds each prompt's chosen model and objectives, in order."""
     import torch
 
+    from routers.request import RoutingRequest
+
     policy = router_policy(path, encoder)
     loaded = policy.router.get()                               # loads the file and the encoder, as at startup
     embedder = loaded.router.featurizer.embedder
@@ -147,7 +149,7 @@ def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> di
 
     embedder._encode = cpu_timed_encode
     for i in range(num_warmup):
-        policy.decide({"messages": [{"role": "user", "content": f"warm-up request number {i}"}]}, None, None)
+        policy.decide(RoutingRequest.from_body({"messages": [{"role": "user", "content": f"warm-up request number {i}"}]}))
     encode_ms.clear()
     encode_cpu_ms.clear()
     decision_ms, caller_cpu_ms, chosen, decisions = [], [], {}, []
@@ -155,7 +157,7 @@ def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> di
     for prompt in prompts:
         body = {"model": policy.name, "messages": [{"role": "user", "content": prompt}]}
         start, start_cpu = time.perf_counter(), time.thread_time()
-        decision = policy.decide(body, None, None)
+        decision = policy.decide(RoutingRequest.from_body(body))   # reading the body is part of the decision
         decision_ms.append((time.perf_counter() - start) * 1000)
         caller_cpu_ms.append((time.thread_time() - start_cpu) * 1000)
         chosen[decision["chosen"]] = chosen.get(decision["chosen"], 0) + 1

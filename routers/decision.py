@@ -2,9 +2,13 @@
 
     costs = CostModel.from_data(train)                                  # USD per answer, per model
     expected = costs.expected_cost(estimate_prompt_tokens(prompts))     # [N, M]
-    picks = choose(quality, expected, cost_penalty=200.0)               # argmax_m q - lambda * c
+    picks = choose(quality, expected, cost_penalty=200.0)               # [N] argmax_m q - lambda * c
+    ranking = rank({"a": 0.6, "b": 0.8}, {"a": 0.001, "b": 0.0015}, 200.0, max_cost=0.01)
+    ranking.order                                                       # ("b", "a"): one request's plan
 
-Calibrating the knob on held-out prompts is offline work: `routers.offline.calibration`.
+`rank` is the one routing objective: the router and hybrid policies order their candidates with it, and
+offline evaluation and calibration (`routers.offline`, where the knob is set on held-out prompts) sweep its
+first place, `choose`, over many prompts.
 
 The cost penalty lambda (quality points per USD) is the inverse of a willingness to pay: a model is worth
 its extra cost when its predicted quality gain exceeds lambda times the extra dollars (RouterBench,
@@ -15,6 +19,7 @@ threshold on the predicted gain (Ong et al. 2024), calibrated as a quantile.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,7 +141,7 @@ class CostModel:
 
     @classmethod
     def from_data(cls, data, prices: dict[str, tuple[float, float]] | None = None) -> CostModel:
-        """Fit from recorded costs (`routers.data.RoutingData`), with optional prices.
+        """Fit from recorded costs (`routers.offline.data.RoutingData`), with optional prices.
 
         Per model, over the prompts it answered: mean cost; the line cost ~ a * tokens + b by least squares
         on tokens = ceil(prompt chars / 4), with a >= 0 and b >= 0 (a negative slope becomes a = 0, b = mean;
@@ -201,26 +206,136 @@ class CostModel:
 
 # --- the rule -------------------------------------------------------------------------------------------
 
-def choose(quality: np.ndarray, expected_cost: np.ndarray, cost_penalty: float) -> np.ndarray:
-    """[N] int64 index of argmax_m quality[n, m] - cost_penalty * expected_cost[n, m].
+TIE_TOLERANCE = 1e-12   # objectives this close are a tie (float noise in q - lambda * c is far smaller)
+
+
+def objective(quality, expected_cost, cost_penalty: float) -> np.ndarray:
+    """quality - cost_penalty * expected_cost, elementwise (any shapes that broadcast), float64.
+
+    With cost_penalty 0 the objective is the quality itself, so an unknown (NaN) cost does not matter.
+    """
+    quality = np.asarray(quality, dtype=np.float64)
+    return quality - cost_penalty * np.asarray(expected_cost, dtype=np.float64) if cost_penalty else quality.copy()
+
+
+def choose(quality: np.ndarray, expected_cost: np.ndarray, cost_penalty: float, *,
+           available: np.ndarray | None = None) -> np.ndarray:
+    """[N] int64 index of argmax_m quality[n, m] - cost_penalty * expected_cost[n, m]: the first place of
+    `rank`, for N prompts at once (offline sweeps call it once per knob setting).
 
     Args:
-        quality: [N, M] predicted quality (NaN: model unavailable for that prompt).
-        expected_cost: [N, M] USD (NaN: unavailable).
+        quality: [N, M] predicted quality (NaN: the model is chosen only when no available model has one).
+        expected_cost: [N, M] USD (NaN: unknown, loses every cost tie).
         cost_penalty: lambda >= 0, quality points per USD.
-    Ties (within 1e-12) go to the cheaper model, then the lower index. A row with no available model
-    gets index 0. Raises ValueError for a negative or NaN penalty or mismatched shapes.
+        available: [N, M] or [M] bool, the models that may be chosen (default: all).
+    Ties (objectives within TIE_TOLERANCE) go to the cheaper model, then the lower index. A row whose
+    available models all lack an objective gets its cheapest available model; a row with none available,
+    index 0. Raises ValueError for a negative or NaN penalty or mismatched shapes.
     """
     quality, expected_cost = np.asarray(quality, dtype=np.float64), np.asarray(expected_cost, dtype=np.float64)
     if quality.shape != expected_cost.shape or quality.ndim != 2:
         raise ValueError(f"quality {quality.shape} and expected_cost {expected_cost.shape} must both be [N, M]")
     if not cost_penalty >= 0:
         raise ValueError(f"cost_penalty must be >= 0, got {cost_penalty}")
-    utility = quality - cost_penalty * expected_cost if cost_penalty else quality.copy()
-    utility[np.isnan(utility)] = -np.inf
+    available = np.broadcast_to(True if available is None else np.asarray(available, dtype=bool), quality.shape)
+    utility = objective(quality, expected_cost, cost_penalty)
+    utility[np.isnan(utility) | ~available] = -np.inf
     best = utility.max(axis=1, keepdims=True)
-    tied = utility >= best - 1e-12
-    return np.where(tied, np.nan_to_num(expected_cost, nan=np.inf), np.inf).argmin(axis=1)
+    tied = (utility >= best - TIE_TOLERANCE) & available
+    tie_cost = np.where(tied, np.nan_to_num(expected_cost, nan=np.inf), np.inf)
+    return ((tie_cost == tie_cost.min(axis=1, keepdims=True)) & tied).argmax(axis=1)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One candidate of a ranking: predicted quality, expected USD, its objective quality - lambda * cost,
+    and whether its expected cost is over the request's ceiling."""
+
+    name: str
+    quality: float
+    cost: float
+    objective: float
+    is_over_max_cost: bool = False
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """`rank`'s answer: every candidate as given, and the names that may answer, best first.
+
+    Attributes:
+        given: [M] every candidate, in the order given.
+        order: the candidates that may answer (over the ceiling ones left out), best first; never empty.
+        cost_penalty: the lambda ranked with. max_cost: the ceiling in USD (None: none).
+    """
+
+    given: tuple[Ranked, ...]
+    order: tuple[str, ...]
+    cost_penalty: float
+    max_cost: float | None = None
+
+    @property
+    def candidates(self) -> list[Ranked]:
+        """The candidates that may answer, best first."""
+        by_name = {r.name: r for r in self.given}
+        return [by_name[n] for n in self.order]
+
+    @property
+    def chosen(self) -> Ranked:
+        return self.candidates[0]
+
+    @property
+    def excluded(self) -> list[str]:
+        """The candidates over the ceiling, in the order given."""
+        return [r.name for r in self.given if r.name not in self.order]
+
+    @property
+    def is_over_max_cost(self) -> bool:
+        """Every candidate was expected over the ceiling: the cheapest answers."""
+        return self.chosen.is_over_max_cost
+
+    @property
+    def objective(self) -> dict[str, float]:
+        """name -> quality - lambda * cost, every candidate in the order given."""
+        return {r.name: r.objective for r in self.given}
+
+
+def rank(quality: Mapping[str, float], cost: Mapping[str, float], cost_penalty: float,
+         max_cost: float | None = None) -> Ranking:
+    """The candidates by the objective quality - cost_penalty * cost, with a cost ceiling: the routing rule
+    of the router and hybrid policies (their plan's order), and, through its first place `choose`, of the
+    offline sweeps.
+
+    Args:
+        quality: name -> predicted quality (the candidates, in a fixed order: ties fall back to it).
+        cost: name -> expected USD of each candidate's answer.
+        cost_penalty: lambda >= 0, quality points per USD.
+        max_cost: USD; candidates expected to cost more are left out. When every one is, the cheapest
+            stays (all those tied at the lowest cost, ranked by the objective) and is flagged over it.
+    Each place goes to `choose` over the candidates not yet placed: ties (within TIE_TOLERANCE) to the
+    cheaper candidate, then the one given first.
+    Raises:
+        ValueError: no candidates, `cost` missing a candidate, a negative or NaN penalty or ceiling.
+    """
+    names = list(quality)
+    if not names or any(n not in cost for n in names):
+        raise ValueError(f"rank needs a quality and a cost per candidate, got qualities of {names} and costs of "
+                         f"{list(cost)}")
+    if max_cost is not None and not max_cost >= 0:
+        raise ValueError(f"max_cost must be >= 0 USD, got {max_cost}")
+    q = np.array([quality[n] for n in names], dtype=np.float64)
+    c = np.array([cost[n] for n in names], dtype=np.float64)
+    over = np.zeros(len(names), dtype=bool) if max_cost is None else ~(c <= max_cost)
+    left = ~over
+    if not left.any():   # every candidate over the ceiling: the cheapest answers (all, when no cost is known)
+        left = c == np.nanmin(c) if np.isfinite(c).any() else np.ones(len(names), dtype=bool)
+    order = []
+    for _ in range(int(left.sum())):
+        pick = int(choose(q[None, :], c[None, :], cost_penalty, available=left)[0])
+        order.append(names[pick])
+        left[pick] = False
+    value = objective(q, c, cost_penalty)
+    given = tuple(Ranked(n, float(q[i]), float(c[i]), float(value[i]), bool(over[i])) for i, n in enumerate(names))
+    return Ranking(given, tuple(order), float(cost_penalty), max_cost)
 
 
 def choose_threshold(quality: np.ndarray, strong: int, weak: int, threshold: float) -> np.ndarray:
