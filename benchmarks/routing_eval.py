@@ -153,9 +153,9 @@ def needed_signal(data_dir: Path, seed: int = 0) -> dict[str, Any]:
     outcome, logit(q) = logit(task accuracy) + d * (2 * score - 1) + N(0, 1), independently per cell, swept
     over the hint's strength d and measured like the learned routers (AIQ, accuracy at 25% of gpt-4's cost,
     the cost of gpt-4's accuracy) next to their AUC in suite."""
+    from routers.features import Features, text_features
     from routers.offline.evaluate import evaluate_split
     from routers.offline.settings import EvalSettings
-    from routers.features import Features, text_features
 
     train, test = load("routerbench:train", data_dir), load("routerbench:test", data_dir)
     task_accuracy = np.zeros_like(test.scores)
@@ -236,9 +236,9 @@ def print_add_model(result: dict[str, Any]) -> None:
 
 def routellm(data_dir: Path, featurizer, gsm8k_seeds: tuple[int, ...], mmlu_seeds: tuple[int, ...] = (0,)
              ) -> dict[str, Any]:
+    from routers.features import Featurizer
     from routers.offline.crossval import evaluate_kfold
     from routers.offline.settings import EvalSettings
-    from routers.features import Featurizer
 
     # MMLU's choices read as well (routers.features.CHOICE_EMBEDDING_FEATURE_NAMES; GSM8K has none)
     choice_featurizer = Featurizer(featurizer.embedder, choice_embeddings=True)

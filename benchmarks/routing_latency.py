@@ -149,7 +149,8 @@ def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> di
 
     embedder._encode = cpu_timed_encode
     for i in range(num_warmup):
-        policy.decide(RoutingRequest.from_body({"messages": [{"role": "user", "content": f"warm-up request number {i}"}]}))
+        warm_up = {"messages": [{"role": "user", "content": f"warm-up request number {i}"}]}
+        policy.decide(RoutingRequest.from_body(warm_up))
     encode_ms.clear()
     encode_cpu_ms.clear()
     decision_ms, caller_cpu_ms, chosen, decisions = [], [], {}, []

@@ -351,10 +351,10 @@ def eval_(
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Evaluate routers offline next to single models, random, best model per task, prompt length and the oracle."""
-    from routers.offline.settings import LEARNED_TYPES, EvalSettings
     from routers.features import Featurizer
     from routers.offline.pipeline import run_evaluation
     from routers.offline.plot import plot_report
+    from routers.offline.settings import LEARNED_TYPES, EvalSettings
 
     try:
         if answer_check and not cascade:

@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from routers.offline.data import RoutingData
 from routers.decision import CostModel, choose_threshold, estimate_prompt_tokens, objective, rank
 from routers.features import Featurizer, Features
+from routers.offline.data import RoutingData
 from routers.request import RoutingRequest
 
 FORMAT = "togetherlink-router"
@@ -105,7 +105,8 @@ class Router(ABC):
         """One request (a `RoutingRequest`, or an OpenAI chat/completion body read into one) -> {model:
         predicted quality}, with its suite when known (offline replay sets `metadata.suite`)."""
         request = RoutingRequest.of(request)
-        quality = self.predict(self.featurizer.transform_request(request), [request.suite] if request.suite else None)[0]
+        suites = [request.suite] if request.suite else None
+        quality = self.predict(self.featurizer.transform_request(request), suites)[0]
         return {m: float(q) for m, q in zip(self.models, quality)}
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router
-from routers.offline.data import RoutingData
 from routers.features import Features
+from routers.offline.data import RoutingData
 
 
 class RandomRouter(Router):

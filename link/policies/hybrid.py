@@ -15,13 +15,13 @@ against cost.
         cost_penalty: 200        # optional, as a router policy's (default: the file's lambda rule knob, else 0)
         max_cost_usd: 0.01       # optional, as a router policy's
 
-Every option, the MoA included, gets an objective predicted quality - lambda * expected cost; the best one
-is planned: a single model (then the other single models by the objective, as fallbacks), or the MoA plan.
-Without a column the MoA's expected cost is the sum of its calls' (proposers in every layer, then the
-aggregator), each priced by the router's cost model (the aggregator's reading of the proposals is not priced);
-with one, the cost model's own estimate for it, which the request's `max_tokens` does not cap as it caps a
-priced single model's output. The request's `metadata` may override lambda and the ceiling like a router
-policy's.
+Every option, the MoA included, is ranked by predicted quality - lambda * expected cost
+(`routers.decision.rank`, the router policy's rule); the best one is planned: a single model (then the other
+single models by the objective, as fallbacks), or the MoA plan. Without a column the MoA's expected cost is
+the sum of its calls' (proposers in every layer, then the aggregator), each priced by the router's cost model
+(the aggregator's reading of the proposals is not priced); with one, the cost model's own estimate for it,
+which the request's `max_tokens` does not cap as it caps a priced single model's output. The request's
+`metadata` may override lambda and the ceiling like a router policy's.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from routers.cascade import replay_cascade
-from routers.offline.data import RoutingData
 from routers.offline.calibration import DEFAULT_GRID_SIZE, Sweep, Target, select_setting
+from routers.offline.data import RoutingData
 
 
 def efficient_steps(scores: np.ndarray, costs: np.ndarray, candidates: Sequence[int] | None = None) -> list[int]:

@@ -43,6 +43,7 @@ from routers.offline.measure import measure, measure_cascade, split_context
 from routers.offline.metrics import aiq
 from routers.offline.settings import EvalSettings
 
+
 def _baseline(name: str, models: list[str], seed: int) -> Router:
     """An unfitted baseline router of `routers.baselines`, by its registry name."""
     return make_router(name, models, seed=seed) if name == "random" else make_router(name, models)

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from routers.offline.cascade_eval import cascade_picks, check_step_order, efficient_steps, threshold_grid
-from routers.offline.data import RoutingData
 from routers.decision import CostModel, choose, estimate_prompt_tokens
 from routers.offline.calibration import lambda_grid
+from routers.offline.cascade_eval import cascade_picks, check_step_order, efficient_steps, threshold_grid
+from routers.offline.data import RoutingData
+from routers.offline.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt,
+                                     threshold_curve, within_suite_auc)
 from routers.offline.settings import EvalSettings
-from routers.offline.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, threshold_curve,
-                             within_suite_auc)
 
 COST_FRACTIONS = (0.25, 0.5)            # accuracy reachable at these fractions of the best model's cost
 CPT_FRACTIONS = (0.5, 0.8)

@@ -18,15 +18,16 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router, load_router, make_router, save_router
-from routers.offline.cascade_eval import calibrate_cascade, cascade_picks, cascade_sweep, check_step_order, efficient_steps
-from routers.offline.data import RoutingData
 from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens
-from routers.offline.calibration import Target, calibrate
-from routers.offline.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
-from routers.offline.evaluate import evaluate_split
-from routers.offline.settings import EvalSettings
 from routers.features import Featurizer
+from routers.offline.calibration import Target, calibrate
+from routers.offline.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, check_step_order,
+                                         efficient_steps)
+from routers.offline.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
+from routers.offline.data import RoutingData
+from routers.offline.evaluate import evaluate_split
 from routers.offline.metrics import rank_auc
+from routers.offline.settings import EvalSettings
 
 
 def train_router(type_: str, data: RoutingData, *, options: dict[str, Any] | None = None,

@@ -56,4 +56,3 @@ class EvalSettings:
             raise ValueError(f"unknown baselines {sorted(unknown)}; baselines: {', '.join(BASELINES)}")
         if self.cascade_models is not None and len(self.cascade_models) < 2:
             raise ValueError(f"a cascade needs at least two models, got {list(self.cascade_models)}")
-

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routers.offline.data import RoutingData
 from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens, rank
 from routers.offline.calibration import Target, calibrate, lambda_grid, sweep
+from routers.offline.data import RoutingData
 
 
 def test_choose_is_argmax_of_quality_minus_lambda_cost():
