@@ -63,7 +63,7 @@ TARGETS = {                      # issue 6, acceptance
 def load(spec: str, data_dir: Path):
     """A recorded set as `RoutingData` (complete prompts only)."""
     from evals.recorded import load_recorded
-    from routers.data import RoutingData
+    from routers.offline.data import RoutingData
 
     return RoutingData.from_outcomes(load_recorded(spec, data_dir)).complete_rows()
 
@@ -87,8 +87,9 @@ RB_COLUMNS = (("aiq", "AIQ"), ("max_quality", "max acc"), ("accuracy_at_25pct_be
 
 
 def routerbench(data_dir: Path, featurizer, num_splits: int) -> dict[str, Any]:
-    from routers.crossval import evaluate_resplits
-    from routers.evaluate import EvalSettings, evaluate_split
+    from routers.offline.crossval import evaluate_resplits
+    from routers.offline.evaluate import evaluate_split
+    from routers.offline.settings import EvalSettings
 
     train, test = load("routerbench:train", data_dir), load("routerbench:test", data_dir)
     settings = EvalSettings(types=LEARNED, baselines=("random", "best-per-task", "oracle"), keep_curves=False,
@@ -152,8 +153,9 @@ def needed_signal(data_dir: Path, seed: int = 0) -> dict[str, Any]:
     outcome, logit(q) = logit(task accuracy) + d * (2 * score - 1) + N(0, 1), independently per cell, swept
     over the hint's strength d and measured like the learned routers (AIQ, accuracy at 25% of gpt-4's cost,
     the cost of gpt-4's accuracy) next to their AUC in suite."""
-    from routers.evaluate import EvalSettings, evaluate_split
     from routers.features import Features, text_features
+    from routers.offline.evaluate import evaluate_split
+    from routers.offline.settings import EvalSettings
 
     train, test = load("routerbench:train", data_dir), load("routerbench:test", data_dir)
     task_accuracy = np.zeros_like(test.scores)
@@ -195,8 +197,8 @@ def agreement(data_dir: Path) -> dict[str, Any]:
 # --- adding a model -------------------------------------------------------------------------------------
 
 def add_model(data_dir: Path, featurizer, models: list[str] | None) -> dict[str, Any]:
-    from routers.crossval import evaluate_add_model
-    from routers.evaluate import EvalSettings
+    from routers.offline.crossval import evaluate_add_model
+    from routers.offline.settings import EvalSettings
 
     train, test = load("routerbench:train", data_dir), load("routerbench:test", data_dir)
     features = (featurizer.transform(train.prompts, train.has_tools),
@@ -234,9 +236,9 @@ def print_add_model(result: dict[str, Any]) -> None:
 
 def routellm(data_dir: Path, featurizer, gsm8k_seeds: tuple[int, ...], mmlu_seeds: tuple[int, ...] = (0,)
              ) -> dict[str, Any]:
-    from routers.crossval import evaluate_kfold
-    from routers.evaluate import EvalSettings
     from routers.features import Featurizer
+    from routers.offline.crossval import evaluate_kfold
+    from routers.offline.settings import EvalSettings
 
     # MMLU's choices read as well (routers.features.CHOICE_EMBEDDING_FEATURE_NAMES; GSM8K has none)
     choice_featurizer = Featurizer(featurizer.embedder, choice_embeddings=True)

@@ -91,8 +91,8 @@ def real_prompts(data_dir: Path, num: int, seed: int) -> tuple[list[str], dict[s
 def train_knn(out: Path, data_dir: Path) -> Path:
     """A kNN router on routerbench:train (embeddings from the usual cache), as `link router train` makes it."""
     from evals.recorded import load_source
-    from routers.data import RoutingData
-    from routers.pipeline import train_and_save
+    from routers.offline.data import RoutingData
+    from routers.offline.pipeline import train_and_save
 
     data = RoutingData.from_outcomes(load_source("routerbench:train", data_dir))  # what `--data routerbench:train` reads
     return train_and_save("knn", data, out,
@@ -121,6 +121,8 @@ def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> di
     "decisions" holds each prompt's chosen model and objectives, in order."""
     import torch
 
+    from routers.request import RoutingRequest
+
     policy = router_policy(path, encoder)
     loaded = policy.router.get()                               # loads the file and the encoder, as at startup
     embedder = loaded.router.featurizer.embedder
@@ -147,7 +149,8 @@ def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> di
 
     embedder._encode = cpu_timed_encode
     for i in range(num_warmup):
-        policy.decide({"messages": [{"role": "user", "content": f"warm-up request number {i}"}]}, None, None)
+        warm_up = {"messages": [{"role": "user", "content": f"warm-up request number {i}"}]}
+        policy.decide(RoutingRequest.from_body(warm_up))
     encode_ms.clear()
     encode_cpu_ms.clear()
     decision_ms, caller_cpu_ms, chosen, decisions = [], [], {}, []
@@ -155,7 +158,7 @@ def measure(path: Path, prompts: list[str], encoder: str, num_warmup: int) -> di
     for prompt in prompts:
         body = {"model": policy.name, "messages": [{"role": "user", "content": prompt}]}
         start, start_cpu = time.perf_counter(), time.thread_time()
-        decision = policy.decide(body, None, None)
+        decision = policy.decide(RoutingRequest.from_body(body))   # reading the body is part of the decision
         decision_ms.append((time.perf_counter() - start) * 1000)
         caller_cpu_ms.append((time.thread_time() - start_cpu) * 1000)
         chosen[decision["chosen"]] = chosen.get(decision["chosen"], 0) + 1

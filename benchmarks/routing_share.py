@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from routing_latency import default_data_dir, router_policy, write_json  # noqa: E402  (the gateway's router policy)
+from routers.request import RoutingRequest  # noqa: E402
 
 
 def suite_requests(spec: str, items_file: str | None, data_dir: Path) -> tuple[str, list[dict]]:
@@ -64,7 +65,8 @@ def main() -> None:
     result = {"command": " ".join(["python", *sys.argv]), "routers": [str(p) for p in args.router], "suites": {}}
     for spec in args.suite:
         label, bodies = suite_requests(spec, items_for.get(spec.split(":")[0]), data_dir)
-        picks = [[policy.decide(body, None, None)["chosen"] for body in bodies] for policy in policies]
+        requests = [RoutingRequest.from_body(body) for body in bodies]
+        picks = [[policy.decide(request)["chosen"] for request in requests] for policy in policies]
         entry = {"num_requests": len(bodies), "has_tools": sum(bool(b.get("tools")) for b in bodies),
                  "shares": [shares(p) for p in picks],
                  "same_as_first": [sum(a == b for a, b in zip(picks[0], p)) / len(bodies) for p in picks[1:]]}

@@ -15,11 +15,11 @@
     link router eval --type knn --train runs/a/outcomes.jsonl --test runs/b/outcomes.jsonl --hybrid link/moa
 
 Every eval also replays each learned router's cascade (--no-cascade: not); --hybrid names outcome columns
-of a multi-call policy (a `link eval run` target such as link/moa) for the hybrid router (routers.evaluate).
+of a multi-call policy (a `link eval run` target such as link/moa) for the hybrid router (routers.offline.evaluate).
 
 Data: recorded sets (routerbench[:train|test], routellm-mmlu, routellm-gsm8k, alpaca-eval[:baseline]) or
 outcome files (.jsonl/.csv, or gzipped), several `--data` merged. Each subcommand is one function of
-`routers.pipeline`. Errors print one line `error: ...` and exit with code 2.
+`routers.offline.pipeline`. Errors print one line `error: ...` and exit with code 2.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def load_data(specs: list[str], data_dir: Path | None = None, *, task_by: str = 
             more; adding a model or fitting an answer checker reads one).
     """
     from evals.recorded import load_source
-    from routers.data import RoutingData
+    from routers.offline.data import RoutingData
 
     if not specs:
         raise ValueError("give at least one --data/--train source")
@@ -115,7 +115,7 @@ def train(
 ) -> None:
     """Train a router on outcome tables and save it (router, cost model, lambda 0) in one file."""
     from routers.features import Featurizer
-    from routers.pipeline import train_and_save
+    from routers.offline.pipeline import train_and_save
 
     try:
         table = load_data(data, data_dir, task_by=task_by)
@@ -144,8 +144,8 @@ def train_checker(
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Train an answer checker on a model's recorded answers and save it (a cascade's `scorer: answer`)."""
-    from routers.decision import Target
-    from routers.pipeline import train_checker_and_save
+    from routers.offline.calibration import Target
+    from routers.offline.pipeline import train_checker_and_save
 
     try:
         if components < 0:
@@ -179,7 +179,7 @@ def add_model(
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Add a model to a trained router from its labelled prompts, without retraining the others (kNN)."""
-    from routers.pipeline import add_model_to_file
+    from routers.offline.pipeline import add_model_to_file
 
     try:
         table = load_data(data, data_dir, min_models=1)
@@ -207,8 +207,8 @@ def calibrate(
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Set the router's knob so that the target holds on held-out outcomes, and save it in the file."""
-    from routers.decision import Target
-    from routers.pipeline import calibrate_file
+    from routers.offline.calibration import Target
+    from routers.offline.pipeline import calibrate_file
 
     try:
         goal = Target.parse(target)
@@ -231,7 +231,7 @@ def calibrate(
 
 
 def _missed_target(goal, result: dict[str, Any], share_tolerance: float = 0.01) -> str | None:
-    """What a calibration could not reach, in words (None when it met `goal`, a `routers.decision.Target`): a
+    """What a calibration could not reach, in words (None when it met `goal`, a `routers.offline.calibration.Target`): a
     cost ceiling under every operating point, a quality fraction over every one, or a share more than
     `share_tolerance` from every reachable one."""
     if goal.kind == "cost" and result["mean_cost_usd"] > goal.value * (1 + 1e-9):
@@ -351,10 +351,10 @@ def eval_(
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Evaluate routers offline next to single models, random, best model per task, prompt length and the oracle."""
-    from routers.evaluate import LEARNED_TYPES, EvalSettings
     from routers.features import Featurizer
-    from routers.pipeline import run_evaluation
-    from routers.plot import plot_report
+    from routers.offline.pipeline import run_evaluation
+    from routers.offline.plot import plot_report
+    from routers.offline.settings import LEARNED_TYPES, EvalSettings
 
     try:
         if answer_check and not cascade:

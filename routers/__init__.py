@@ -1,4 +1,5 @@
-"""Choosing and combining models: features, learned routers, calibration, cascade, Mixture-of-Agents.
+"""Choosing and combining models: features, learned routers, the decision rule, cascade, Mixture-of-Agents;
+their offline evaluation and calibration on recorded outcomes in `routers.offline`.
 
 Routers never import `link`: what they need to call models is a small protocol defined here and
 implemented by the gateway. (Built in the routing issue.)

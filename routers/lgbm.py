@@ -35,12 +35,12 @@ import numpy as np
 
 from routers.base import Router
 from routers.boosters import BoosterBag
-from routers.data import RoutingData
 from routers.features import BASE_FEATURE_NAMES, Features
+from routers.offline.data import RoutingData
 from routers.kinds import (apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state,
                            labelled_kinds)
-from routers.lexical import NUM_BITS, LexicalModel, cross_fitted, hashed_ngrams, prompt_hashes
 from routers.knn import KNNRouter
+from routers.lexical import NUM_BITS, LexicalModel, cross_fitted, hashed_ngrams, prompt_hashes
 
 LAYOUTS = ("per-model", "shared")
 SHARED = ""             # the key of the shared booster

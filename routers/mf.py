@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router
-from routers.data import RoutingData
 from routers.features import Features
 from routers.kinds import apply_evidence_rule, check_unseen_quality, kinds_from_state, kinds_state, labelled_kinds
+from routers.offline.data import RoutingData
 
 
 class MFRouter(Router):

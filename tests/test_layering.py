@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.import_graph import find_cycle, forbidden, package_graph, scan
+from tests.import_graph import file_graph, find_cycle, forbidden, package_graph, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cli", "web", "evals", "posttrain", "benchmarks", "link", "routers", "serving", "kernels")
@@ -54,6 +54,13 @@ def test_kernels_do_not_import_serving(imports):
 def test_no_cycle_among_packages(imports):
     graph = package_graph(imports)
     assert find_cycle(graph) is None, f"packages import each other: {' -> '.join(find_cycle(graph))}"
+
+
+def test_no_cycle_among_the_modules_of_routers(imports):
+    # runtime routing and offline evaluation (routers/offline/) stay one-way inside the package too
+    graph = file_graph(imports, "routers")
+    assert "routers.decision" in graph    # the package was read
+    assert find_cycle(graph) is None, f"routers' modules import each other: {' -> '.join(find_cycle(graph))}"
 
 
 def test_the_scanner_sees_lazy_relative_and_literal_imports(tmp_path):

@@ -15,13 +15,13 @@ against cost.
         cost_penalty: 200        # optional, as a router policy's (default: the file's lambda rule knob, else 0)
         max_cost_usd: 0.01       # optional, as a router policy's
 
-Every option, the MoA included, gets an objective predicted quality - lambda * expected cost; the best one
-is planned: a single model (then the other single models by the objective, as fallbacks), or the MoA plan.
-Without a column the MoA's expected cost is the sum of its calls' (proposers in every layer, then the
-aggregator), each priced by the router's cost model (the aggregator's reading of the proposals is not priced);
-with one, the cost model's own estimate for it, which the request's `max_tokens` does not cap as it caps a
-priced single model's output. The request's `metadata` may override lambda and the ceiling like a router
-policy's.
+Every option, the MoA included, is ranked by predicted quality - lambda * expected cost
+(`routers.decision.rank`, the router policy's rule); the best one is planned: a single model (then the other
+single models by the objective, as fallbacks), or the MoA plan. Without a column the MoA's expected cost is
+the sum of its calls' (proposers in every layer, then the aggregator), each priced by the router's cost model
+(the aggregator's reading of the proposals is not priced); with one, the cost model's own estimate for it,
+which the request's `max_tokens` does not cap as it caps a priced single model's output. The request's
+`metadata` may override lambda and the ceiling like a router policy's.
 """
 
 from __future__ import annotations
@@ -34,31 +34,12 @@ from link.config import PolicyConfig
 from link.policies.base import CostBound, Plan, Policy, PolicyError, PolicyRequest
 from link.policies.moa import MoAExecutor, build_moa, moa_cost_bound
 from link.policies.options import number_option, str_option
-from link.policies.router import (LazyRouter, encoder_option, knob_options, request_overrides, require_text_prompt,
-                                 router_path)
+from link.policies.router import LazyRouter, encoder_option, knob_options, router_path, routing_request
+from routers.request import RoutingRequest
 
 OPTIONS = ("path", "moa", "moa_column", "moa_gain", "cost_penalty", "max_cost_usd", "encoder")
 DEFAULT_MOA_COLUMN = "link/moa"
 MOA = "moa"  # the MoA option's name in the decision
-
-
-def hybrid_choice(quality: dict[str, float], cost: dict[str, float], cost_penalty: float,
-                  max_cost_usd: float | None = None) -> tuple[list[str], dict[str, float], list[str]]:
-    """Options ranked by quality - cost_penalty * cost (ties: the cheaper first).
-
-    Args:
-        quality, cost: by option name (models and "moa"): predicted quality in [0, 1], expected USD.
-        max_cost_usd: options expected to cost more are excluded (all excluded: the cheapest stays).
-    Returns:
-        (ranked option names, objective by option, excluded option names).
-    """
-    names = list(quality)
-    allowed = [n for n in names if max_cost_usd is None or cost[n] <= max_cost_usd]
-    if not allowed:
-        allowed = [min(names, key=lambda n: cost[n])]
-    objective = {n: quality[n] - cost_penalty * cost[n] for n in names}
-    ranked = sorted(allowed, key=lambda n: (-objective[n], cost[n]))
-    return ranked, objective, [n for n in names if n not in allowed]
 
 
 class HybridPolicy(Policy):
@@ -114,12 +95,16 @@ class HybridPolicy(Policy):
         """The MoA plan's (a single model's one call costs less), priced over every model either plan calls."""
         return moa_cost_bound(self.moa, list(dict.fromkeys([*self.config.models, *self.moa.models])))
 
-    def decide(self, body: dict[str, Any], cost_penalty: float | None, max_cost_usd: float | None) -> dict[str, Any]:
-        """The request log's decision dict, "order" holding the ranked options (blocking; a worker thread)."""
+    def decide(self, request: RoutingRequest) -> dict[str, Any]:
+        """The request log's decision dict, "order" holding the options ranked by `routers.decision.rank`
+        (blocking; a worker thread)."""
+        from routers.decision import rank
+
         loaded = self.router.get()                 # waits for the file and the encoder on the first request
         started = time.perf_counter()              # routing_ms: the decision itself
-        scores = loaded.router.score(body)
-        costs = dict(zip(loaded.models, (float(c) for c in loaded.expected_cost(body))))
+        scores = loaded.router.score(request)
+        costs = dict(zip(loaded.models, (float(c) for c in loaded.expected_cost(request))))
+        cost_penalty, max_cost_usd = request.cost_penalty, request.max_cost_usd
         if cost_penalty is None:
             saved = loaded.decision
             cost_penalty = float(saved.get("cost_penalty", 0.0)) if saved.get("rule", "lambda") == "lambda" else 0.0
@@ -131,21 +116,19 @@ class HybridPolicy(Policy):
             moa = self.moa
             quality[MOA] = min(1.0, max(scores[p.model] for p in moa.proposers) + self.moa_gain)
             cost[MOA] = moa.layers * sum(costs[p.model] for p in moa.proposers) + costs[moa.aggregator]
-        ranked, objective, excluded = hybrid_choice(quality, cost, cost_penalty, max_cost_usd)
+        ranking = rank(quality, cost, cost_penalty, max_cost_usd)
         decision = {"type": self.type, "router": loaded.router.type, "scores": quality, "expected_cost_usd": cost,
-                    "cost_penalty": cost_penalty, "objective": objective, "chosen": ranked[0], "excluded": excluded,
-                    "order": ranked, "routing_ms": round((time.perf_counter() - started) * 1000, 3)}
+                    "cost_penalty": cost_penalty, "objective": ranking.objective, "chosen": ranking.order[0],
+                    "excluded": ranking.excluded, "order": list(ranking.order),
+                    "routing_ms": round((time.perf_counter() - started) * 1000, 3)}
         if max_cost_usd is not None:
             decision["max_cost_usd"] = max_cost_usd
-            decision["over_max_cost"] = cost[ranked[0]] > max_cost_usd   # every option was over: the cheapest
+            decision["over_max_cost"] = ranking.is_over_max_cost   # every option was over: the cheapest
         return decision
 
     async def plan(self, request: PolicyRequest) -> Plan:
-        require_text_prompt(request.body)
-        penalty, max_cost = request_overrides(request.body)
-        penalty = self.cost_penalty if penalty is None else penalty
-        max_cost = self.max_cost_usd if max_cost is None else max_cost
-        decision = await asyncio.to_thread(self.decide, request.body, penalty, max_cost)
+        routing = routing_request(request, self.cost_penalty, self.max_cost_usd)
+        decision = await asyncio.to_thread(self.decide, routing)
         ranked = decision.pop("order")
         if ranked[0] == MOA:
             decision["moa_plan"] = {"aggregator": self.moa.aggregator,

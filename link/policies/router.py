@@ -49,6 +49,7 @@ from link.config import PolicyConfig
 from link.policies.base import Plan, Policy, PolicyError, PolicyRequest
 from link.policies.options import number_option, str_option
 from link.schemas import OpenAIError
+from routers.request import RoutingRequest   # stdlib only: importing it loads no model or numpy
 
 logger = logging.getLogger(__name__)
 # Per-request overrides in the OpenAI `metadata` (values are strings there): key -> what it sets.
@@ -221,12 +222,18 @@ def router_path(config: PolicyConfig) -> str:
     return path
 
 
-def ordered_by_objective(decision, order: list[str]) -> list[str]:
-    """`order` (chosen first) with the rest re-sorted by predicted quality - knob * expected cost (lambda rule)."""
-    if decision.rule != "lambda":
-        return order
-    objective = {m: decision.quality[m] - decision.knob * decision.expected_cost[m] for m in order}
-    return [order[0], *sorted(order[1:], key=lambda m: (-objective[m], decision.expected_cost[m]))]
+def routing_request(request: PolicyRequest, cost_penalty: float | None, max_cost_usd: float | None) -> RoutingRequest:
+    """The request as a router or hybrid policy routes it, read once: the knobs are its `metadata` overrides,
+    else the policy's options (`cost_penalty`, `max_cost_usd`; None: the router file's lambda, no ceiling).
+
+    Raises:
+        OpenAIError: 400 for a prompt of token ids (`require_text_prompt`) or a bad override (`request_overrides`).
+    """
+    require_text_prompt(request.body)
+    penalty, max_cost = request_overrides(request.body)
+    return RoutingRequest.from_body(request.body, endpoint=request.endpoint,
+                                    cost_penalty=cost_penalty if penalty is None else penalty,
+                                    max_cost_usd=max_cost_usd if max_cost is None else max_cost)
 
 
 class RouterPolicy(Policy):
@@ -252,31 +259,29 @@ class RouterPolicy(Policy):
         self.router.preload()
         self.cost_penalty, self.max_cost_usd = knob_options(config.options)
 
-    def decide(self, body: dict[str, Any], cost_penalty: float | None, max_cost_usd: float | None) -> dict[str, Any]:
-        """The routing decision for one request, as the request log's decision dict (blocking; a worker thread).
-        "order" is the plan: the chosen model, then the others by the objective."""
+    def decide(self, request: RoutingRequest) -> dict[str, Any]:
+        """The routing decision for one request (its knobs included), as the request log's decision dict
+        (blocking; a worker thread). "order" is the plan: the chosen model, then the others by the same rule
+        (`routers.decision.rank`)."""
         loaded = self.router.get()                 # waits for the file and the encoder on the first request
         started = time.perf_counter()              # routing_ms: the decision itself
-        decision = loaded.decide(body, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd, allowed=self.config.models)
+        decision = loaded.decide(request, allowed=self.config.models)
         result = {"type": self.type, "router": loaded.router.type, "rule": decision.rule,
                   "scores": decision.quality, "expected_cost_usd": decision.expected_cost, "chosen": decision.chosen,
-                  "order": ordered_by_objective(decision, decision.order), "excluded": decision.excluded}
+                  "order": decision.order, "excluded": decision.excluded}
         if decision.rule == "lambda":
             result["cost_penalty"] = decision.knob
-            result["objective"] = {m: decision.quality[m] - decision.knob * decision.expected_cost[m] for m in decision.quality}
+            result["objective"] = decision.objective
         else:
             result["threshold"] = decision.knob
-        if max_cost_usd is not None:
-            result["max_cost_usd"] = max_cost_usd
+        if request.max_cost_usd is not None:
+            result["max_cost_usd"] = request.max_cost_usd
             # every model was expected over the ceiling: the cheapest answers, and the answer says so
-            result["over_max_cost"] = decision.expected_cost[decision.chosen] > max_cost_usd
+            result["over_max_cost"] = decision.over_max_cost
         result["routing_ms"] = round((time.perf_counter() - started) * 1000, 3)
         return result
 
     async def plan(self, request: PolicyRequest) -> Plan:
-        require_text_prompt(request.body)
-        penalty, max_cost = request_overrides(request.body)
-        penalty = self.cost_penalty if penalty is None else penalty
-        max_cost = self.max_cost_usd if max_cost is None else max_cost
-        decision = await asyncio.to_thread(self.decide, request.body, penalty, max_cost)
+        routing = routing_request(request, self.cost_penalty, self.max_cost_usd)
+        decision = await asyncio.to_thread(self.decide, routing)
         return Plan(self.name, decision.pop("order"), decision)

@@ -37,11 +37,11 @@ def one_point(self, texts):
 def config(tmp_path, monkeypatch):
     """link.yaml with policy "auto": the kNN router over MODELS (dead deployments; `link route` calls none)."""
     from routers.base import save_router
-    from routers.data import RoutingData
     from routers.decision import CostModel
     from routers.embedding import Embedder
     from routers.features import Featurizer
     from routers.knn import KNNRouter
+    from routers.offline.data import RoutingData
 
     monkeypatch.setattr("routers.embedding.Embedder.embed", one_point)
     featurizer = Featurizer(Embedder())

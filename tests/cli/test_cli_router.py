@@ -326,8 +326,8 @@ def test_train_checker_calibrates_the_cascade_threshold_on_out_of_fold_scores(tm
     from link.config import PolicyConfig
     from link.policies.cascade import build_cascade
     from routers.answer_check import load_answer_checker
-    from routers.cascade_eval import cascade_sweep
-    from routers.data import RoutingData
+    from routers.offline.cascade_eval import cascade_sweep
+    from routers.offline.data import RoutingData
     from evals.recorded import load_source
 
     out = tmp_path / "checker.safetensors"

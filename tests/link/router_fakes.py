@@ -8,12 +8,11 @@ rest (`PLAIN`); the expected cost per model is the cost model's mean cost (`COST
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from routers.base import Router, register_router, save_router
 from routers.decision import CostModel
+from routers.request import RoutingRequest
 
 COSTS = {"small": 0.001, "big": 0.01, "down": 0.0005, "moa-col": 0.02}
 PLAIN = {"small": 0.6, "big": 0.7, "down": 0.1, "moa-col": 0.75}  # small wins for lambda > 0.1 / 0.009 = 11.1
@@ -21,7 +20,8 @@ MATH = {"small": 0.2, "big": 0.9, "down": 0.1, "moa-col": 0.99}   # big wins for
 
 
 class TableRouter(Router):
-    """Fixed predicted quality: `math` for prompts that mention "math", `plain` otherwise."""
+    """Fixed predicted quality: `math` for requests whose text (`RoutingRequest.text`) mentions "math", `plain`
+    otherwise."""
 
     type = "table-test"
 
@@ -36,9 +36,8 @@ class TableRouter(Router):
     def predict(self, features, suites=None):
         raise NotImplementedError("scores come from `score`")
 
-    def score(self, body):
-        text = json.dumps(body.get("messages") or body.get("prompt"))
-        row = self.math if "math" in text else self.plain
+    def score(self, request):
+        row = self.math if "math" in RoutingRequest.of(request).text else self.plain
         return dict(zip(self.models, map(float, row)))
 
     def state(self):

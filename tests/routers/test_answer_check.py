@@ -11,13 +11,14 @@ import pytest
 from routers.answer_check import (ANSWER_FEATURE_NAMES, AnswerChecker, AnswerScorer, answer_features, answer_row,
                                   check_arithmetic, evaluate_expression, final_number,
                                   load_answer_checker, save_answer_checker)
-from routers.cascade import Cascade, CascadeTrace
-from routers.cascade_eval import cascade_answer_scores
 from routers.calls import response_text
-from routers.data import RoutingData
-from routers.evaluate import EvalSettings, evaluate_split
+from routers.cascade import Cascade, CascadeTrace
 from routers.features import TEXT_FEATURE_NAMES, text_features
-from routers.metrics import apgr, threshold_curve
+from routers.offline.cascade_eval import cascade_answer_scores
+from routers.offline.data import RoutingData
+from routers.offline.evaluate import evaluate_split
+from routers.offline.metrics import apgr, threshold_curve
+from routers.offline.settings import EvalSettings
 
 
 def test_expressions_as_written_in_worked_answers():

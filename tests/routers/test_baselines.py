@@ -7,9 +7,9 @@ import pytest
 
 from routers.base import load_router, make_router, save_router
 from routers.baselines import BestPerTaskRouter, OracleRouter, RandomRouter, SingleModelRouter
-from routers.data import RoutingData
 from routers.decision import choose
 from routers.features import Features
+from routers.offline.data import RoutingData
 
 MODELS = ["cheap", "mid", "big"]
 # 6 prompts: suite "math" (3) and "code" (3)

@@ -27,14 +27,15 @@ import numpy as np
 import pytest
 
 from routers.base import ROUTERS, Router, register_router
-from routers.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, check_step_order, efficient_steps,
-                                  threshold_grid)
-from routers.data import RoutingData
-from routers.decision import Target
-from routers.evaluate import EvalSettings, evaluate_split
 from routers.features import Features, text_features
-from routers.measure import measure_cascade, split_context
-from routers.metrics import aiq
+from routers.offline.calibration import Target
+from routers.offline.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, check_step_order,
+                                          efficient_steps, threshold_grid)
+from routers.offline.data import RoutingData
+from routers.offline.evaluate import evaluate_split
+from routers.offline.measure import measure_cascade, split_context
+from routers.offline.metrics import aiq
+from routers.offline.settings import EvalSettings
 
 SCORES = np.array([[1, 1, 1, 1, 1], [0, 1, 1, 0, 1], [0, 0, 1, 0, 1], [0, 0, 0, 0, 1]], dtype=float)
 COSTS = np.tile([1.0, 3.0, 10.0, 5.0, 5.0], (4, 1))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routers.data import RoutingData
-from routers.decision import (CostModel, Target, calibrate, choose, choose_threshold, estimate_prompt_tokens,
-                              lambda_grid, sweep)
+from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens, rank
+from routers.offline.calibration import Target, calibrate, lambda_grid, sweep
+from routers.offline.data import RoutingData
 
 
 def test_choose_is_argmax_of_quality_minus_lambda_cost():
@@ -151,3 +151,39 @@ def test_calibrate_hits_a_quality_target_at_least_cost():
     every = sweep(quality, costs, scores=scores, costs=costs)
     assert costs[np.arange(len(picks)), picks].mean() == pytest.approx(every.mean_cost[every.quality >= 0.9].min())
     assert np.mean(picks == 0) < 0.5                            # far cheaper than always-strong
+
+
+def test_rank_breaks_ties_by_cost_then_by_the_order_given():
+    tied = rank({"a": 0.5, "b": 0.5, "c": 0.5}, {"a": 0.002, "b": 0.001, "c": 0.001}, 0.0)
+    assert tied.order == ("b", "c", "a")
+    # objectives 1e-13 apart count as a tie (float noise), the cheaper first
+    assert rank({"a": 0.5 + 1e-13, "b": 0.5}, {"a": 0.002, "b": 0.001}, 0.0).order == ("b", "a")
+    assert rank({"a": 0.5 + 1e-9, "b": 0.5}, {"a": 0.002, "b": 0.001}, 0.0).order == ("a", "b")
+
+
+def test_every_candidate_over_the_ceiling_keeps_all_the_cheapest():
+    ranking = rank({"a": 0.2, "b": 0.9, "c": 0.99}, {"a": 0.01, "b": 0.01, "c": 0.05}, 0.0, max_cost=0.001)
+    assert ranking.order == ("b", "a")
+    assert ranking.excluded == ["c"] and ranking.is_over_max_cost
+    assert [r.is_over_max_cost for r in ranking.given] == [True, True, True]
+
+
+@pytest.mark.parametrize("args, message", [
+    (({}, {}, 1.0), "a quality and a cost per candidate"),
+    (({"a": 0.5}, {"b": 0.1}, 1.0), "a quality and a cost per candidate"),
+    (({"a": 0.5}, {"a": 0.1}, -1.0), "cost_penalty must be >= 0"),
+    (({"a": 0.5}, {"a": 0.1}, 1.0, -0.5), "max_cost must be >= 0"),
+])
+def test_rank_refuses_what_it_cannot_rank(args, message):
+    with pytest.raises(ValueError, match=message):
+        rank(*args)
+
+
+def test_the_first_place_of_rank_is_choose():
+    rng = np.random.default_rng(3)
+    quality, cost = rng.random((200, 4)), rng.random((200, 4)) * 0.01
+    quality[rng.random((200, 4)) < 0.1] = 0.5        # some exact ties
+    for lam in (0.0, 10.0, 100.0):
+        picks = choose(quality, cost, lam)
+        firsts = [rank(dict(zip("abcd", q)), dict(zip("abcd", c)), lam).order[0] for q, c in zip(quality, cost)]
+        assert firsts == ["abcd"[p] for p in picks]

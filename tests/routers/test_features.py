@@ -9,8 +9,9 @@ import pytest
 
 from routers.embedding import EmbeddingCache, Embedder, text_key
 from routers.features import (BASE_FEATURE_NAMES, CHOICE_EMBEDDING_FEATURE_NAMES, TEXT_FEATURE_NAMES, Featurizer,
-                              Features, choice_embedding_features, request_text, request_text_features,
-                              split_choices, text_features)
+                              Features, choice_embedding_features, request_text_features, split_choices,
+                              text_features)
+from routers.request import request_text
 
 
 class CountingModel:

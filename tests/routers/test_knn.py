@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from routers.base import load_router, make_router, save_router
-from routers.data import RoutingData
 from routers.features import Features
 from routers.knn import KNNRouter
+from routers.offline.data import RoutingData
 
 
 def unit(degrees) -> np.ndarray:

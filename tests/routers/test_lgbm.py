@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from routers.base import load_router, save_router
-from routers.data import RoutingData
 from routers.features import BASE_FEATURE_NAMES, HAS_TOOLS, TEXT_FEATURE_NAMES, Features
 from routers.lexical import hashed_ngrams
 from routers.lgbm import LGBMRouter
+from routers.offline.data import RoutingData
 
 FAST = {"num_rounds": 60, "params": {"learning_rate": 0.2, "min_data_in_leaf": 5}}
 

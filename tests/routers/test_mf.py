@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from routers.base import load_router, save_router
-from routers.data import RoutingData
 from routers.features import HAS_TOOLS, TEXT_FEATURE_NAMES, Featurizer, Features
 from routers.mf import MFRouter, logistic_regression
+from routers.offline.data import RoutingData
 
 D, RANK, NUM_MODELS = 24, 3, 5
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from routers.base import ROUTERS, LoadedRouter, Router, load_router, make_router, read_header, register_router, save_router
-from routers.data import RoutingData
 from routers.decision import CostModel
 from routers.features import Featurizer, Features
+from routers.offline.data import RoutingData
 
 
 class LengthEmbedder:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from routers.data import RoutingData
+from routers.offline.data import RoutingData
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from routing_agreement import agreement_cascades, answer_letter  # noqa: E402

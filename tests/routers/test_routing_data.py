@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from routers.data import RoutingData, kfold_indices, train_test_split
+from routers.offline.data import RoutingData, kfold_indices, train_test_split
 
 
 def row(prompt_id, model, score, cost=0.0, suite="s", prompt=None, completion_tokens=None):

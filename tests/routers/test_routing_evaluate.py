@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from routers.base import ROUTERS, Router, register_router
-from routers.data import RoutingData
-from routers.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
-from routers.evaluate import EvalSettings, PromptLengthRouter, evaluate_split
+from routers.baselines import PromptLengthRouter
 from routers.features import Features, text_features
+from routers.offline.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
+from routers.offline.data import RoutingData
+from routers.offline.evaluate import evaluate_split
+from routers.offline.settings import EvalSettings
 
 
 class PeekingRouter(Router):

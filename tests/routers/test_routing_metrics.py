@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from routers.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, rank_auc,
-                             within_suite_auc,
-                             hull_quality_at, nondecreasing_convex_hull, threshold_curve)
+from routers.offline.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt,
+                                     hull_quality_at, nondecreasing_convex_hull, rank_auc, threshold_curve,
+                                     within_suite_auc)
 
 # (0, .5) (1, .7) (2, .8) are the hull; (1.5, .6) lies under it; (3, .75) falls after the best point
 COSTS = [0.0, 1.0, 1.5, 2.0, 3.0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from routers.plot import _overlap_area, place_labels, plot_report, report_figure, split_report
+from routers.offline.plot import _overlap_area, place_labels, plot_report, report_figure, split_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

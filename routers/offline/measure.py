@@ -4,25 +4,24 @@
     metrics = measure(ctx, quality)                     # a router's lambda sweep: AIQ, accuracy at cost, APGR...
     metrics = measure_cascade(ctx, quality[:, ctx.steps])   # a cascade's threshold sweep, the same metrics
 
-`routers.evaluate` decides what is measured (routers, baselines, cascades, hybrids); the metrics are
-those of `routers.metrics` (RouterBench's AIQ, RouteLLM's APGR and CPT), see its docstring.
+`routers.offline.evaluate` decides what is measured (routers, baselines, cascades, hybrids); the metrics are
+those of `routers.offline.metrics` (RouterBench's AIQ, RouteLLM's APGR and CPT), see its docstring.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from routers.cascade_eval import cascade_picks, check_step_order, efficient_steps, threshold_grid
-from routers.data import RoutingData
-from routers.decision import CostModel, choose, estimate_prompt_tokens, lambda_grid
-from routers.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt, threshold_curve,
-                             within_suite_auc)
-
-if TYPE_CHECKING:
-    from routers.evaluate import EvalSettings
+from routers.decision import CostModel, choose, estimate_prompt_tokens
+from routers.offline.calibration import lambda_grid
+from routers.offline.cascade_eval import cascade_picks, check_step_order, efficient_steps, threshold_grid
+from routers.offline.data import RoutingData
+from routers.offline.metrics import (accuracy_at_cost, aiq, apgr, cost_at_accuracy, cost_quality_curve, cpt,
+                                     threshold_curve, within_suite_auc)
+from routers.offline.settings import EvalSettings
 
 COST_FRACTIONS = (0.25, 0.5)            # accuracy reachable at these fractions of the best model's cost
 CPT_FRACTIONS = (0.5, 0.8)

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from routers.base import make_router
-from routers.data import RoutingData, kfold_indices, train_test_split
-from routers.evaluate import EvalSettings, evaluate_split
-from routers.measure import COST_FRACTIONS, CPT_FRACTIONS, measure, split_context
 from routers.features import Featurizer, Features
+from routers.offline.data import RoutingData, kfold_indices, train_test_split
+from routers.offline.evaluate import evaluate_split
+from routers.offline.measure import COST_FRACTIONS, CPT_FRACTIONS, measure, split_context
+from routers.offline.settings import EvalSettings
 
 SUMMARY_KEYS = ("aiq", "max_quality", "accuracy_at_best_cost", "cost_at_best_accuracy", "cost_ratio_at_best_accuracy",
                 *(f"accuracy_at_{int(f * 100)}pct_best_cost" for f in COST_FRACTIONS), "auc_within_suite", "apgr",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from routers.metrics import nondecreasing_convex_hull
+from routers.offline.metrics import nondecreasing_convex_hull
 
 
 def split_report(report: dict[str, Any]) -> dict[str, Any]:

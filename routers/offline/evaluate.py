@@ -26,115 +26,26 @@ outcomes of a Mixture-of-Agents or other multi-call policy, e.g. "link/moa" in `
 routers and baselines choose among the single models only, and "hybrid:<type>" (a router fitted on every
 column) chooses between the single models and the ensembles, like the gateway's `hybrid` policy. Recorded
 sets without such a column (RouterBench, RouteLLM) get no hybrid entry.
-The report is a JSON-able dict (`routers.plot` draws it).
+The report is a JSON-able dict (`routers.offline.plot` draws it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from routers.base import Router, make_router
-from routers.cascade_eval import cascade_answer_scores
-from routers.data import RoutingData
 from routers.features import Featurizer, Features
-from routers.measure import COST_FRACTIONS, CPT_FRACTIONS, SplitContext, measure, measure_cascade, split_context
-from routers.metrics import ROUTELLM_NUM_THRESHOLDS, aiq
-
-__all__ = ["BASELINES", "COST_FRACTIONS", "CPT_FRACTIONS", "EvalSettings", "LEARNED_TYPES", "PromptLengthRouter",
-           "SplitContext", "evaluate_split", "measure", "measure_cascade", "split_context"]
-
-LEARNED_TYPES = ("knn", "lgbm", "mf")
-BASELINES = ("random", "best-per-task", "length", "oracle")
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """What to evaluate and how.
-
-    Attributes:
-        types: learned router types (registry names).
-        baselines: any of BASELINES.
-        options: router type -> constructor options.
-        num_lambdas: lambda grid size per router (`decision.lambda_grid`).
-        pair: (strong, weak) model names for APGR/CPT; default: the two single models when there are two.
-        num_thresholds: RouteLLM's threshold count (10).
-        seed: seeds the random baseline and any router option "seed" not given.
-        keep_curves: keep each router's curve in the report (the plot needs it).
-        cascade: also measure each learned router's cascade and the perfect-judge cascade.
-        cascade_models: the cascade's steps, cheapest first (default: the training frontier).
-        ensembles: columns of multi-call policies (e.g. "link/moa"): left to the "hybrid:<type>" entries.
-        answer_check: with cascade and recorded answers, also the cascade scored by an answer checker fitted
-            on each step's training answers ("cascade:answer"; options["answer"]: `AnswerChecker` arguments;
-            the embeddings of prompts and answers come from the featurizer's encoder).
-    """
-
-    types: tuple[str, ...] = LEARNED_TYPES
-    baselines: tuple[str, ...] = BASELINES
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    num_lambdas: int = 256
-    pair: tuple[str, str] | None = None
-    num_thresholds: int = ROUTELLM_NUM_THRESHOLDS
-    seed: int = 0
-    keep_curves: bool = True
-    cascade: bool = True
-    cascade_models: tuple[str, ...] | None = None
-    ensembles: tuple[str, ...] = ()
-    answer_check: bool = False
-
-    def __post_init__(self) -> None:
-        unknown = set(self.baselines) - set(BASELINES)
-        if unknown:
-            raise ValueError(f"unknown baselines {sorted(unknown)}; baselines: {', '.join(BASELINES)}")
-        if self.cascade_models is not None and len(self.cascade_models) < 2:
-            raise ValueError(f"a cascade needs at least two models, got {list(self.cascade_models)}")
-
-
-# --- the prompt-length baseline (the others live in routers/baselines.py) ---------------------------------
-
-class PromptLengthRouter(Router):
-    """Prompt length alone: each model's mean training score per decile of prompt length (RouteLLM's
-    length baseline, about 0.60 APGR on its MMLU and GSM8K pairs)."""
-
-    type = "length"
-
-    def __init__(self, models: Sequence[str], num_bins: int = 10):
-        super().__init__(models)
-        self.num_bins = num_bins
-        self.edges = np.zeros(0)
-        self.table = np.zeros((1, len(self.models)))
-
-    def fit(self, data: RoutingData, features: Features) -> PromptLengthRouter:
-        data = self.aligned(data)
-        length = features.text[:, 0]                       # log1p(characters), TEXT_FEATURE_NAMES[0]
-        self.edges = np.unique(np.quantile(length, np.linspace(0, 1, self.num_bins + 1)[1:-1]))
-        bins = np.searchsorted(self.edges, length, side="right")
-        overall = np.nanmean(data.scores, axis=0)
-        self.table = np.stack([np.nanmean(data.scores[bins == b], axis=0) if (bins == b).any() else overall
-                               for b in range(len(self.edges) + 1)])
-        self.table = np.where(np.isnan(self.table), overall, self.table)
-        return self
-
-    def predict(self, features: Features, suites: list[str] | None = None) -> np.ndarray:
-        return self.table[np.searchsorted(self.edges, features.text[:, 0], side="right")]
-
-    def state(self):
-        return {"edges": self.edges, "table": self.table}, {"num_bins": self.num_bins}
-
-    @classmethod
-    def from_state(cls, arrays, meta):
-        router = cls(meta["models"], num_bins=meta["num_bins"])
-        router.edges, router.table = arrays["edges"], arrays["table"]
-        return router
+from routers.offline.cascade_eval import cascade_answer_scores
+from routers.offline.data import RoutingData
+from routers.offline.measure import measure, measure_cascade, split_context
+from routers.offline.metrics import aiq
+from routers.offline.settings import EvalSettings
 
 
 def _baseline(name: str, models: list[str], seed: int) -> Router:
-    """An unfitted baseline router: prompt length from here, the others from `routers.baselines`."""
-    if name == "length":
-        return PromptLengthRouter(models)
+    """An unfitted baseline router of `routers.baselines`, by its registry name."""
     return make_router(name, models, seed=seed) if name == "random" else make_router(name, models)
 
 

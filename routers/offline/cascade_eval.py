@@ -1,7 +1,7 @@
 """The cascade offline: its escalation-threshold sweep on recorded outcomes, and the threshold's calibration.
 
     steps = efficient_steps(train.scores, train.costs)                  # model columns, cheapest first
-    result = cascade_sweep(quality[:, steps], test.scores, test.costs, steps)   # a decision.Sweep
+    result = cascade_sweep(quality[:, steps], test.scores, test.costs, steps)   # a calibration.Sweep
     t = calibrate_cascade(quality[:, steps], steps, Target.parse("cost=0.001"), scores=..., costs=...)
 
 A cascade (FrugalGPT, Chen, Zaharia and Zou 2023, arXiv:2305.05176) asks its steps in order of cost and
@@ -19,7 +19,7 @@ rule is `routers.cascade.replay_cascade` on a score per prompt and step:
 
 One threshold is shared by every step (the gateway's `threshold: 0.5`); its sweep gives the cascade's
 cost-quality curve, measured like a router's lambda sweep (AIQ, accuracy at cost, ...), and
-`calibrate_cascade` sets it from the same `decision.Target` as a router's knob (`decision.select_setting`).
+`calibrate_cascade` sets it from the same `calibration.Target` as a router's knob (`calibration.select_setting`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from routers.cascade import replay_cascade
-from routers.data import RoutingData
-from routers.decision import DEFAULT_GRID_SIZE, Sweep, Target, select_setting
+from routers.offline.calibration import DEFAULT_GRID_SIZE, Sweep, Target, select_setting
+from routers.offline.data import RoutingData
 
 
 def efficient_steps(scores: np.ndarray, costs: np.ndarray, candidates: Sequence[int] | None = None) -> list[int]:
@@ -152,7 +152,7 @@ def cascade_sweep(step_scores: np.ndarray, scores: np.ndarray, costs: np.ndarray
         steps: [S] model columns in escalation order.
         thresholds: [K] (default `threshold_grid(step_scores, num_thresholds)`).
     Returns:
-        a `decision.Sweep`: knob = thresholds [K], mean cost [K] USD per request (every called step paid),
+        a `calibration.Sweep`: knob = thresholds [K], mean cost [K] USD per request (every called step paid),
         mean quality [K] (the answering model's recorded score), share [K, M] of prompts each model answered.
     """
     knobs = threshold_grid(step_scores, num_thresholds) if thresholds is None else np.asarray(thresholds, dtype=np.float64)
@@ -165,7 +165,7 @@ def cascade_sweep(step_scores: np.ndarray, scores: np.ndarray, costs: np.ndarray
 
 def calibrate_cascade(step_scores: np.ndarray, steps: Sequence[int], target: Target, *, scores: np.ndarray,
                       costs: np.ndarray, models: list[str] | None = None, pays_rejected: bool = False) -> float:
-    """The escalation threshold that meets `target` on held-out prompts (as `decision.calibrate` sets a
+    """The escalation threshold that meets `target` on held-out prompts (as `calibration.calibrate` sets a
     router's lambda): cost = mean USD per request, share:MODEL = share of prompts MODEL answers, quality =
     fraction of the best single model's mean score (over the columns of `scores`).
 
@@ -175,7 +175,7 @@ def calibrate_cascade(step_scores: np.ndarray, steps: Sequence[int], target: Tar
         scores, costs: [N, M] recorded outcomes.
         models: [M] names (for a share target).
     Raises:
-        ValueError: as `decision.select_setting`, or fewer than two steps.
+        ValueError: as `calibration.select_setting`, or fewer than two steps.
     """
     result = cascade_sweep(step_scores, scores, costs, steps, pays_rejected=pays_rejected)
     i = select_setting(result, target, models=models, reference_quality=np.nanmean(scores, axis=0))

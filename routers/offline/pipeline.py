@@ -18,13 +18,16 @@ from typing import Any
 import numpy as np
 
 from routers.base import Router, load_router, make_router, save_router
-from routers.cascade_eval import calibrate_cascade, cascade_picks, cascade_sweep, check_step_order, efficient_steps
-from routers.data import RoutingData
-from routers.decision import CostModel, Target, calibrate, choose, choose_threshold, estimate_prompt_tokens
-from routers.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
-from routers.evaluate import EvalSettings, evaluate_split
+from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens
 from routers.features import Featurizer
-from routers.metrics import rank_auc
+from routers.offline.calibration import Target, calibrate
+from routers.offline.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, check_step_order,
+                                         efficient_steps)
+from routers.offline.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
+from routers.offline.data import RoutingData
+from routers.offline.evaluate import evaluate_split
+from routers.offline.metrics import rank_auc
+from routers.offline.settings import EvalSettings
 
 
 def train_router(type_: str, data: RoutingData, *, options: dict[str, Any] | None = None,
@@ -238,14 +241,14 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
     Returns {"path", "num_answers", "accuracy", "threshold", "steps", "auc", "operating_point"} (auc: the
     out-of-fold probability that a right answer outranks a wrong one; operating_point: the held-out folds'
     mean USD per request, quality and share escalated at the threshold, and whether the target is met (else
-    the threshold is the closest setting, as `decision.select_setting` picks it); None without calibration).
+    the threshold is the closest setting, as `calibration.select_setting` picks it); None without calibration).
 
     Raises:
         KeyError: an unknown model. ValueError: no recorded answers of `model`, `target` without `strong`
             (or the reverse), `strong` equal to `model`, or too few right or wrong answers for the folds.
     """
     from routers.answer_check import AnswerChecker, save_answer_checker
-    from routers.data import kfold_indices
+    from routers.offline.data import kfold_indices
 
     for name in (model, strong):
         if name is not None and name not in data.models:
