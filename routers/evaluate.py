@@ -31,7 +31,7 @@ The report is a JSON-able dict (`routers.plot` draws it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,31 @@ class EvalSettings:
             raise ValueError(f"a cascade needs at least two models, got {list(self.cascade_models)}")
 
 
+@dataclass
+class ProgressSteps:
+    """The steps of an evaluation (one learned router fitted and measured on one split) counted as they finish.
+
+    Attributes:
+        total: the steps the evaluation will take.
+        report: called with (steps done, total, label of the step just finished), or None; library code never
+            prints, so `link router eval` draws these as a progress bar on stderr.
+    """
+
+    total: int
+    report: Callable[[int, int, str], None] | None = None
+    done: int = 0
+
+    def start(self, label: str) -> None:
+        """Report a step of preparation (e.g. encoding the prompts) before any router step."""
+        if self.report is not None:
+            self.report(self.done, self.total, label)
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.report is not None:
+            self.report(self.done, self.total, label)
+
+
 # --- the prompt-length baseline (the others live in routers/baselines.py) ---------------------------------
 
 class PromptLengthRouter(Router):
@@ -146,13 +171,15 @@ def _fitted(type_: str, train: RoutingData, train_feats: Features, settings: Eva
 
 def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings = EvalSettings(), *,
                    featurizer: Featurizer | None = None, features: tuple[Features, Features] | None = None,
-                   extra: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+                   extra: dict[str, np.ndarray] | None = None,
+                   on_router: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fit every router on `train`, measure it on `test` (both complete rows, the same models).
 
     Args:
         featurizer: reads the prompts (default `Featurizer()`: MiniLM with the disk cache).
         features: precomputed (train, test) features instead.
         extra: more entries, name -> predicted quality [N_test, M] (e.g. a router fitted elsewhere).
+        on_router: called with each learned router type once it is fitted and measured (progress).
     Returns:
         {"models", "num_train", "num_test", "reference": {best single model, accuracy, cost_usd}, "cost_range",
          "pair", "ensembles", "single_models": {name: {accuracy, cost_usd}} (ensemble columns too),
@@ -197,6 +224,8 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
     for type_ in settings.types:
         learned[type_] = over_singles(_fitted(type_, single_train, train_feats, settings).predict(test_feats, test.suites))
         report["routers"][type_] = measure(ctx, learned[type_])
+        if on_router is not None:
+            on_router(type_)
     for name in settings.baselines:
         if name == "oracle":
             quality = over_singles(test.scores[:, ctx.singles])
