@@ -1,6 +1,6 @@
 """A model's load reports its progress: the callback sees the bytes of tensor data read so far rise to the file's
 total, one call per tensor, and the `serving.model_loader` logger says when the load starts and when the model
-is ready (time taken, resident size). The real SmolLM2 GGUF, loaded here once.
+is ready (time taken, resident size). The real SmolLM2 GGUF (slow), and two small safetensors shards.
 
     LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q -m slow tests/serving/test_load_progress.py
 """
@@ -37,3 +37,21 @@ def test_loading_smollm2_reports_rising_bytes_to_the_total_and_logs_start_and_re
                      "float32)")
     assert re.fullmatch(rf"model smollm2-135m-instruct is ready: loaded in \d+\.\d s, {4 * SMOLLM2_PARAMETERS / 1e6:.1f} "
                         r"MB resident", ready), ready
+
+
+def test_safetensors_progress_counts_stored_bytes_and_ends_at_the_files_sizes(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from serving.loader.safetensors_loader import SafetensorsCheckpoint
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, tmp_path / "1.safetensors")
+    save_file({"c": torch.zeros(7, dtype=torch.float16)}, tmp_path / "2.safetensors")
+    files = [tmp_path / "1.safetensors", tmp_path / "2.safetensors"]
+    first, second = (f.stat().st_size for f in files)
+    calls: list[tuple[int, int]] = []
+    names = [name for name, _ in SafetensorsCheckpoint(tmp_path, None, files).tensors(lambda d, t: calls.append((d, t)))]
+    assert names == ["a", "b", "c"]
+    # a: 12 float32 = 48 bytes, b: 5 bfloat16 = 10; the first shard's end counts its header; c: 7 float16 = 14
+    assert calls == [(48, first + second), (58, first + second), (first, first + second),
+                     (first + 14, first + second), (first + second, first + second)]
