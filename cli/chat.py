@@ -4,7 +4,8 @@
     link chat                                     interactive chat (Ctrl-D or /exit to leave, /reset clears)
 
 `answer` and `interactive_chat` run the conversation over a `serving.LLM`; the command loads the model and
-wires them to the terminal (or to stdin when it is not one).
+wires them to the terminal (or to stdin when it is not one). The load (tens of seconds on a small CPU) is a
+progress bar over the weights' bytes on stderr, and its end a line there, so stdout holds only the answers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import typer
 from rich.console import Console
 
 from cli.errors import fail
+from cli.progress import err_console, megabytes, progress_bar
 from serving import SamplingParams  # cheap: serving loads its heavy modules lazily
 
 console = Console()
@@ -79,13 +81,15 @@ def chat(
 
     try:
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
-        with console.status(f"loading {model} ...", spinner="dots"):
-            llm = LLM(model, dtype=dtype)
+        with progress_bar(f"loading {model}", unit="bytes") as update:
+            llm = LLM(model, dtype=dtype, progress=update)
+        err_console.print(f"loaded {model} in {llm.loaded.load_seconds:.1f} s ({megabytes(llm.loaded.resident_bytes)} "
+                          "resident)", markup=False, highlight=False)
         messages = [{"role": "system", "content": system}] if system else []
         if question is not None:
             console.print(answer(llm, messages + [{"role": "user", "content": question}], params), markup=False, highlight=False)
             return
-        console.print(f"[bold]{model}[/bold] loaded in {llm.loaded.load_seconds:.1f} s. /reset clears the history, /exit or Ctrl-D leaves.")
+        console.print(f"[bold]{model}[/bold]: /reset clears the history, /exit or Ctrl-D leaves.")
         reader = console.input if sys.stdin.isatty() else stdin_reader(sys.stdin)
         interactive_chat(llm, params, reader, lambda text: console.print(text, markup=False, highlight=False), system)
     except ServingError as exc:

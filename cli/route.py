@@ -7,7 +7,8 @@
 
 Prints each candidate's predicted quality, expected cost (USD) and objective (quality - lambda * cost) for
 router and hybrid policies, the plan (models in order; MoA proposers and aggregator; cascade steps) for
-every type. `explain_route` is the library function behind it.
+every type. `explain_route` is the library function behind it. A cold start loads the policy's router file and
+the prompt encoder (seconds): a status line on stderr names them (`loading_note`), so stdout stays the answer.
 
 `--tools` reads a JSON file holding a list of OpenAI tools ({"type": "function", "function": {"name", ...}})
 or a saved chat request body with a "tools" key (`load_tools`). A request offering tools can be routed
@@ -19,15 +20,17 @@ Bad input (a missing or malformed tools file, tools with --completion, an unknow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from cli.errors import fail
+from cli.progress import status
 
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict]:
@@ -80,9 +83,26 @@ def load_tools(path: str | Path) -> list[dict]:
     return check_tools(data, str(path))
 
 
+# The files a policy type loads on its first plan, by option: what `loading_note` names.
+_LOADED_FILES = {"path": "router file", "checker": "answer checker file"}
+
+
+def loading_note(policy) -> str | None:
+    """What planning with `policy` (a `link.config.PolicyConfig`) loads first: "loading link/auto: router file
+    <path>, prompt encoder all-MiniLM-L6-v2 (auto)"; None when it loads no file (fixed, fallback, MoA)."""
+    from routers.embedding import DEFAULT_MODEL_NAME
+
+    files = [f"{what} {policy.options[key]}" for key, what in _LOADED_FILES.items()
+             if isinstance(policy.options.get(key), str)]
+    if not files:
+        return None
+    return (f"loading {policy.name}: {', '.join(files)}, prompt encoder {DEFAULT_MODEL_NAME} "
+            f"({policy.options.get('encoder') or 'auto'}) ...")
+
+
 def explain_route(prompt: str, policy_name: str, config_path: str | None = None, *, cost_penalty: float | None = None,
                   max_cost_usd: float | None = None, suite: str | None = None, endpoint: str = "chat",
-                  tools: list[dict] | None = None) -> dict[str, Any]:
+                  tools: list[dict] | None = None, on_load: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Plan one request with a config policy (or a model name): {"policy", "type", "models" (the plan's order, or
     every model an executed plan calls), "decision", "executed" (a cascade or MoA plan), "tools" (the names of
     the functions the request offers)}; a cascade scored by a router's predicted quality, decided before any
@@ -94,6 +114,7 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
         cost_penalty, max_cost_usd: sent as the request's metadata overrides (link_cost_penalty, link_max_cost_usd).
         suite: sent as metadata.suite (routers with per-suite costs read it).
         tools: OpenAI tools the request offers, [{"type": "function", "function": {"name", ...}}] (chat only).
+        on_load: called with `loading_note` before the policy loads its files (none: not called).
     Raises:
         link.config.ConfigError: an invalid config. LookupError: no such policy or model.
         link.policies.base.PolicyError: the policy cannot be built (e.g. its router file is missing).
@@ -123,6 +144,9 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
     if policy_name in names:
         policy = implicit_fixed(policy_name, names)
     elif config.policy(policy_name) is not None:
+        note = loading_note(config.policy(policy_name))
+        if note is not None and on_load is not None:
+            on_load(note)
         policy = make_policy(config.policy(policy_name), names)
     else:
         available = [*names, *(p.name for p in config.policies)]
@@ -205,8 +229,10 @@ def route(
             raise fail(f"{flag} must be a number in [0, {high:g}], got {value:g}")
     try:
         tools = None if tools_path is None else load_tools(tools_path)
-        result = explain_route(prompt, policy, config, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd, suite=suite,
-                               endpoint="completion" if completion else "chat", tools=tools)
+        with contextlib.ExitStack() as loading:  # a spinner on stderr from the note until the plan is made
+            result = explain_route(prompt, policy, config, cost_penalty=cost_penalty, max_cost_usd=max_cost_usd,
+                                   suite=suite, endpoint="completion" if completion else "chat", tools=tools,
+                                   on_load=lambda note: loading.enter_context(status(note)))
     except (ConfigError, LookupError, PolicyError, ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     except OpenAIError as exc:

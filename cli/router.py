@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.errors import fail
+from cli.progress import progress_bar
 
 router_app = typer.Typer(help="Learned routers: train on outcome tables, calibrate the cost knob, evaluate offline.",
                          no_args_is_help=True)
@@ -365,11 +366,13 @@ def eval_(
                                 options=parse_options(option, types), num_lambdas=lambdas, seed=seed, cascade=cascade,
                                 cascade_models=tuple(steps) if steps else None, ensembles=tuple(hybrid),
                                 answer_check=answer_check)
-        report = run_evaluation(load_data(train, data_dir, task_by=task_by),
-                                load_data(test, data_dir, task_by=task_by) if test else None, settings,
-                                num_splits=splits, folds=folds, seeds=tuple(range(seed, seed + seeds)),
-                                group_by=group_by, add_model=add_model, add_prompts=add_prompts,
-                                featurizer=Featurizer(choice_embeddings=choice_embeddings))
+        train_data = load_data(train, data_dir, task_by=task_by)
+        test_data = load_data(test, data_dir, task_by=task_by) if test else None
+        with progress_bar("evaluating routers") as update:  # on stderr: folds (or splits) x learned routers
+            report = run_evaluation(train_data, test_data, settings, num_splits=splits, folds=folds,
+                                    seeds=tuple(range(seed, seed + seeds)), group_by=group_by, add_model=add_model,
+                                    add_prompts=add_prompts, featurizer=Featurizer(choice_embeddings=choice_embeddings),
+                                    progress=update)
         report["data"] = {"train": train, "test": test, "task_by": task_by}
         if json_out is not None:
             json_out.parent.mkdir(parents=True, exist_ok=True)

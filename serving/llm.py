@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import torch
 
@@ -33,14 +33,15 @@ class LLM:
         dtype: "float32" (default), "bfloat16" or "float16": the weights' and activations' dtype.
         registry: where to look `model` up.
         engine_config: KV cache and batching settings of the underlying `LLMEngine`.
+        progress: called with (bytes read, total bytes) while the weights load (see `load_model`).
     Raises:
         UnknownModelError, ModelFileError, UnsupportedTensorTypeError: see `load_model`.
     """
 
     def __init__(self, model: str, *, dtype: str | torch.dtype = "float32", registry: ModelRegistry | None = None,
-                 engine_config: EngineConfig = EngineConfig()):
+                 engine_config: EngineConfig = EngineConfig(), progress: Callable[[int, int], None] | None = None):
         registry = registry or default_registry()
-        self.loaded: LoadedModel = load_model(registry.get(model), dtype)
+        self.loaded: LoadedModel = load_model(registry.get(model), dtype, progress)
         self.model_name = model
         self.engine = LLMEngine(self.loaded, engine_config)
         self._ids = itertools.count()

@@ -1,9 +1,17 @@
-"""Load a registered model: checkpoint -> `CausalLM` in the requested dtype, tokenizer, chat format."""
+"""Load a registered model: checkpoint -> `CausalLM` in the requested dtype, tokenizer, chat format.
+
+A first load takes tens of seconds on a small CPU (reading and dequantizing every tensor), so it logs a line
+when it starts (the file and its size) and one when the model is ready (the time taken and the resident size
+of its weights) on the `serving.model_loader` logger, and reports its progress to an optional callback
+(`progress(bytes read, total bytes)`), which `link chat` draws as a progress bar on stderr.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -16,6 +24,8 @@ from serving.models import build_model
 from serving.models.base import CausalLM
 from serving.registry import ModelSpec
 from serving.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -73,10 +83,20 @@ class LoadedModel:
     context_length: int
     load_seconds: float
 
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of the model's weights and buffers in memory (tied weights counted once)."""
+        tensors = {t.data_ptr(): t for t in (*self.model.parameters(), *self.model.buffers())}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
-def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32") -> LoadedModel:
+
+def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32",
+               progress: Callable[[int, int], None] | None = None) -> LoadedModel:
     """Read the checkpoint of `spec` (GGUF file or safetensors folder) and build the model.
 
+    Args:
+        progress: called after each tensor is read with (bytes done, total bytes) of the checkpoint's tensor
+            data (`GGUFCheckpoint.tensors`, `SafetensorsCheckpoint.tensors`): non-decreasing, ending at the total.
     Raises:
         ModelFileError: missing/truncated/corrupt file, or an architecture different from `spec`'s.
         UnsupportedTensorTypeError, UnsupportedArchitectureError: the file cannot be run.
@@ -94,15 +114,20 @@ def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32") -> LoadedM
     cfg = ckpt.config
     if cfg.architecture != spec.architecture:
         raise ModelFileError(f"{path} holds a {cfg.architecture} model but {spec.name!r} is registered as {spec.architecture}")
+    logger.info("loading model %s from %s (%.1f MB of weights, %s)", spec.name, path, ckpt.num_bytes / 1e6,
+                str(torch_dtype).removeprefix("torch."))
     model = build_model(cfg, torch_dtype)
-    model.load_weights(ckpt.tensors())
+    model.load_weights(ckpt.tensors(progress))
     if spec.chat_format == "template":
         if not tokenizer.chat_template:
             raise ModelFileError(f"{spec.name!r} is registered with chat_format='template' but {path} has no chat template")
         chat_format: ChatFormat = TemplateChatFormat(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token)
     else:
         chat_format = InContextChatFormat()
-    return LoadedModel(
+    loaded = LoadedModel(
         spec=spec, config=cfg, model=model, tokenizer=tokenizer, chat_format=chat_format, dtype=torch_dtype,
         context_length=min(spec.context_length, cfg.context_length), load_seconds=time.perf_counter() - start,
     )
+    logger.info("model %s is ready: loaded in %.1f s, %.1f MB resident", spec.name, loaded.load_seconds,
+                loaded.resident_bytes / 1e6)
+    return loaded

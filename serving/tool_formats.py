@@ -14,7 +14,9 @@ as `fmt=`):
   `arguments_key` (style json), `nested_values` (style xml: "json" writes object/array values as JSON text,
   "refuse" refuses such parameters up front, for harnesses whose values are only plain text).
 - `response_template`: one tool result, placeholders `{name}`, `{id}`, `{content}` (required); results go
-  back in a user turn (`serving.toolcalls.render_messages`).
+  back in a user turn (`serving.toolcalls.render_messages`). Its literal ends are the result markers
+  (`result_open`, `result_close`): after a tool result generation stops at `result_open`, and a result
+  block the model still writes is cut from its answer (`serving.toolcalls.strip_tool_results`).
 
 Built-in formats (`FORMATS`):
 
@@ -152,6 +154,23 @@ class ToolCallFormat:
     def block(self) -> str:
         """The block's name in instructions ("tool_call" for `<tool_call>`)."""
         return self.call_open.strip("<>") or "function"
+
+    @property
+    def result_open(self) -> str:
+        """The text that starts a tool result block: `response_template`'s literal text before its first
+        placeholder, a tag cut to its name (`<tool_response`, so a bare `<tool_response>` matches too);
+        "" when the template starts with a placeholder. A model writing it after a tool result is echoing
+        the harness, not answering: it is a stop string of such requests (`serving.api.chat_tools`)."""
+        head = self.response_template[:_PLACEHOLDER.search(self.response_template).start()].strip()
+        tag = re.match(r"<[^\s<>]+", head)
+        return tag.group(0) if tag else head
+
+    @property
+    def result_close(self) -> str:
+        """The text that ends a tool result block: `response_template`'s literal text after its last placeholder
+        (`</tool_response>`); "" when the template ends with a placeholder."""
+        last = list(_PLACEHOLDER.finditer(self.response_template))[-1]
+        return self.response_template[last.end():].strip()
 
     @property
     def can_force(self) -> bool:

@@ -11,7 +11,9 @@ JSON schema per line inside `<tools></tools>`. The model calls a function by wri
 several blocks; "no call" is plain text with no block. Results come back in a user turn, one
 `<tool_response name="..." tool_call_id="...">...</tool_response>` block per result. A user turn
 (not a "tool" role) is used because many chat templates reject unknown roles or demand that user and
-assistant alternate.
+assistant alternate. A model that goes on to write such a block itself is echoing the harness: after a
+tool result generation stops at the block's opening marker, and `parse_tool_calls` cuts any result block
+from the answer (`strip_tool_results`).
 
     messages = render_messages(body["messages"], tools, tool_choice, fmt=fmt)   # -> the chat template
     parsed = parse_tool_calls(model_text, tools, fmt=fmt)                      # -> content, OpenAI tool_calls
@@ -40,7 +42,7 @@ from serving.tool_styles import ToolFormatError, tool_call, tool_functions  # re
 
 __all__ = ["CALL_OPEN", "CALL_CLOSE", "DEFAULT_FORMAT", "ParsedOutput", "ToolCallFormat", "ToolFormatError",
            "forced_tool_name", "parse_tool_calls", "render_messages", "render_tool_call", "render_tools_system_prompt",
-           "streamable_length", "tool_call", "tool_functions", "with_system_text"]
+           "streamable_length", "strip_tool_results", "tool_call", "tool_functions", "with_system_text"]
 
 CALL_OPEN, CALL_CLOSE = DEFAULT_FORMAT.call_open, DEFAULT_FORMAT.call_close
 
@@ -195,9 +197,10 @@ def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: boo
                      fmt: ToolCallFormat = DEFAULT_FORMAT) -> ParsedOutput:
     """Split a model output into content and OpenAI `tool_calls`; never raises on model text.
 
+    Tool result blocks the model wrote (echoing the harness, `strip_tool_results`) are cut first.
     A block whose body is not a call (or a list of calls, style json), or that names a function not in
     `tools` (when given), stays in the content verbatim, as does an unclosed block (unless `cut`).
-    Without any call the content is `text` unchanged; with calls it is the text outside the accepted blocks
+    Without any call the content is that text; with calls it is the text outside the accepted blocks
     (whitespace next to a block trimmed, pieces joined by newlines), or None when that is empty.
 
     Args:
@@ -213,6 +216,7 @@ def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: boo
     """
     if tools is not None:
         tool_functions(tools)
+    text = strip_tool_results(text, fmt)
     opener, closer = fmt.block_open, fmt.block_close
     calls: list[dict] = []
     pieces: list[str] = []  # the text between accepted blocks (rejected blocks included verbatim)
@@ -252,15 +256,37 @@ def _without_cut_close(body: str, closer: str = CALL_CLOSE) -> str:
     return body
 
 
+def strip_tool_results(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> str:
+    """`text` less every tool result block in it (`fmt.result_open` ... `fmt.result_close`, an unclosed one to the
+    end): a model that writes one after a tool result is echoing the harness's rendering, not answering. The
+    text before a block is kept, whitespace next to a block trimmed, pieces joined by newlines; `text` is
+    returned unchanged when it holds no block (or the format's results have no opening marker)."""
+    opener, closer = fmt.result_open, fmt.result_close
+    if not opener or opener not in text:
+        return text
+    pieces, pos = [], 0
+    while (start := text.find(opener, pos)) >= 0:
+        pieces.append(text[pos:start])
+        end = text.find(closer, start + len(opener)) if closer else -1
+        pos = len(text) if end < 0 else end + len(closer)
+    pieces.append(text[pos:])
+    pieces = [p.rstrip() if i == 0 else p.lstrip() if i == len(pieces) - 1 else p.strip() for i, p in enumerate(pieces)]
+    return "\n".join(p for p in pieces if p)
+
+
 def streamable_length(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> int:
-    """How many leading characters of a growing output are surely content: everything before a block's
-    open tag (or a suffix that could start one), less the whitespace that would be trimmed."""
-    opener = fmt.block_open
+    """How many leading characters of a growing output are surely content: everything before a call block's
+    or a tool result block's open tag (or a suffix that could start one), less the whitespace that would be
+    trimmed."""
+    return min(len(text[:_held_from(text, opener)].rstrip()) for opener in (fmt.block_open, fmt.result_open) if opener)
+
+
+def _held_from(text: str, opener: str) -> int:
+    """Where `opener` first starts in `text`, else where a suffix of `text` that could start it begins, else len(text)."""
     start = text.find(opener)
-    if start < 0:
-        start = len(text)
-        for k in range(min(len(opener) - 1, len(text)), 0, -1):
-            if text.endswith(opener[:k]):
-                start -= k
-                break
-    return len(text[:start].rstrip())
+    if start >= 0:
+        return start
+    for k in range(min(len(opener) - 1, len(text)), 0, -1):
+        if text.endswith(opener[:k]):
+            return len(text) - k
+    return len(text)

@@ -10,7 +10,7 @@ the mean over splits (`summarize`: mean, standard deviation and count per router
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from routers.features import Featurizer, Features
 from routers.offline.data import RoutingData, kfold_indices, train_test_split
 from routers.offline.evaluate import evaluate_split
 from routers.offline.measure import COST_FRACTIONS, CPT_FRACTIONS, measure, split_context
+from routers.offline.progress import ProgressSteps
 from routers.offline.settings import EvalSettings
 
 SUMMARY_KEYS = ("aiq", "max_quality", "accuracy_at_best_cost", "cost_at_best_accuracy", "cost_ratio_at_best_accuracy",
@@ -52,9 +53,11 @@ def _features_of(featurizer: Featurizer, data: RoutingData) -> Features:
 
 
 def evaluate_resplits(train: RoutingData, test: RoutingData, settings: EvalSettings = EvalSettings(), *,
-                      num_splits: int = 5, featurizer: Featurizer | None = None) -> dict[str, Any]:
+                      num_splits: int = 5, featurizer: Featurizer | None = None,
+                      steps: ProgressSteps | None = None) -> dict[str, Any]:
     """Pool train and test, re-draw `num_splits` train/test splits of the same test size (stratified by
-    suite, seeds settings.seed + i), evaluate each. Returns {"splits": [reports], "summary": summarize(...)}."""
+    suite, seeds settings.seed + i), evaluate each. Returns {"splits": [reports], "summary": summarize(...)}.
+    `steps` counts one step per split and learned router."""
     pool = RoutingData.concat([train, test])
     featurizer = featurizer or Featurizer()
     feats = _features_of(featurizer, pool)
@@ -62,7 +65,8 @@ def evaluate_resplits(train: RoutingData, test: RoutingData, settings: EvalSetti
     for i in range(num_splits):
         tr, te = train_test_split(pool.num_prompts, test.num_prompts, seed=settings.seed + i, stratify=pool.suites)
         report = evaluate_split(pool.subset(tr), pool.subset(te), settings, features=(feats.subset(tr), feats.subset(te)),
-                                featurizer=featurizer)
+                                featurizer=featurizer,
+                                on_router=steps and (lambda t, i=i: steps.step(f"split {i + 1}/{num_splits}, {t}")))
         report["seed"] = settings.seed + i
         reports.append(report)
     return {"splits": reports, "summary": summarize(reports)}
@@ -70,24 +74,33 @@ def evaluate_resplits(train: RoutingData, test: RoutingData, settings: EvalSetti
 
 def evaluate_kfold(data: RoutingData, settings: EvalSettings = EvalSettings(), *, k: int = 5,
                    seeds: Sequence[int] = (0,), group_by: str | None = None,
-                   featurizer: Featurizer | None = None) -> dict[str, Any]:
+                   featurizer: Featurizer | None = None,
+                   progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     """k-fold cross-validation (RouteLLM's pairs): for each seed, each fold is the test set once.
 
     Args:
         group_by: "suite" or "subject" to hold whole groups out of training (e.g. MMLU subjects).
+        progress: called with (steps done, total steps, label) where a step is one learned router fitted and
+            measured on one fold, total = folds x seeds x learned types; first with 0 done while the prompts
+            are encoded.
     Returns:
         {"folds": [reports, each with "seed" and "fold"], "summary": summarize(...)}.
     """
     featurizer = featurizer or Featurizer()
-    feats = _features_of(featurizer, data)
     groups = data.groups(group_by) if group_by else None
+    splits = [(seed, fold, tr, te) for seed in seeds
+              for fold, (tr, te) in enumerate(kfold_indices(data.num_prompts, k, seed=seed, groups=groups))]
+    steps = ProgressSteps(len(splits) * len(settings.types), progress)
+    steps.start(f"encoding {data.num_prompts} prompts")
+    feats = _features_of(featurizer, data)
     reports = []
-    for seed in seeds:
-        for fold, (tr, te) in enumerate(kfold_indices(data.num_prompts, k, seed=seed, groups=groups)):
-            report = evaluate_split(data.subset(tr), data.subset(te), settings, featurizer=featurizer,
-                                    features=(feats.subset(tr), feats.subset(te)))
-            report.update(seed=seed, fold=fold)
-            reports.append(report)
+    for seed, fold, tr, te in splits:
+        where = f"fold {fold + 1}/{k}" + (f" of seed {seed}" if len(seeds) > 1 else "")
+        report = evaluate_split(data.subset(tr), data.subset(te), settings, featurizer=featurizer,
+                                features=(feats.subset(tr), feats.subset(te)),
+                                on_router=lambda t, where=where: steps.step(f"{where}, {t}"))
+        report.update(seed=seed, fold=fold)
+        reports.append(report)
     return {"folds": reports, "summary": summarize(reports)}
 
 

@@ -31,6 +31,7 @@ The report is a JSON-able dict (`routers.offline.plot` draws it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,13 +58,15 @@ def _fitted(type_: str, train: RoutingData, train_feats: Features, settings: Eva
 
 def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings = EvalSettings(), *,
                    featurizer: Featurizer | None = None, features: tuple[Features, Features] | None = None,
-                   extra: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+                   extra: dict[str, np.ndarray] | None = None,
+                   on_router: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Fit every router on `train`, measure it on `test` (both complete rows, the same models).
 
     Args:
         featurizer: reads the prompts (default `Featurizer()`: MiniLM with the disk cache).
         features: precomputed (train, test) features instead.
         extra: more entries, name -> predicted quality [N_test, M] (e.g. a router fitted elsewhere).
+        on_router: called with each learned router type once it is fitted and measured (progress).
     Returns:
         {"models", "num_train", "num_test", "reference": {best single model, accuracy, cost_usd}, "cost_range",
          "pair", "ensembles", "single_models": {name: {accuracy, cost_usd}} (ensemble columns too),
@@ -108,6 +111,8 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
     for type_ in settings.types:
         learned[type_] = over_singles(_fitted(type_, single_train, train_feats, settings).predict(test_feats, test.suites))
         report["routers"][type_] = measure(ctx, learned[type_])
+        if on_router is not None:
+            on_router(type_)
     for name in settings.baselines:
         if name == "oracle":
             quality = over_singles(test.scores[:, ctx.singles])

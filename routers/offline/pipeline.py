@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from routers.offline.crossval import evaluate_add_model, evaluate_kfold, evaluat
 from routers.offline.data import RoutingData
 from routers.offline.evaluate import evaluate_split
 from routers.offline.metrics import rank_auc
+from routers.offline.progress import ProgressSteps
 from routers.offline.settings import EvalSettings
 
 
@@ -185,13 +186,19 @@ def _calibrate_cascade_file(loaded, path, data: RoutingData, quality: np.ndarray
 def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalSettings, *, num_splits: int = 0,
                    folds: int = 5, seeds: Sequence[int] = (0,), group_by: str | None = None,
                    add_model: str | None = None, add_prompts: int = 300,
-                   featurizer: Featurizer | None = None) -> dict[str, Any]:
+                   featurizer: Featurizer | None = None,
+                   progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     """What `link router eval` reports.
 
     With `test`: the fixed split ("split"), plus `num_splits` re-drawn splits ("resplits") when > 0, plus
     per learned type the add-a-model check ("add_model": {type: result}) when `add_model` names a model.
     Without: k-fold cross-validation of `train` ("kfold") over `seeds`, holding out whole `group_by` groups.
     Every set is cut to its complete prompts first.
+
+    Args:
+        progress: called with (steps done, total steps, label) as the evaluation goes: a step is one learned
+            router fitted and measured on one fold or split (or one add-a-model check); 0 done while the
+            prompts are encoded. The last call has done == total.
     """
     featurizer = featurizer or Featurizer()
     train = train.complete_rows()
@@ -202,18 +209,27 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
                                         "cascade": settings.cascade, "cascade_models": settings.cascade_models,
                                         "ensembles": list(settings.ensembles)}}
     if test is None:
-        out["kfold"] = evaluate_kfold(train, settings, k=folds, seeds=seeds, group_by=group_by, featurizer=featurizer)
+        out["kfold"] = evaluate_kfold(train, settings, k=folds, seeds=seeds, group_by=group_by, featurizer=featurizer,
+                                      progress=progress)
         out["kfold"].update(k=folds, seeds=list(seeds), group_by=group_by)
         return out
     test = test.complete_rows()
+    num_types = len(settings.types)
+    steps = ProgressSteps(num_types * (1 + num_splits + (add_model is not None)), progress)
+    steps.start(f"encoding {train.num_prompts + test.num_prompts} prompts")
     features = (featurizer.transform(train.prompts, train.has_tools),
                 featurizer.transform(test.prompts, test.has_tools))
-    out["split"] = evaluate_split(train, test, settings, features=features, featurizer=featurizer)
+    out["split"] = evaluate_split(train, test, settings, features=features, featurizer=featurizer,
+                                  on_router=lambda t: steps.step(f"test split, {t}"))
     if num_splits > 0:
-        out["resplits"] = evaluate_resplits(train, test, settings, num_splits=num_splits, featurizer=featurizer)
+        out["resplits"] = evaluate_resplits(train, test, settings, num_splits=num_splits, featurizer=featurizer,
+                                            steps=steps)
     if add_model is not None:
-        out["add_model"] = {t: evaluate_add_model(train, test, t, add_model, num_labelled=add_prompts,
-                                                  settings=settings, features=features) for t in settings.types}
+        out["add_model"] = {}
+        for t in settings.types:
+            out["add_model"][t] = evaluate_add_model(train, test, t, add_model, num_labelled=add_prompts,
+                                                     settings=settings, features=features)
+            steps.step(f"adding {add_model}, {t}")
     return out
 
 

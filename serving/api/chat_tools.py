@@ -10,6 +10,9 @@
   "length"; `serving.guided_tools.parse_forced_calls`). In "auto" mode an output cut by max_tokens right
   after a whole call, inside its `</tool_call>`, is that call too (finish_reason stays "length"); any
   other unclosed or malformed block stays content.
+- After a tool result (a "tool" message), the model writing a result block of its own is echoing the
+  harness: the block's opening marker is a stop string (`ChatSetup.stop`) and the output is parsed (with
+  no tools offered: `tools` []), which cuts any such block (`serving.toolcalls.strip_tool_results`).
 - `ToolStream`: the streamed form: content is held back from where a `<tool_call>` tag may start (a
   forced output sends none), and the calls are sent at the end as `delta.tool_calls` chunks, parsed as
   the whole response parses them, so streamed equals whole.
@@ -40,7 +43,8 @@ class ChatSetup:
     """messages: for the chat template; guided_json: the schema as JSON text or None; tools: the tools
     whose calls are parsed from the output (None: no parsing; a named tool_choice: that tool); parallel:
     several calls allowed; structural_tag: the forced tool calls (`SamplingParams.structural_tag`) or None;
-    forced: the output is forced calls; tool_format: the harness format that rendered and parses the calls."""
+    forced: the output is forced calls; tool_format: the harness format that rendered and parses the calls;
+    stop: stop strings the request adds (the format's tool result opening marker, after a tool result)."""
 
     messages: list[dict]
     guided_json: str | None
@@ -49,6 +53,7 @@ class ChatSetup:
     structural_tag: str | None = None
     forced: bool = False
     tool_format: ToolCallFormat = DEFAULT_FORMAT
+    stop: tuple[str, ...] = ()
 
 
 def unservable_fields(body: ChatCompletionRequest) -> None:
@@ -119,7 +124,12 @@ def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORM
             hint += f" It must follow this JSON Schema:\n{json.dumps(schema, ensure_ascii=False)}"
         messages = with_system_text(messages, hint)
     parsed_tools = forced if forced is not None else list(tools) if active else None
-    return ChatSetup(messages, None if schema is None else json.dumps(schema), parsed_tools, parallel, tag, tag is not None, fmt)
+    has_results = any(m.get("role") == "tool" for m in body.messages if isinstance(m, dict))
+    stop = (fmt.result_open,) if has_results and fmt.result_open else ()
+    if has_results and parsed_tools is None:
+        parsed_tools = []  # parsed for the echoed result blocks only: no call is accepted
+    return ChatSetup(messages, None if schema is None else json.dumps(schema), parsed_tools, parallel, tag, tag is not None,
+                     fmt, stop)
 
 
 def _parse(text: str, finish: str | None, tools: list[dict], parallel: bool, forced: bool, fmt: ToolCallFormat) -> ParsedOutput:
@@ -158,7 +168,7 @@ class ToolStream:
         """The deltas that finish a choice (the rest of the content, then one per tool call) and its
         finish reason; the last delta is the one to carry the finish reason."""
         parsed = _parse(text, finish, self.tools, self.parallel, self.forced, self.fmt)
-        rest = (parsed.content or "")[sent:] if parsed.tool_calls or self.forced else text[sent:]
+        rest = (parsed.content or "")[sent:]  # `text` less its call blocks and any echoed tool result block
         deltas = [{"content": rest}] if rest else []
         for i, call in enumerate(parsed.tool_calls):
             deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",

@@ -114,7 +114,9 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int,
     max_tokens = _max_tokens(getattr(body, budget_param), [len(ids)], max_model_len, None,
                              prompt_param="messages", budget_param=budget_param)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    params = dataclasses.replace(_sampling(body, max_tokens, _stops(body), top), guided_json=setup.guided_json,
+    stops = _stops(body)
+    stops += tuple(s for s in setup.stop if s not in stops)  # after a tool result: where an echoed result block opens
+    params = dataclasses.replace(_sampling(body, max_tokens, stops, top), guided_json=setup.guided_json,
                                  structural_tag=setup.structural_tag)
     params = fmt.reply_params(params)  # the format's turn markers as stop strings, after the client's; its reply's opening space
     return RequestPlan("chat", body.model, params, [ids], [prompt], body.stream,

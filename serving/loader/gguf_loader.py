@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -91,9 +91,20 @@ class GGUFCheckpoint:
     config: ModelConfig
     _reader: Any = field(repr=False)
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (Hugging Face name, float32 tensor in the Hugging Face layout) for every tensor."""
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of tensor data in the file (quantized blocks as stored)."""
+        return sum(int(t.n_bytes) for t in self._reader.tensors)
+
+    def tensors(self, progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (Hugging Face name, float32 tensor in the Hugging Face layout) for every tensor.
+
+        Args:
+            progress: called after each tensor is dequantized with (bytes read so far, `num_bytes`), both in
+                bytes of the file's tensor data; the last call has done == total.
+        """
         cfg = self.config
+        total, done = self.num_bytes, 0
         for t in self._reader.tensors:
             name = hf_tensor_name(t.name, cfg.architecture)
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -104,6 +115,9 @@ class GGUFCheckpoint:
                 w = unpermute_rope_rows(w, cfg.num_kv_heads)
             elif cfg.architecture == "gemma3" and name.endswith("norm.weight"):
                 w = w - 1.0
+            done += int(t.n_bytes)
+            if progress is not None:
+                progress(done, total)
             yield name, w
 
     def state_dict(self) -> dict[str, torch.Tensor]:

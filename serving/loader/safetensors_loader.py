@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -26,17 +26,37 @@ class SafetensorsCheckpoint:
     config: ModelConfig
     files: list[Path]
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (Hugging Face name, float32 tensor) for every tensor of every shard."""
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the safetensors files (headers included)."""
+        return sum(file.stat().st_size for file in self.files)
+
+    def tensors(self, progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (Hugging Face name, float32 tensor) for every tensor of every shard.
+
+        Args:
+            progress: called after each tensor with (bytes read so far, `num_bytes`): the stored size of the
+                tensors read, and at the end of each shard the files' sizes so far (their headers counted), so
+                the last call has done == total.
+        """
         from safetensors import safe_open
 
+        total, done_files = self.num_bytes, 0
         for file in self.files:
             try:
                 with safe_open(str(file), framework="pt") as f:
+                    done = done_files
                     for name in f.keys():
-                        yield name, f.get_tensor(name).float()
+                        tensor = f.get_tensor(name)
+                        done += tensor.numel() * tensor.element_size()
+                        if progress is not None:
+                            progress(min(done, done_files + file.stat().st_size), total)
+                        yield name, tensor.float()
             except (OSError, ValueError, RuntimeError) as exc:
                 raise ModelFileError(f"cannot read {file}: {exc}; the file may be truncated") from exc
+            done_files += file.stat().st_size
+            if progress is not None:
+                progress(done_files, total)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.tensors())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typer.testing import CliRunner
 
 from cli.app import app
@@ -15,10 +17,13 @@ def test_models_lists_the_registry():
     assert "smollm2-135m-instruct" in result.output and "gemma-3-270m" in result.output
 
 
-def test_chat_answers_one_question():
+def test_chat_answers_one_question_and_reports_the_load_on_stderr():
     result = runner.invoke(app, ["chat", "What is the capital of France?", "--model", "smollm2-135m-instruct"])
     assert result.exit_code == 0, result.output
-    assert "Paris" in result.output
+    assert "Paris" in result.stdout and "load" not in result.stdout  # stdout: the answer only
+    first, done = result.stderr.splitlines()[:2]
+    assert first == "loading smollm2-135m-instruct ..."
+    assert re.fullmatch(r"loaded smollm2-135m-instruct in \d+\.\d s \(\d+\.\d MB resident\)", done), done
 
 
 def test_interactive_chat_keeps_history_until_exit():

@@ -71,7 +71,9 @@ def route(config, *args: str):
 def test_the_same_prompt_goes_to_the_tool_model_only_when_it_offers_tools(config, tmp_path):
     result = route(config, "--json")
     assert result.exit_code == 0, result.output
-    plain = json.loads(result.output)
+    plain = json.loads(result.stdout)  # stdout holds the JSON alone: the loading line goes to stderr
+    assert result.stderr == (f"loading auto: router file {tmp_path / 'knn.safetensors'}, prompt encoder "
+                             "all-MiniLM-L6-v2 (auto) ...\n")
     # lambda 50: small 0.75 - 0.05 = 0.70, big 1.0 - 0.5 = 0.50, tools-sft (no plain evidence) 0 - 0.025
     assert plain["decision"]["scores"] == pytest.approx({"small": 0.75, "big": 1.0, "tools-sft": 0.0})
     assert plain["decision"]["chosen"] == "small" and plain["models"] == ["small", "big", "tools-sft"]
@@ -81,7 +83,7 @@ def test_the_same_prompt_goes_to_the_tool_model_only_when_it_offers_tools(config
     tools.write_text(json.dumps(TOOLS))
     result = route(config, "--tools", str(tools), "--json")
     assert result.exit_code == 0, result.output
-    offered = json.loads(result.output)
+    offered = json.loads(result.stdout)
     # tools-sft 0.75 - 0.025 = 0.725; small and big have no tool evidence: 0 - 0.05 and 0 - 0.5
     assert offered["decision"]["scores"] == pytest.approx({"small": 0.0, "big": 0.0, "tools-sft": 0.75})
     assert offered["decision"]["chosen"] == "tools-sft" and offered["models"] == ["tools-sft", "small", "big"]

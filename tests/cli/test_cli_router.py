@@ -167,6 +167,21 @@ def test_eval_cross_validation_and_errors(tmp_path, files):
     assert backwards.exit_code == 2 and "cheapest first" in backwards.output
 
 
+def test_eval_reports_its_progress_per_fold_and_router_on_stderr(tmp_path, files):
+    train, _ = files
+    out_json = tmp_path / "cv.json"
+    result = runner.invoke(app, ["router", "eval", "--type", "linear", "--train", str(train), "--folds", "3",
+                                 "--seeds", "2", "--baselines", "random", "--no-cascade", "--json", str(out_json)])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("evaluating routers")]
+    # 3 folds x 2 seeds x 1 learned router = 6 steps, counted up one by one to the total
+    assert lines == ["evaluating routers ...", "evaluating routers: 0/6 encoding 90 prompts",
+                     *(f"evaluating routers: {3 * s + f + 1}/6 fold {f + 1}/3 of seed {s}, linear"
+                       for s in range(2) for f in range(3))]
+    assert "evaluating routers" not in result.stdout and "wrote" in result.stdout  # stdout: the report only
+    assert len(json.loads(out_json.read_text())["kfold"]["folds"]) == 6
+
+
 def test_routing_commands_refuse_outcomes_of_one_model(tmp_path, files):
     train, _ = files
     one = OutcomeTable.read(train).select(models=["strong"]).write(tmp_path / "strong.jsonl")

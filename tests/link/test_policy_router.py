@@ -212,7 +212,7 @@ def test_link_route_prints_the_decision(router_files, tmp_path):
     assert "plan: small -> big" in result.output and "lambda (cost penalty) = 20" in result.output
     result = runner.invoke(app, ["route", "a math question", "-p", "auto", "-c", str(config), "--cost-penalty", "100", "--json"])
     assert result.exit_code == 0, result.output
-    explained = json.loads(result.output)
+    explained = json.loads(result.stdout)
     assert explained["models"] == ["small", "big"] and explained["decision"]["cost_penalty"] == 100.0
     result = runner.invoke(app, ["route", "hi", "-p", "auto", "-c", str(config), "--max-cost-usd", "0"])
     assert result.exit_code == 0, result.output
@@ -224,9 +224,9 @@ def test_link_route_prints_the_decision(router_files, tmp_path):
     assert "cascade step small: predicted quality 0.6000, threshold 0.5: answers" in result.output
     assert "cascade step big (the last): not reached" in result.output and "models called: small\n" in result.output
     assert [s["status"] for s in json.loads(runner.invoke(app, ["route", "say hello", "-p", "predicted", "-c", str(config),
-                                                                 "--json"]).output)["steps"]] == ["answers", "not reached"]
+                                                                 "--json"]).stdout)["steps"]] == ["answers", "not reached"]
     result = runner.invoke(app, ["route", "a math question", "-p", "predicted", "-c", str(config), "--json"])
-    explained = json.loads(result.output)
+    explained = json.loads(result.stdout)
     assert explained["models"] == ["big"] and [s["status"] for s in explained["steps"]] == ["skipped", "answers"]
     assert explained["steps"][0]["predicted_quality"] == pytest.approx(0.2)
     result = runner.invoke(app, ["route", "hi", "-p", "hybrid-gain", "-c", str(config)])
