@@ -11,6 +11,7 @@ already in use, is one line `error: ...` (exit code 2), not a traceback from the
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 
 import typer
@@ -20,6 +21,22 @@ from cli.errors import fail
 
 engine_app = typer.Typer(help="The inference engine on its own.", no_args_is_help=True)
 err_console = Console(stderr=True)
+# Our packages whose log records a server shows (a model's load and readiness, start-up problems): uvicorn configures
+# only its own loggers, so without a handler their INFO lines would be dropped.
+OUR_LOGGERS = ("link", "serving", "kernels", "routers")
+
+
+def show_our_logs(log_level: str) -> logging.Handler:
+    """Send our packages' records at `log_level` ("info", "warning", ...) and above to stderr, one line each
+    ("INFO     serving.model_loader: ..."). Returns the handler (tests remove it)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)-8s %(name)s: %(message)s"))
+    level = logging.getLevelName(log_level.upper())
+    for name in OUR_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(level if isinstance(level, int) else logging.INFO)
+    return handler
 
 
 def check_port(host: str, port: int, *, command: str, hint: str) -> None:
@@ -86,6 +103,7 @@ def serve(
             err_console.print(f"[yellow]note:[/yellow] {DEFAULT_AUTO_POLICY} is not served: no router file at "
                               f"{default_router_path()}; create it with: "
                               f"{DEFAULT_ROUTER_COMMAND.format(path=default_router_path())}")
+    show_our_logs(log_level)
     uvicorn.run(gateway, host=settings.host, port=settings.port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
@@ -135,4 +153,5 @@ def engine_serve(
         loaded = load_model(default_registry().get(model), dtype)
     except ServingError as exc:
         raise fail(exc) from None
+    show_our_logs("info")
     uvicorn.run(create_engine_app(model, engine_config=config, loaded=loaded), host=host, port=port, log_level="info")

@@ -47,3 +47,23 @@ def test_serve_on_a_free_port_passes_the_check(tmp_path):
         probe.bind(("127.0.0.1", 0))
         free = probe.getsockname()[1]
     check_port("127.0.0.1", free, command="link serve", hint="--port N")  # no exit: the port is free
+
+
+def test_the_servers_show_our_packages_info_lines_on_stderr(capsys):
+    import logging
+
+    from cli.serve import OUR_LOGGERS, show_our_logs
+
+    before = {name: logging.getLogger(name).level for name in OUR_LOGGERS}
+    handler = show_our_logs("info")
+    try:
+        logging.getLogger("serving.model_loader").info("loading smollm2 (98 MB)")
+        logging.getLogger("link.readiness").debug("not shown at info")
+        logging.getLogger("link.readiness").warning("model x: OPENAI_API_KEY is not set")
+    finally:
+        for name, level in before.items():
+            logging.getLogger(name).removeHandler(handler)
+            logging.getLogger(name).setLevel(level)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["INFO     serving.model_loader: loading smollm2 (98 MB)",
+                   "WARNING  link.readiness: model x: OPENAI_API_KEY is not set"]
