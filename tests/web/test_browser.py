@@ -356,7 +356,7 @@ def test_models_page(page, console_gateway, screenshot):
     names = [c.inner_text() for c in page.locator("#models-table tbody tr td.name").all()]
     assert names == ["m1", "m2", "small", "big", "down", LOCAL_MODEL]
     assert page.locator("tr[data-model='m1'] .badge").inner_text() == "healthy"
-    assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "1000.00"
+    assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "$1,000.00"  # USD per million tokens
     local = page.locator(f"tr[data-model='{LOCAL_MODEL}'] td")
     assert local.nth(2).inner_text() == "loaded"
     assert local.nth(7).inner_text() == "0" and local.nth(8).inner_text() == "0"  # running, waiting: idle now
