@@ -45,7 +45,11 @@ def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     page.click("nav >> text=Policies")
     page.click("text=New policy")
     page.fill("#name", "browser-policy")
-    page.fill("#type", "fallback")
+    assert page.input_value("#type") == "fallback"  # the default choice; its option keys are named
+    assert page.locator("#options-keys").inner_text() == "capture_traces"
+    page.select_option("#type", "moa")  # the hint follows the type chosen
+    assert page.locator("#options-keys").inner_text().startswith("aggregator, ")
+    page.select_option("#type", "fallback")
     page.fill("#models", "m1, m2")
     page.fill("#options", '{"capture_traces": true}')
     page.click("button:has-text('Create')")
@@ -63,17 +67,17 @@ def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     assert page.locator("tr[data-policy='browser-policy'] td").nth(2).inner_text() == "m2, m1"
 
     page.locator("tr[data-policy='browser-policy']").locator("text=Edit").click()
-    page.fill("#type", "fixed")  # a fixed policy takes exactly one model: the API names `models`
+    page.select_option("#type", "fixed")  # a fixed policy takes exactly one model: the API names `models`
     page.click("button:has-text('Save')")
     error = page.locator("#models-error")
     assert error.is_visible() and "model" in error.inner_text()
     assert page.locator(".field.invalid #models").count() == 1
-    assert page.input_value("#type") == "fixed"  # what was typed is kept
+    assert page.input_value("#type") == "fixed"  # what was chosen is kept
     screenshot(page, "03-policy-form-error")
     page.fill("#options", "{not json")
     page.click("button:has-text('Save')")
     assert "options must be JSON" in page.locator("#options-error").inner_text()
-    page.fill("#type", "fallback")
+    page.select_option("#type", "fallback")
     page.fill("#options", '{"colour": 1}')  # an option the type does not have: named, with the allowed ones
     page.click("button:has-text('Save')")
     assert page.locator("#options-error").inner_text() == ("unknown option 'colour' of a 'fallback' policy; "
