@@ -1,6 +1,6 @@
 """How TogetherLink writes money and JSON for people: the one USD rule of the console (Jinja2 filters `usd`,
-`usd_input` and `pretty_json`), `link keys list` and `link eval` reports (report.md, the replay table);
-web/static/format.js is the same rule for the browser's charts and "try it".
+`usd_input`, `pretty_json`, and `caller`: who sent a logged request), `link keys list`, `link route` and `link eval`
+reports (report.md, the replay table); web/static/format.js is the same rule for the browser's charts and "try it".
 
     format_usd(0.013)         -> "$0.013"
     format_usd(9.5e-06)       -> "$0.0000095"
@@ -51,6 +51,23 @@ def format_usd_input(value: float | None) -> str:
         raise ValueError(f"a USD field must hold a finite number, got {value!r}")
     text = format(Decimal(repr(float(value))), "f")
     return text[:-2] if text.endswith(".0") else text
+
+
+def caller_label(row: dict[str, Any]) -> str:
+    """Who sent a logged request (a /api/requests row), for the request log: its key's id ("7"), "deleted key"
+    (a key row deleted since), "master", "open (anonymous)" for open mode, "none (refused)" for a 401 (no key was
+    accepted), else "–" (a row logged before callers were recorded, or one that failed before its key was checked).
+    """
+    if row.get("api_key_id") is not None:
+        return str(row["api_key_id"])
+    caller = row.get("caller")
+    if caller == "key":
+        return "deleted key"
+    if caller == "master":
+        return "master"
+    if caller == "open":
+        return "open (anonymous)"
+    return "none (refused)" if row.get("http_status") == 401 else "–"
 
 
 def pretty_json(value: Any) -> str:
