@@ -1,4 +1,4 @@
-"""Decode throughput of a local model before and after `link compile tune`, in one run (issue 9).
+"""Decode throughput of a local model before and after `link compile tune`, in one run.
 
     python benchmarks/bench_compile.py [--model smollm2-135m-instruct] [--budget-s 600] [--json out.json]
     python benchmarks/bench_compile.py --quantized --llama-cpp     # lossy winners too; llama.cpp at c=1

@@ -1,4 +1,4 @@
-"""Engine-configuration tuning on two recorded traffic mixes, default against tuned in one run (issue 10).
+"""Engine-configuration tuning on two recorded traffic mixes, default against tuned in one run.
 
     python benchmarks/bench_config_tuning.py [--budget 7] [--speedup 1] [--json out.json]
 

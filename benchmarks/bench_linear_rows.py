@@ -1,4 +1,4 @@
-"""Float32 linears for a few rows with the weights streamed from memory, as inside a decode step (issue 9).
+"""Float32 linears for a few rows with the weights streamed from memory, as inside a decode step.
 
 For SmolLM2-135M's four layer shapes (qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576) the
 benchmark keeps `--layers` distinct random copies of each weight (30: the model's 425 MB, more than this

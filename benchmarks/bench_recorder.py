@@ -1,4 +1,4 @@
-"""The `ShapeRecorder`'s cost against the SmolLM2-135M decode step (issue 9: under 2% of step time).
+"""The `ShapeRecorder`'s cost against the SmolLM2-135M decode step (the goal: under 2% of step time).
 
     python benchmarks/bench_recorder.py [--batch 1 --batch 16] [--steps 30] [--threads 1] [--step native] [--json out.json]
 

@@ -1,4 +1,4 @@
-"""Speculative decoding (issue 10): decode speed with speculation off, a fixed k and adaptive, in one run.
+"""Speculative decoding: decode speed with speculation off, a fixed k and adaptive, in one run.
 
 Workloads (prompts from the shared data folder, `benchmarks.link_bench.workloads`):
 - concurrency 1, repetitive: HumanEval code edits that repeat their input and MT-Bench writing /

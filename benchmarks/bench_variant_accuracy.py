@@ -1,5 +1,5 @@
 """GSM8K accuracy of SmolLM2-135M-Instruct per kernel configuration: the lossless tuned step against the
-lossy ones (issue 9: "bf16 and quantized variants ... their effect on GSM8K accuracy reported").
+lossy ones (the bf16 and quantized variants' effect on GSM8K accuracy, reported).
 
     python benchmarks/bench_variant_accuracy.py [--limit 100] [--configs fp32 native w4a16 bf16] [--json out.json]
 

@@ -1,4 +1,4 @@
-"""What a speculative verify step costs against a plain decode step, per running sequences and rows (issue 10).
+"""What a speculative verify step costs against a plain decode step, per running sequences and rows.
 
 Bursts of B default prompts (AlpacaEval / MT-Bench, `benchmarks.link_bench.workload`) run to completion, greedy, on
 two engines over the same loaded model: speculation off, and fixed-k n-gram speculation (not adaptive,

@@ -1,4 +1,4 @@
-"""Engine-configuration tuning for a recorded traffic mix: `link compile tune-config` (issue 10).
+"""Engine-configuration tuning for a recorded traffic mix: `link compile tune-config`.
 
     link compile tune-config --model smollm2-135m-instruct --mix mix.jsonl --speedup 4 --budget 10
     tune_config("smollm2-135m-instruct", load_mix("mix.jsonl"))       # -> ConfigTuneOutcome

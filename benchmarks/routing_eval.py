@@ -1,4 +1,4 @@
-"""Issue 6's routing acceptance numbers, reproduced offline on RouterBench and RouteLLM's recorded outcomes.
+"""The routers' acceptance numbers, reproduced offline on RouterBench and RouteLLM's recorded outcomes.
 
     LINK_DATASETS_DIR=../shared/data .venv/bin/python benchmarks/routing_eval.py            # all parts
     .venv/bin/python benchmarks/routing_eval.py --part routerbench --part add-model --json rb.json
@@ -54,7 +54,7 @@ PARTS = ("routerbench", "signal", "agreement", "add-model", "routellm")
 LEARNED = ("knn", "lgbm", "mf")
 REFERENCE = "gpt-4-1106-preview"
 ADD_MODEL = "zero-one-ai/Yi-34B-Chat"
-TARGETS = {                      # issue 6, acceptance
+TARGETS = {                      # the routers' acceptance targets
     "aiq": 0.87, "cost_ratio_at_best_accuracy": 0.50, "accuracy_at_25pct_best_cost": 0.86,
     "aiq_over_best_per_task": 0.02, "add_model_aiq_gap": 0.01, "apgr_gsm8k": 0.70, "apgr_mmlu": 0.72, "apgr_mmlu_held_out": 0.65,
 }

@@ -8,7 +8,7 @@ Each item becomes the request body the eval runner sends through the gateway (th
 messages with their `tools` for BFCL, so the router sees has_tools as in serving) and is decided by
 `RouterPolicy.decide`, the gateway's router policy over every model of the file. Printed per suite: each
 router's share of picks per model, and for each router after the first the share of requests whose pick is
-the same as the first router's (adding a model should leave the other traffic where it was; issue 8).
+the same as the first router's (adding a model should leave the other traffic where it was).
 
 Suite specs are NAME:SPLIT[:LIMIT] (a seeded sample of LIMIT items, seed 0 as `link eval run --limit`);
 `--items NAME=FILE[:PART]` keeps only the listed item ids (a posttrain split.json's val part).

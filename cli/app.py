@@ -21,6 +21,7 @@ commands, so `link --help` stays fast.
 from __future__ import annotations
 
 import typer
+from typer.core import TyperGroup
 
 from cli.bench import bench_app
 from cli.chat import chat
@@ -33,13 +34,32 @@ from cli.router import router_app
 from cli.serve import engine_app, serve
 from evals.cli import eval_app
 
-app = typer.Typer(help="TogetherLink: serve and route open LLMs behind one OpenAI-compatible API.", no_args_is_help=True)
+
+
+class WholeHelpGroup(TyperGroup):
+    """A command group whose help lists each subcommand with the first sentence of its help whole, wrapped at the
+    terminal's width (click cuts it to one line with "...")."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=10_000)) for name, command in
+                ((name, self.get_command(ctx, name)) for name in self.list_commands(ctx))
+                if command is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+# The help of every subcommand, which inherits the root's rich_markup_mode, is click's plain layout: it wraps each
+# text at the terminal's width, where Rich's option table cuts long option names and unbroken words
+# ("--max-num-batched-t…") at 80 columns.
+app = typer.Typer(help="TogetherLink: serve and route open LLMs behind one OpenAI-compatible API.",
+                  no_args_is_help=True, cls=WholeHelpGroup, rich_markup_mode=None)
 # the order of `link --help`: commands first, then groups
 for command in (route, serve, models, chat):
     app.command()(command)
 for group, name in ((engine_app, "engine"), (bench_app, "bench"), (eval_app, "eval"), (router_app, "router"),
                     (keys_app, "keys"), (posttrain_app, "posttrain"), (compile_app, "compile")):
-    app.add_typer(group, name=name)
+    app.add_typer(group, name=name, cls=WholeHelpGroup)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.errors import fail
 
-compile_app = typer.Typer(help="Tune kernels for the shapes a model runs (issue 9).", no_args_is_help=True)
+compile_app = typer.Typer(help="Tune kernels and engine configurations for the shapes a model runs.", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -62,7 +63,7 @@ def tune(
     console.print(f"{model}: {len(outcome.counts)} buckets recorded in {outcome.record_s:.0f} s; "
                   f"{len({r.bucket for r in outcome.results})} tuned in {outcome.tune_s:.0f} s; "
                   f"{len(outcome.winners)} winners, {len(rejected)} rejected variants")
-    status(model=model, as_json=False)
+    status(model=model, as_json=False, configs=False, wide=False)
 
 
 @compile_app.command("tune-config")
@@ -106,41 +107,72 @@ def status(
     model: str = typer.Option(None, "--model", "-m", help="Only this model's rows."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
     configs: bool = typer.Option(False, "--configs", help="With --json: the configuration winners instead of the kernel rows."),
+    wide: bool = typer.Option(False, "--wide", help="Every column: the times in ms and the calls of each bucket, "
+                                                    "the default's throughput and TTFT of each mix."),
 ) -> None:
     """The winner tables: per op and bucket, the installed variant and its speedup over the default; per
-    traffic mix, the tuned engine configuration against the default."""
+    traffic mix, the tuned engine configuration against the default ($LINK_HOME/compile/winners.sqlite). One
+    table per model, 80 columns wide without --wide."""
     from benchmarks.kernel_tuning import status_rows
     from benchmarks.config_tuning import config_rows
 
     if as_json:
         console.print_json(json.dumps(config_rows(model=model) if configs else status_rows(model=model)))
         return
-    rows = status_rows(model=model)
-    table = Table(title="Kernel winners ($LINK_HOME/compile/winners.sqlite)")
-    for column in ("model", "op", "bucket", "dtype", "variant", "status", "ms", "default ms", "speedup", "calls"):
-        table.add_column(column, justify="right" if column in ("ms", "default ms", "speedup", "calls") else "left")
-    for r in rows:
-        if r["status"] == "passed":
-            continue
-        fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
-        style = "red" if r["status"] == "rejected" else ("green" if r["variant"] != "default" else None)
-        table.add_row(r["model"], r["op"], r["bucket"], r["dtype"], r["variant"], r["status"], fmt(r["median_ms"], ".3f"),
-                      fmt(r["baseline_ms"], ".3f"), fmt(r["speedup"], ".2f") + ("x" if r["speedup"] else ""), str(r["calls"]),
-                      style=style)
-    console.print(table)
+    rows = [r for r in status_rows(model=model) if r["status"] != "passed"]
+    for name in dict.fromkeys(r["model"] for r in rows):
+        _print_kernels(name, [r for r in rows if r["model"] == name], wide)
     if not rows:
         console.print("no tuned buckets yet: run `link compile tune`")
-    _print_configs(config_rows(model=model))
+    config_winners = config_rows(model=model)
+    for name in dict.fromkeys(r["model"] for r in config_winners):
+        _print_configs(name, [r for r in config_winners if r["model"] == name], wide)
 
 
-def _print_configs(rows: list[dict]) -> None:
-    if not rows:
-        return
-    table = Table(title="Engine configuration winners, per traffic mix")
-    for column in ("model", "mix", "requests", "configuration", "default tok/s", "tok/s", "default p99 TTFT", "p99 TTFT", "speedup"):
-        table.add_column(column, justify="left" if column in ("model", "mix", "configuration") else "right")
+# Without --wide the tables read whole at 80 columns: short headers; the long cells (a bucket's shapes, a variant's
+# name) fold onto more lines rather than end in "…". With --wide every cell stays on one line, however wide.
+_NUMERIC = {"ms", "default ms", "speedup", "calls", "requests", "tok/s", "default tok/s", "TTFT p99", "default TTFT"}
+_FOLDED = {"bucket", "variant", "configuration"}
+
+
+def _print_table(title: str, columns: tuple[str, ...], rows: list[tuple[list[str], str | None]], wide: bool) -> None:
+    """One table: `rows` of (cells, style); `wide` prints it on one line per row, wider than the terminal if need be."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in _NUMERIC else "left",
+                         no_wrap=wide or column not in _FOLDED, overflow="fold")
+    for cells, style in rows:
+        table.add_row(*cells, style=style)
+    if wide:
+        natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+        Console(width=max(console.width, natural)).print(table)
+    else:
+        console.print(table)
+
+
+def _print_kernels(model: str, rows: list[dict], wide: bool) -> None:
+    """The kernel winners of one model: op, bucket, dtype, variant, status, speedup (and, with `wide`, the
+    median times in ms of the variant and of the default, and the bucket's recorded calls)."""
+    columns = ("op", "bucket", "dtype", "variant", "status", *(("ms", "default ms") if wide else ()), "speedup",
+               *(("calls",) if wide else ()))
+    fmt = lambda v, spec: "" if v is None else format(v, spec)  # noqa: E731
+    lines = []
     for r in rows:
-        table.add_row(r["model"], r["mix"], str(r["num_requests"]), r["label"], f"{r['default_tokens_per_s']:.1f}",
-                      f"{r['tokens_per_s']:.1f}", f"{r['default_ttft_p99_s']:.3f}", f"{r['ttft_p99_s']:.3f}",
-                      f"{r['speedup']:.2f}x", style="green" if r["config"] else None)
-    console.print(table)
+        style = "red" if r["status"] == "rejected" else ("green" if r["variant"] != "default" else None)
+        times = [fmt(r["median_ms"], ".3f"), fmt(r["baseline_ms"], ".3f")] if wide else []
+        lines.append(([r["op"], r["bucket"], r["dtype"], r["variant"], r["status"], *times,
+                       fmt(r["speedup"], ".2f") + ("x" if r["speedup"] else ""), *([str(r["calls"])] if wide else [])],
+                      style))
+    _print_table(f"Kernel winners of {model}", columns, lines, wide)
+
+
+def _print_configs(model: str, rows: list[dict], wide: bool) -> None:
+    """The engine-configuration winners of one model, per traffic mix: the tuned configuration, its throughput
+    and p99 TTFT (s), its speedup (and, with `wide`, the request count and the default's numbers)."""
+    columns = ("mix", *(("requests",) if wide else ()), "configuration", *(("default tok/s",) if wide else ()),
+               "tok/s", *(("default TTFT",) if wide else ()), "TTFT p99", "speedup")
+    lines = [([r["mix"], *([str(r["num_requests"])] if wide else []), r["label"],
+               *([f"{r['default_tokens_per_s']:.1f}"] if wide else []), f"{r['tokens_per_s']:.1f}",
+               *([f"{r['default_ttft_p99_s']:.3f}"] if wide else []), f"{r['ttft_p99_s']:.3f}", f"{r['speedup']:.2f}x"],
+              "green" if r["config"] else None) for r in rows]
+    _print_table(f"Engine configuration winners of {model}, per traffic mix", columns, lines, wide)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.errors import fail
+from web.formatting import format_usd
 
 keys_app = typer.Typer(help="API keys of the gateway (stored hashed in the database).", no_args_is_help=True)
 console = Console()
@@ -104,13 +105,13 @@ def keys_list(
     with _keys_session(database_url) as session:
         keys = list_keys(session, include_revoked=include_revoked)
     table = Table(title="API keys")
-    for column in ("id", "name", "key", "created", "revoked", "budget $", "spend $", "reserved $", "rpm", "tpm", "traces"):
-        table.add_column(column, no_wrap=column in ("key", "created"))
+    for column in ("id", "name", "key", "created", "revoked", "budget", "spend", "reserved", "rpm", "tpm", "traces"):
+        table.add_column(column, no_wrap=column in ("key", "created", "budget", "spend", "reserved"))
     for key in keys:
         table.add_row(str(key.id), key.name, key.key_prefix + "...", f"{key.created_at:%Y-%m-%d %H:%M}",
                       f"{key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "",
-                      "-" if key.budget_usd is None else f"{key.budget_usd:.4f}", f"{key.spend_usd:.4f}",
-                      f"{key.reserved_usd:.4f}", str(key.rpm_limit or "-"), str(key.tpm_limit or "-"),
+                      "-" if key.budget_usd is None else format_usd(key.budget_usd), format_usd(key.spend_usd),
+                      format_usd(key.reserved_usd), str(key.rpm_limit or "-"), str(key.tpm_limit or "-"),
                       "on" if key.capture_traces else "-")
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 

@@ -1,4 +1,4 @@
-"""`link posttrain sft|eval|export`: fine-tune a local model to a tool-call harness, score it, serve it (issue 8).
+"""`link posttrain sft|eval|export`: fine-tune a local model to a tool-call harness, score it, serve it.
 
     link posttrain sft --base smollm2-135m-instruct --data bfcl --out runs/bfcl          # posttrain.sft.run_sft
     link posttrain eval --model smollm2-135m-instruct --split-file runs/bfcl/split.json  # posttrain.scorer

@@ -31,6 +31,7 @@ from rich.table import Table
 
 from cli.errors import fail
 from cli.progress import status
+from web.formatting import format_usd
 
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict]:
@@ -169,11 +170,11 @@ def _render(result: dict[str, Any], console: Console) -> None:
     if scores:
         objective = decision.get("objective") or {}
         table = Table(title=f"{result['policy']} ({result['type']})")
-        for column in ("model", "predicted quality", "expected cost (USD)", "objective", ""):
+        for column in ("model", "predicted quality", "expected cost", "objective", ""):
             table.add_column(column, justify="left" if column in ("model", "") else "right")
         for name in sorted(scores, key=lambda m: -objective.get(m, scores[m])):
             mark = "chosen" if name == decision.get("chosen") else ("excluded" if name in decision.get("excluded", []) else "")
-            table.add_row(name, f"{scores[name]:.4f}", f"{costs.get(name, float('nan')):.3g}",
+            table.add_row(name, f"{scores[name]:.4f}", format_usd((costs or {}).get(name)),
                           f"{objective[name]:.4f}" if name in objective else "-", mark)
         console.print(table)
         knob = (f"lambda (cost penalty) = {decision['cost_penalty']:g} quality points per USD" if "cost_penalty" in decision

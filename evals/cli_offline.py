@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evals.cli import eval_app
+from web.formatting import format_usd
 
 T = TypeVar("T")
 SOURCE_HELP = ("Recorded sets (routerbench[:train|test], routellm-mmlu, routellm-gsm8k, alpaca-eval[:baseline]) "
@@ -62,11 +63,11 @@ def _options(text: str | None) -> dict[str, Any]:
 def _print_table(title: str, built: Any, kinds: dict[str, str], console: Console) -> None:
     table = Table(title=title)
     table.add_column("name", overflow="fold")
-    for column in ("kind", "n", "score", "95% CI", "cost $", "$ / 1k"):
+    for column in ("kind", "n", "score", "95% CI", "cost", "cost / 1k"):
         table.add_column(column, justify="left" if column == "kind" else "right", no_wrap=True)
     for s in built.summaries:
         table.add_row(built.label(s), kinds.get(s.name, "model"), str(s.n), f"{s.score:.3f}",
-                      f"{s.ci_low:.3f}-{s.ci_high:.3f}", f"{s.cost_usd:.4f}", f"{s.cost_per_1k_usd:.4f}")
+                      f"{s.ci_low:.3f}-{s.ci_high:.3f}", format_usd(s.cost_usd), format_usd(s.cost_per_1k_usd))
     console.print(table)
 
 

@@ -11,7 +11,7 @@ as the served names) and the recorded score and cost of its first planned model 
 the prompt are charged (later models in `plan.models` are the fallbacks, as in the gateway). A prompt that
 no planned model covers is skipped and listed in `ReplayResult.skipped`: recorded sets have holes (six
 RouterBench ARC test prompts carry one model only), so a fixed policy scores exactly its model's
-recorded rows. The policy interface is the gateway's, so the routers of issue 6 plug in unchanged.
+recorded rows. The policy interface is the gateway's, so the learned routers plug in unchanged.
 
 A plan that makes several calls per request (a `PlanExecutor`: cascade, Mixture-of-Agents, a hybrid's MoA
 option) is charged the one recorded answer that is its answer (`PlanExecutor.replay_model`): a cascade

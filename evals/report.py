@@ -29,6 +29,7 @@ import numpy as np
 from evals.outcomes import Outcome, OutcomeTable
 from evals.plot import pareto_frontier, quality_cost_figure, save_png
 from evals.stats import mean_interval
+from web.formatting import format_usd
 
 REPORT_FILES = {"markdown": "report.md", "json": "report.json", "png": "report.png"}
 MIXED_SUITE = "mixed"
@@ -132,7 +133,9 @@ class Report:
 
     def to_markdown(self, image: str | None = None) -> str:
         """A Markdown report: title, table, frontier line, and `![...](image)` when `image` is given.
-        Scores with 3 decimals, USD with 4, seconds with 2, tokens as integers; "-" where not recorded.
+        Scores with 3 decimals, USD by the rule of every money amount shown (`web.formatting.format_usd`, without
+        "$", which some Markdown renderers read as math: "0.00001234", "12.50"), seconds with 2, tokens as integers;
+        "-" where not recorded.
         With several suites a first column names each row's suite."""
         several = len(self.suites) > 1
         columns = ("suite", *_COLUMNS) if several else _COLUMNS
@@ -142,8 +145,9 @@ class Report:
         for s in self.summaries:
             names = [s.suite, s.name] if several else [s.name]
             cells = [*(n.replace("|", "\\|") for n in names), str(s.n), f"{s.score:.3f}", f"[{s.ci_low:.3f}, {s.ci_high:.3f}]",
-                     f"{s.cost_usd:.4f}", f"{s.cost_per_1k_usd:.4f}", _fmt(s.latency_p50_s, ".2f"),
-                     _fmt(s.latency_p95_s, ".2f"), _fmt(s.prompt_tokens, ","), _fmt(s.completion_tokens, ",")]
+                     format_usd(s.cost_usd, symbol=""), format_usd(s.cost_per_1k_usd, symbol=""),
+                     _fmt(s.latency_p50_s, ".2f"), _fmt(s.latency_p95_s, ".2f"), _fmt(s.prompt_tokens, ","),
+                     _fmt(s.completion_tokens, ",")]
             lines.append("| " + " | ".join(cells) + " |")
         per_suite = " per suite" if several else ""
         lines += ["", f"Pareto frontier{per_suite} (score vs cost per 1,000 queries), cheapest first: "

@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 
+from link.auth import caller_of
 from link.backends import BackendError, BackendTimeout
 from link.config import ModelDeployment
 from link.db.models import RequestLogCreate
@@ -253,6 +254,7 @@ class Accounting:
         try:
             self.writer.write(RequestLogCreate(
                 id=record.request_id, api_key_id=record.identity.key_id if record.identity else None,
+                caller=caller_of(record.identity),
                 policy=(record.policy or "")[:128] or None, model=record.model,
                 deployment=record.deployment.deployment_id if record.deployment else None,
                 decision=self.redactor.redact_json(record.decision) or None,

@@ -23,7 +23,18 @@ from link.keys import KeyIdentity, hash_key, verify_key
 from link.schemas import OpenAIError
 from link.settings import Settings
 
-ANONYMOUS = KeyIdentity(key_id=None, name="anonymous")
+ANONYMOUS = KeyIdentity(key_id=None, name="anonymous")  # open mode's caller (compared by identity: `is ANONYMOUS`)
+
+
+def caller_of(identity: KeyIdentity | None) -> str | None:
+    """How a request authenticated, as its request-log row records it (`RequestLog.caller`): "key" (a stored key,
+    which the row's api_key_id names), "master" (the master key), "open" (open mode: anonymous, whatever key was
+    sent), or None when no key was accepted (a 401 refusal, or a failure before the key was checked)."""
+    if identity is None:
+        return None
+    if identity.key_id is not None:
+        return "key"
+    return "open" if identity is ANONYMOUS else "master"
 
 
 def unauthorized(message: str) -> OpenAIError:

@@ -1,5 +1,5 @@
 """Tool-call traces: chat requests with `tools` and their answers, recorded for keys or policies that opted in,
-as training data for `posttrain` (issue 8).
+as training data for `posttrain`.
 
     recorder = TraceRecorder(engine)                        # in the lifespan (link/state.py); a writer thread
     capture = recorder.start(record, policy, body)          # None unless the request is to be recorded

@@ -77,7 +77,7 @@ class LoraTrainConfig:
     init_lora_weights: bool = True
     num_adapted_layers: int | None = None
     # 5e-4 with 4 sequences per step: on BFCL with SmolLM2-135M, 2e-4 with 8 left the first reply token (call or
-    # no call) near 50/50 after one epoch (+9.9 AST points); 5e-4 with 4 learned it (+26.8; issue 8).
+    # no call) near 50/50 after one epoch (+9.9 AST points); 5e-4 with 4 learned it (+26.8).
     learning_rate: float = 5e-4
     weight_decay: float = 0.0
     epochs: int = 1

@@ -28,7 +28,7 @@ from starlette.middleware.sessions import SessionMiddleware
 
 from link.keys import is_master_key
 from link.settings import Settings
-from web.formatting import compact_json, format_usd, pretty_json
+from web.formatting import caller_label, compact_json, format_usd, format_usd_input, pretty_json
 from web.session import (CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, SESSION_ID, SESSION_MAX_AGE_S, SessionBearer,
                          csrf_token, is_admin, is_valid_csrf, open_session, revoke_session, session_secret)
 
@@ -48,7 +48,8 @@ def path_segment(value: str | int) -> str:
     return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
-templates.env.filters.update(usd=format_usd, pretty_json=pretty_json, compact_json=compact_json, segment=path_segment)
+templates.env.filters.update(usd=format_usd, usd_input=format_usd_input, caller=caller_label, pretty_json=pretty_json,
+                             compact_json=compact_json, segment=path_segment)
 
 
 class LoginRequired(Exception):

@@ -1,5 +1,5 @@
 """Gateway benchmark: the gateway's own overhead over a direct call to the same instant OpenAI-compatible
-backend, next to LiteLLM's proxy in the same run (issue 4, scope 8).
+backend, next to LiteLLM's proxy in the same run.
 
     link bench gateway -c 1 -c 8 -c 32 --requests 200 --json gateway.json
     run_gateway_benchmark(concurrencies=(1, 8, 32), num_requests=200)     # -> dict, see below

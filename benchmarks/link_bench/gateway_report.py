@@ -11,7 +11,7 @@ from __future__ import annotations
 from benchmarks.link_bench.report import ms
 from benchmarks.link_bench.timing import percentile
 
-# Issue 4's targets against LiteLLM's proxy: (ours' added latency / LiteLLM's at most, ours' requests/s / LiteLLM's at least).
+# The gateway's targets against LiteLLM's proxy: (ours' added latency / LiteLLM's at most, ours' requests/s / LiteLLM's at least).
 TARGETS = {"link-lean": (0.5, 2.0), "link": (None, 1.5)}
 
 
@@ -102,7 +102,7 @@ def render_gateway_report(result: dict):
     if not result["ratios"]:
         return Group(table, "No ratios: LiteLLM's proxy was not measured in this run.")
     ratios = Table(title="Ours / LiteLLM's proxy (added latency: below 1 is better; req/s: above 1 is better)")
-    for header in ("system", "mode", "conc.", "added p50", "added p99", "req/s", "issue 4 target"):
+    for header in ("system", "mode", "conc.", "added p50", "added p99", "req/s", "target"):
         ratios.add_column(header, justify="left" if header in ("system", "mode") else "right")
 
     def x(value: float | None) -> str:

@@ -1,4 +1,4 @@
-"""The serving benchmark's workloads besides the default one, and their request shapes as a replayable mix (issue 10).
+"""The serving benchmark's workloads besides the default one, and their request shapes as a replayable mix.
 
     workload_texts("repetitive", data_dir)     # prompts whose answers quote their input
     burst_plan(40, seed=0)                     # [7, 1, 16, ...]: burst sizes of the mixed workload

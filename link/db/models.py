@@ -204,6 +204,9 @@ class ModelPublic(ModelBase):
 
 class RequestLogBase(SQLModel):
     api_key_id: int | None = Field(default=None, foreign_key="api_key.id", index=True, ondelete="SET NULL")
+    caller: str | None = Field(default=None, max_length=16,
+                               description="how the request authenticated: key (api_key_id names it), master, or open "
+                                           "(open mode: anonymous); null when refused with a 401 (link/auth.py caller_of)")
     policy: str | None = Field(default=None, max_length=128, index=True)
     model: str | None = Field(default=None, max_length=256, index=True, description="the model that answered")
     deployment: str | None = Field(default=None, max_length=256, description="deployment id, name#index")

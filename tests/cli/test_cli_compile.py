@@ -5,6 +5,7 @@ JSON, bad input as one line and exit 2; and the kernel metrics collector."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -82,3 +83,50 @@ def test_metrics_show_recorded_calls_and_winner_speedups(table):
 def test_tuner_speedup_property():
     assert Result(BUCKET, "v", "winner", median_ms=2.0, baseline_ms=3.0).speedup == 1.5
     assert Result(BUCKET, "v", "rejected").speedup is None
+
+
+def _status_row(op: str, bucket: str, dtype: str, variant: str, status: str, median_ms: float, baseline_ms: float,
+                calls: int) -> dict:
+    return {"model": MODEL, "device": "cpu", "torch": torch.__version__, "triton": None, "current": True, "op": op,
+            "bucket": bucket, "dtype": dtype, "variant": variant, "status": status, "median_ms": median_ms,
+            "baseline_ms": baseline_ms, "speedup": baseline_ms / median_ms, "calls": calls, "message": "",
+            "tuned_at": "2026-01-01T00:00:00"}
+
+
+STATUS_ROWS = [
+    _status_row("paged_attention", "16x9x64,1024x16x3x64", "float32", "cpu.bmm_paged_attention", "winner", 0.125, 0.5, 123456),
+    _status_row("linear", "16x576,960x576", "bfloat16", "compiled.max-autotune-no-cudagraphs", "rejected", 1.5, 1.2, 420)]
+CONFIG_ROWS = [{"model": MODEL, "mix": "serving-default", "num_requests": 64, "config": {"max_num_seqs": 16},
+                "label": "max_num_seqs=16, prefill_chunk=256, speculative=ngram k=4", "default_tokens_per_s": 100.0,
+                "tokens_per_s": 250.0, "default_ttft_p99_s": 0.5, "ttft_p99_s": 0.4, "speedup": 2.5}]
+
+
+def _header_cells(output: str, first: str) -> list[str]:
+    line = next(line for line in output.splitlines() if line.strip().startswith(first + " "))
+    return re.split(r"\s{2,}", line.strip())
+
+
+def test_status_reads_whole_at_80_columns_and_wide_shows_every_column(monkeypatch):
+    import benchmarks.config_tuning as config_tuning
+    import benchmarks.kernel_tuning as kernel_tuning
+
+    monkeypatch.setattr(kernel_tuning, "status_rows", lambda model=None: STATUS_ROWS)
+    monkeypatch.setattr(config_tuning, "config_rows", lambda model=None: CONFIG_ROWS)
+    narrow = CliRunner().invoke(app, ["compile", "status"], env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0, narrow.output
+    assert "…" not in narrow.output and max(len(line.rstrip()) for line in narrow.output.splitlines()) <= 80
+    assert f"Kernel winners of {MODEL}" in narrow.output
+    assert _header_cells(narrow.output, "op") == ["op", "bucket", "dtype", "variant", "status", "speedup"]
+    assert _header_cells(narrow.output, "mix") == ["mix", "configuration", "tok/s", "TTFT p99", "speedup"]
+    assert "4.00x" in narrow.output and "0.80x" in narrow.output  # 0.5 / 0.125 and 1.2 / 1.5
+
+    wide = CliRunner().invoke(app, ["compile", "status", "--wide"], env={"COLUMNS": "80"})
+    assert wide.exit_code == 0, wide.output
+    assert "…" not in wide.output
+    assert _header_cells(wide.output, "op") == ["op", "bucket", "dtype", "variant", "status", "ms", "default ms",
+                                                "speedup", "calls"]
+    assert _header_cells(wide.output, "mix") == ["mix", "requests", "configuration", "default tok/s", "tok/s",
+                                                 "default TTFT", "TTFT p99", "speedup"]
+    row = next(line for line in wide.output.splitlines() if "cpu.bmm_paged_attention" in line)  # one line per row
+    assert re.split(r"\s{2,}", row.strip()) == ["paged_attention", "16x9x64,1024x16x3x64", "float32",
+                                                "cpu.bmm_paged_attention", "winner", "0.125", "0.500", "4.00x", "123456"]

@@ -7,6 +7,8 @@ shared through tests/cli/conftest.py), and `link keys create` with an invalid na
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from sqlmodel import select
 from typer.testing import CliRunner
@@ -59,3 +61,22 @@ def test_cli_uses_link_database_url(db_url, monkeypatch, session):
     result = CliRunner().invoke(app, ["keys", "create", "from-env"])
     assert result.exit_code == 0, result.output
     assert session.exec(select(ApiKey).where(ApiKey.name == "from-env")).first() is not None
+
+
+def test_cli_list_writes_money_with_four_significant_digits(db_url, session):
+    # A budget of $0.00001 and a spend of 12,345 nano-dollars ($0.000012345): "0.0000" would hide both.
+    runner = CliRunner()
+    created = runner.invoke(app, ["keys", "create", "tiny", "--budget-usd", "0.00001", "--database-url", db_url])
+    assert created.exit_code == 0, created.output
+    row = session.exec(select(ApiKey).where(ApiKey.name == "tiny")).one()
+    row.spend_nusd = 12_345
+    session.add(row)
+    session.commit()
+
+    listed = runner.invoke(app, ["keys", "list", "--database-url", db_url])
+    assert listed.exit_code == 0, listed.output
+    rows = [[cell.strip() for cell in re.split("[│┃]", line)[1:-1]] for line in listed.stdout.splitlines()
+            if line.startswith(("│", "┃"))]
+    columns, cells = rows[0], next(row for row in rows if row[1] == "tiny")
+    money = {name: cells[columns.index(name)] for name in ("budget", "spend", "reserved")}
+    assert money == {"budget": "$0.00001", "spend": "$0.00001234", "reserved": "$0"}

@@ -60,8 +60,8 @@ def test_replay_prints_a_table_with_the_policy_the_oracle_and_the_models(tmp_pat
     result = _ok(["eval", "replay", str(path), "--policy", "cheap", "--policy-type", "fallback", "--models", "small,big"])
     lines = [line for line in result.stdout.splitlines() if line.startswith("│")]  # the table's body rows
     row = {name: next(line for line in lines if f" {name} " in line) for name in ("cheap", "oracle", "big", "small")}
-    assert "policy" in row["cheap"] and "0.500" in row["cheap"] and "0.0020" in row["cheap"]  # small answered both
-    assert "oracle" in row["oracle"] and "1.000" in row["oracle"] and "0.0310" in row["oracle"]  # big on p1, small on p2
+    assert "policy" in row["cheap"] and "0.500" in row["cheap"] and "$0.002 " in row["cheap"]  # small answered both
+    assert "oracle" in row["oracle"] and "1.000" in row["oracle"] and "$0.031 " in row["oracle"]  # big on p1, small on p2
     assert "picks: small 100.0%" in result.stdout
 
 
@@ -96,7 +96,7 @@ def test_report_from_a_file_without_saving(tmp_path):
     path = _small_outcomes(tmp_path)
     result = _ok(["eval", "report", str(path), "--out", str(tmp_path / "rep"), "--title", "Tiny", "--no-save"])
     # n = 2, 1 of 2 correct (Wilson(1, 2) = [0.095, 0.905]), 0.006 USD = 3 USD per 1,000, latency p50 1.0 s, p95 1.45 s
-    assert "| m | 2 | 0.500 | [0.095, 0.905] | 0.0060 | 3.0000 | 1.00 | 1.45 | - | - |" in result.stdout
+    assert "| m | 2 | 0.500 | [0.095, 0.905] | 0.006 | 3.00 | 1.00 | 1.45 | - | - |" in result.stdout
     assert (tmp_path / "rep" / "report.png").is_file() and "stored as report" not in result.stdout
 
 

@@ -53,12 +53,23 @@ def test_markdown_table_equals_the_hand_computation():
     assert lines[2] == ("| model | n | score | 95% CI | cost (USD) | cost / 1k queries (USD) | latency p50 (s) | "
                         "latency p95 (s) | prompt tokens | completion tokens |")
     assert lines[4:7] == [
-        "| A | 4 | 0.750 | [0.301, 0.954] | 0.1000 | 25.0000 | 2.50 | 3.85 | 60 | - |",
-        "| C | 2 | 0.500 | [0.500, 0.500] | 0.0600 | 30.0000 | - | - | - | - |",
-        "| B | 2 | 0.375 | [0.250, 0.500] | 0.0000 | 0.0000 | - | - | - | - |",
+        "| A | 4 | 0.750 | [0.301, 0.954] | 0.1 | 25.00 | 2.50 | 3.85 | 60 | - |",
+        "| C | 2 | 0.500 | [0.500, 0.500] | 0.06 | 30.00 | - | - | - | - |",
+        "| B | 2 | 0.375 | [0.250, 0.500] | 0 | 0 | - | - | - | - |",
     ]
     assert "cheapest first: B, A." in lines[8]
     assert lines[-1] == "![score vs cost per 1,000 queries](report.png)"
+
+
+def test_markdown_costs_below_a_cent_keep_four_significant_digits():
+    # Three calls at $0.00001: $0.00003 in all, 1000 * 0.00003 / 3 = $0.01 per 1,000 queries ("0.0000" hid both);
+    # one call at $0.000012345, stored as 1.2344999...e-05: four significant digits round it down (its cost per
+    # 1,000, 1000 times that double, lands on the other side of the tie and is not checked).
+    table = OutcomeTable([*(Outcome(f"p{i}", "s", "q", "tiny", 1.0, 0.00001) for i in range(3)),
+                          Outcome("p0", "s", "q", "odd", 1.0, 0.000012345)])
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[4:6]
+            for line in Report.from_tables([table]).to_markdown().splitlines()[4:6]}
+    assert rows["tiny"] == ["0.00003", "0.01"] and rows["odd"][0] == "0.00001234"
 
 
 def test_write_produces_markdown_json_and_a_valid_png(tmp_path):

@@ -45,7 +45,11 @@ def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     page.click("nav >> text=Policies")
     page.click("text=New policy")
     page.fill("#name", "browser-policy")
-    page.fill("#type", "fallback")
+    assert page.input_value("#type") == "fallback"  # the default choice; its option keys are named
+    assert page.locator("#options-keys").inner_text() == "capture_traces"
+    page.select_option("#type", "moa")  # the hint follows the type chosen
+    assert page.locator("#options-keys").inner_text().startswith("aggregator, ")
+    page.select_option("#type", "fallback")
     page.fill("#models", "m1, m2")
     page.fill("#options", '{"capture_traces": true}')
     page.click("button:has-text('Create')")
@@ -63,17 +67,17 @@ def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     assert page.locator("tr[data-policy='browser-policy'] td").nth(2).inner_text() == "m2, m1"
 
     page.locator("tr[data-policy='browser-policy']").locator("text=Edit").click()
-    page.fill("#type", "fixed")  # a fixed policy takes exactly one model: the API names `models`
+    page.select_option("#type", "fixed")  # a fixed policy takes exactly one model: the API names `models`
     page.click("button:has-text('Save')")
     error = page.locator("#models-error")
     assert error.is_visible() and "model" in error.inner_text()
     assert page.locator(".field.invalid #models").count() == 1
-    assert page.input_value("#type") == "fixed"  # what was typed is kept
+    assert page.input_value("#type") == "fixed"  # what was chosen is kept
     screenshot(page, "03-policy-form-error")
     page.fill("#options", "{not json")
     page.click("button:has-text('Save')")
     assert "options must be JSON" in page.locator("#options-error").inner_text()
-    page.fill("#type", "fallback")
+    page.select_option("#type", "fallback")
     page.fill("#options", '{"colour": 1}')  # an option the type does not have: named, with the allowed ones
     page.click("button:has-text('Save')")
     assert page.locator("#options-error").inner_text() == ("unknown option 'colour' of a 'fallback' policy; "
@@ -320,7 +324,7 @@ def test_keys_create_shown_once_and_revoke(page, console_gateway, screenshot):
     named = lambda: [k for k in api(console_gateway, "GET", "/api/keys").json() if k["name"] == "console-key"]  # noqa: E731
     assert [k["id"] for k in named()] == [key_id]
     row = page.locator(f"tr[data-key-id='{key_id}']")
-    assert row.locator("input[name=budget_usd]").input_value() == "12.50" and row.locator("td").nth(7).inner_text() == "60"
+    assert row.locator("input[name=budget_usd]").input_value() == "12.5" and row.locator("td").nth(7).inner_text() == "60"
     chat = httpx.post(console_gateway.base_url + "/chat/completions", headers={"Authorization": f"Bearer {plaintext}"},
                       json={"model": "m1", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
     assert chat.status_code == 200
@@ -338,7 +342,7 @@ def test_keys_create_shown_once_and_revoke(page, console_gateway, screenshot):
     budget.press("Enter")
     page.wait_for_load_state()
     assert api(console_gateway, "GET", f"/api/keys/{key_id}").json()["budget_usd"] == 3.0
-    assert page.locator(f"tr[data-key-id='{key_id}'] input[name=budget_usd]").input_value() == "3.00"
+    assert page.locator(f"tr[data-key-id='{key_id}'] input[name=budget_usd]").input_value() == "3"  # the exact budget
     page.locator(f"tr[data-key-id='{key_id}']").locator("button:has-text('Revoke')").click()
     page.wait_for_load_state()
     assert page.locator(f"tr[data-key-id='{key_id}'] .badge").inner_text() == "revoked"
@@ -356,7 +360,7 @@ def test_models_page(page, console_gateway, screenshot):
     names = [c.inner_text() for c in page.locator("#models-table tbody tr td.name").all()]
     assert names == ["m1", "m2", "small", "big", "down", LOCAL_MODEL]
     assert page.locator("tr[data-model='m1'] .badge").inner_text() == "healthy"
-    assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "1000.00"
+    assert page.locator("tr[data-model='m1'] td").nth(3).inner_text() == "$1,000.00"  # USD per million tokens
     local = page.locator(f"tr[data-model='{LOCAL_MODEL}'] td")
     assert local.nth(2).inner_text() == "loaded"
     assert local.nth(7).inner_text() == "0" and local.nth(8).inner_text() == "0"  # running, waiting: idle now

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from web.formatting import compact_json, format_usd, pretty_json
+from web.formatting import compact_json, format_usd, format_usd_input, pretty_json
 
 
 @pytest.mark.parametrize("value,text", [
@@ -15,6 +15,29 @@ from web.formatting import compact_json, format_usd, pretty_json
     (float("inf"), "–")])
 def test_format_usd(value, text):
     assert format_usd(value) == text
+
+
+# Hand-checked against the rule (four significant digits below a dollar, cents from a dollar up). 0.000012345 is
+# stored as 1.2344999...e-05 (the nearest double), so its fourth significant digit rounds down: $0.00001234.
+@pytest.mark.parametrize("value,text", [
+    (0.00001, "$0.00001"), (0.000012345, "$0.00001234"), (0.5, "$0.5"), (1234.5, "$1,234.50"), (0, "$0")])
+def test_format_usd_below_a_cent_keeps_four_significant_digits(value, text):
+    assert format_usd(value) == text
+
+
+@pytest.mark.parametrize("value,text", [
+    (0.00001, "0.00001"), (0.000012345, "0.000012345"), (0.5, "0.5"), (1234.5, "1234.5"), (0, "0"), (5.0, "5"),
+    (0.1, "0.1"), (1e-07, "0.0000001"), (1e20, "100000000000000000000"), (None, "")])
+def test_an_editable_usd_field_holds_the_exact_value(value, text):
+    assert format_usd_input(value) == text
+    if value is not None:
+        assert float(text) == value  # saving the field unchanged writes back the same number
+
+
+def test_an_editable_usd_field_refuses_nan_and_infinity():
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite"):
+            format_usd_input(value)
 
 
 def test_json_for_display_is_text():

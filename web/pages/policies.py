@@ -2,7 +2,9 @@
 /v1/chat/completions, called by the browser with the session; web/static/console.js).
 
     GET  /console/policies                   the list (config policies read-only, database ones editable)
-    GET  /console/policies/new               the form; POST creates (errors beside the field the API names)
+    GET  /console/policies/new               the form (the type a <select> of the registered types, each with its
+                                             option names beside the options); POST creates (errors beside
+                                             the field the API names)
     GET  /console/policies/edit?name=P       the form filled in; POST replaces (a new name renames)
     POST /console/policies/delete            name=P
     GET  /console/policies/try?policy=P      a prompt box: the decision, then the answer streamed
@@ -16,13 +18,31 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from link.policies.base import POLICIES
+from link.policies.base import COMMON_OPTIONS, POLICIES, policy_class
 from serving.api.boundary import MAX_JSON_DEPTH_CEILING
 from serving.api.json_depth import json_depth
 from web.console import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/policies")
 FORM_FIELDS = ("name", "type", "models", "options")
+# The options field's placeholder: a JSON object every type accepts (each type's options are optional), where an
+# example of one type's options would be refused by the others.
+OPTIONS_PLACEHOLDER = "{}"
+
+
+def option_hints() -> dict[str, str]:
+    """Registered policy type -> the option names it accepts, as the form shows them under the options field
+    ("threshold, scorer, ... or capture_traces"). A type whose class does not import, or that takes any key,
+    gets a line saying so; the API still checks every definition."""
+    hints = {}
+    for type_ in sorted(POLICIES):
+        try:
+            names = policy_class(type_).OPTIONS
+        except Exception:  # a user's registered module that fails to import: the form still opens
+            names = None
+        hints[type_] = ("any keys (checked when saved)" if names is None
+                        else ", ".join((*names, *COMMON_OPTIONS)))
+    return hints
 
 
 def _refuse_constant(name: str) -> None:
@@ -71,7 +91,8 @@ async def _form(request: Request, api, *, mode: str, values: dict, error: dict |
     names = [m["id"] for m in models["data"] if m["link"]["type"] == "model"]
     field = _field(error["param"]) if error else None
     return render(request, "policy_form.html", status_code=status_code, section="policies", mode=mode, values=values,
-                  error=error, error_field=field, original=original, model_names=names, policy_types=sorted(POLICIES))
+                  error=error, error_field=field, original=original, model_names=names, policy_types=sorted(POLICIES),
+                  option_hints=option_hints(), options_placeholder=OPTIONS_PLACEHOLDER)
 
 
 def _as_form_values(policy: dict) -> dict:

@@ -1,4 +1,4 @@
-"""Tool-call traces: the `tool_trace` table and the `capture_traces` opt-in of API keys (issue 8).
+"""Tool-call traces: the `tool_trace` table and the `capture_traces` opt-in of API keys.
 
 Revision ID: 0003
 Revises: 0002

@@ -1,4 +1,4 @@
-"""Console sessions: the `console_session` table, which makes a console login revocable (issue 7).
+"""Console sessions: the `console_session` table, which makes a console login revocable.
 
 Revision ID: 0004
 Revises: 0003
