@@ -94,8 +94,14 @@ _HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 def header_value(text: str) -> str:
     """`text` as an HTTP header value: UTF-8 percent-encoded outside printable ASCII and "%" itself (as RFC 3986
     encodes a URL; `urllib.parse.unquote` reverses it), so that a model or policy name such as "路由" or one
-    holding a line break cannot break the answer."""
-    return quote(text, safe=_HEADER_SAFE)
+    holding a line break cannot break the answer. Spaces at either end are encoded too ("%20"): a field value has
+    no leading or trailing whitespace (RFC 9110, section 5.5), and the server drops the connection on one."""
+    value = quote(text, safe=_HEADER_SAFE)
+    inner = value.strip(" ")
+    if inner == value:
+        return value
+    start = value.index(inner) if inner else len(value)
+    return "%20" * start + inner + "%20" * (len(value) - start - len(inner))
 
 
 def _headers(record: RequestRecord, requested: str) -> dict[str, str]:

@@ -200,6 +200,14 @@ def test_names_outside_printable_ascii_are_percent_encoded_in_the_headers(gatewa
     assert injected.headers["x-link-model"] == "a%0D%0Ax-evil: 1"
 
 
+@pytest.mark.parametrize("name,header", [(" ", "%20"), ("  a b ", "%20%20a b%20"), ("a ", "a%20")])
+def test_spaces_at_the_ends_of_a_name_are_encoded_in_the_headers(gateway, name, header):
+    # the fuzzer's find: a `model` of " " made the header value " ", which the server refused to send (no answer)
+    unknown = post(gateway, {**CHAT, "model": name})
+    assert error_of(unknown, 404)["code"] == "model_not_found"
+    assert unknown.headers["x-link-model"] == header and unknown.headers["x-link-policy"] == header
+
+
 @pytest.mark.parametrize("limits,kind", [({"tpm_limit": 5}, "tokens"), ({"rpm_limit": 1}, "requests")])
 def test_a_rate_limit_429_names_its_limit(gateway, limits, kind):
     engine = make_db_engine(gateway.state.settings.database_url)
