@@ -1,4 +1,4 @@
-"""The gateway's request boundary over real HTTP (serving/api/boundary.py, limits from Settings): a body nested
+"""The gateway's request boundary over real HTTP (protocol/boundary.py, limits from Settings): a body nested
 1,000 or 100,000 levels deep is a 400 OpenAI error object on every route that reads a body, on a connection the
 server keeps: before the key is checked on the management routes, and on the OpenAI routes in the order any
 invalid body is refused there (after the key), with its x-link-* headers and its request-log row; a body over `max_body_bytes` is a 413; a body nested as deep as
