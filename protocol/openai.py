@@ -111,7 +111,7 @@ class ChatCompletionRequest(SamplingFields):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
-    # Passed to providers; a local model refuses them with a 400 (serving/frontend/chat_tools.py: `unservable_fields`):
+    # Passed to providers; a local model refuses them with a 400 (`serving.frontend.chat_tools.unservable_fields`):
     modalities: list[Literal["text", "audio"]] | None = None
     audio: dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None  # legacy, superseded by tools / tool_choice

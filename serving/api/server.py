@@ -4,9 +4,9 @@ Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as serv
 `stream_options.include_usage` adding a final usage chunk), GET /v1/models, /v1/models/{id}, /health
 and /metrics (Prometheus). Every error, unknown routes and wrong methods included, is an OpenAI error
 object with a 4xx status; a bad request never disturbs the others. Bodies pass the request boundary
-first (`boundary.py`: 413 over `BodyLimits.max_body_bytes`, 400 nested deeper than `max_json_depth`) and
-are read as strict JSON, as the gateway reads them (`strict_json.py`: no NaN, NUL or lone surrogate, each
-refusal naming its field); path and query parameters follow the same text rule (`url_params.py`). A
+first (`protocol/boundary.py`: 413 over `BodyLimits.max_body_bytes`, 400 nested deeper than `max_json_depth`) and
+are read as strict JSON, as the gateway reads them (`protocol/strict_json.py`: no NaN, NUL or lone surrogate, each
+refusal naming its field); path and query parameters follow the same text rule (`protocol/url_params.py`). A
 client that disconnects, streamed or not, aborts its engine requests, which free their KV blocks before
 the next engine step. Several such servers, each with its own engine, are how the platform scales past
 one process.
