@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, logged_request, mock_deployment, start_gateway_thread
+from tests.protocol.test_json_depth import ref_depth
 from tests.serving.loopback import client_port
-from tests.serving.test_json_depth import ref_depth
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 CHAT = {"model": "mock-a", "messages": [{"role": "user", "content": "hello there world"}]}
