@@ -43,7 +43,7 @@ def check_tools(tools: Any, where: str = "tools") -> list[dict]:
     Raises:
         ValueError: naming the first tool at fault (`where`[i]) and what it lacks.
     """
-    from serving.api.chat_fields import json_type
+    from protocol.chat_fields import json_type
 
     shape = '{"type": "function", "function": {"name": ...}}'
     if not isinstance(tools, list) or not tools:

@@ -11,12 +11,12 @@ Routes: link/routes/ (openai: /v1/*, policies: /api/policies, route: /api/route,
 traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, traces: /api/traces, system:
 /health and /metrics); the console under /console, mounted by `web` through the entry point group
 `togetherlink.apps` (`link` never imports `web`). Every API error is an OpenAI error object.
-Before any route, every request passes the request boundary (serving/api/boundary.py, the engine server's
+Before any route, every request passes the request boundary (protocol/boundary.py, the engine server's
 too): a body over `Settings.max_body_bytes` is a 413, one nested deeper than `Settings.max_json_depth` a 400
 (on `/v1/chat/completions` and `/v1/completions` answered by the route, to log the request like any other).
-The routes' path and query parameters follow the bodies' text rule (serving/api/url_params.py): a NUL in one
+The routes' path and query parameters follow the bodies' text rule (protocol/url_params.py): a NUL in one
 is a 400 naming it, never a database error. `/docs` and `/redoc` load their scripts from package files, not a CDN
-(serving/api/docs.py), so they render offline.
+(protocol/docs.py), so they render offline.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from link.routes import evals, keys, models, openai, policies, requests, route, 
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
-from serving.api.boundary import RequestBoundary
-from serving.api.docs import mount_offline_docs
-from serving.api.protocol import ValidationProblem
-from serving.api.url_params import check_url_params
+from protocol.boundary import RequestBoundary
+from protocol.docs import mount_offline_docs
+from protocol.errors import ValidationProblem
+from protocol.url_params import check_url_params
 
 
 log = logging.getLogger(__name__)

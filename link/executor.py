@@ -41,7 +41,8 @@ from link.backends import BackendError
 from link.config import ModelDeployment
 from link.deployments import DeploymentPool
 from link.policies import Plan, PlanExecutor
-from link.proxy import complete, ended_stream, frame, has_output, open_stream
+from link.proxy import complete, ended_stream, has_output, open_stream
+from protocol.sse import frame
 
 logger = logging.getLogger(__name__)
 KEEPALIVE = b": keep-alive\n\n"

@@ -19,7 +19,6 @@ run by link/executor.py, whose model caller makes each call through `complete` /
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -31,8 +30,8 @@ from link.backends.usage import Estimate, checked_response, checked_stream
 from link.config import ModelDeployment
 from link.deployments import DeploymentPool
 from link.policies import Plan
+from protocol.sse import DONE, frame
 
-DONE = b"data: [DONE]\n\n"
 _NOT_SENT = ("stream", "stream_options")
 
 
@@ -40,11 +39,6 @@ def usage_estimate(endpoint: str, body: dict[str, Any]) -> Estimate:
     """The gateway's estimate of one call's usage, for counts a provider got wrong (link/backends/usage.py): the
     prompt estimated from `body`, the completion from the answer's characters."""
     return lambda num_chars: (estimate_prompt_tokens(endpoint, body), estimate_completion_tokens(num_chars))
-
-
-def frame(payload: dict) -> bytes:
-    """One server-sent event carrying `payload` as compact JSON."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def _first_answer(pools: dict[str, DeploymentPool], plan: Plan, record: RequestRecord,

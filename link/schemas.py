@@ -1,4 +1,4 @@
-"""The OpenAI schemas the gateway speaks: requests (reused from `serving/api/protocol.py`), errors, model cards.
+"""The OpenAI schemas the gateway speaks: requests (reused from `protocol/openai.py`), errors, model cards.
 
 The gateway accepts every field of OpenAI's Chat Completions and Completions request schemas (tools,
 tool_choice, parallel_tool_calls, response_format, user, metadata, store, service_tier, prediction,
@@ -6,7 +6,7 @@ reasoning_effort, modalities, audio, web_search_options, the legacy functions/fu
 stream_options, n, stop, seed, max_tokens/max_completion_tokens) and vLLM's sampling extensions, and
 passes them to the backend untouched; a field outside that schema is a 400 ("Unrecognized request
 argument supplied: foo"), as with OpenAI, at the top level and inside messages, content parts, tools,
-tool_choice, response_format and stream_options (`serving/api/chat_fields.py`). As OpenAI does, it also
+tool_choice, response_format and stream_options (`protocol/chat_fields.py`). As OpenAI does, it also
 refuses `tool_choice` or `parallel_tool_calls` without `tools`, an empty `tools`, a tool or JSON-schema
 name outside `^[a-zA-Z0-9_-]{1,64}$`, and `max_tokens` together with `max_completion_tokens`. A local
 model refuses what it cannot honour (audio, web search, legacy functions, image/audio/file parts) with a
@@ -23,8 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from serving.api import strict_json
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
+from protocol import strict_json
+from protocol.errors import ValidationProblem, describe_errors, error_body
+from protocol.openai import ChatCompletionRequest, CompletionRequest
 
 REQUEST_SCHEMAS: dict[str, type[BaseModel]] = {"chat": ChatCompletionRequest, "completion": CompletionRequest}
 
@@ -64,7 +65,7 @@ def invalid_body(exc: ValidationError) -> OpenAIError:
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """A request body that must be one JSON object of values every later step can carry (UTF-8; finite numbers;
-    no NUL and no lone surrogate in any string or key: serving/api/strict_json.py says why).
+    no NUL and no lone surrogate in any string or key: protocol/strict_json.py says why).
 
     Raises:
         OpenAIError: 400 naming the position of a JSON syntax error, saying the body is not an object, or naming

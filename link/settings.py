@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from serving.api.boundary import MAX_JSON_DEPTH_CEILING, BodyLimits
+from protocol.boundary import MAX_JSON_DEPTH_CEILING, BodyLimits
 
 # Lower-cased master keys that are copied from examples and tutorials; refused outside development.
 PLACEHOLDER_KEYS = frozenset({
@@ -65,7 +65,7 @@ class Settings(BaseSettings):
         metrics_public: serve `/metrics` without a key (`LINK_METRICS_PUBLIC=true`); by default it needs the
             master key whenever one is set (a Prometheus scraper sends it as a bearer token).
         max_body_bytes: the largest request body, in bytes (`LINK_MAX_BODY_BYTES`, default 16 MiB, at least 1 KiB);
-            a larger one is a 413 (serving/api/boundary.py).
+            a larger one is a 413 (protocol/boundary.py).
         max_json_depth: the deepest nesting of arrays and objects in a JSON body (`LINK_MAX_JSON_DEPTH`, default
             64, 8 to 128); a deeper one is a 400.
     """

@@ -1,6 +1,6 @@
 """Traces -> token ids for supervised fine-tuning, with the loss only on the assistant's tokens.
 
-A trace is rendered exactly as the engine renders a chat request to a local model (`serving.api.responses.
+A trace is rendered exactly as the engine renders a chat request to a local model (`serving.frontend.responses.
 plan_chat`): `serving.toolcalls.render_messages` writes the tools into the system turn and the calls and results
 as text in the harness format, the model's chat template (`serving.chat_format.TemplateChatFormat`) turns the
 messages into text, and our tokenizer (`serving.tokenizer.Tokenizer`) into ids. So the tokens before each
@@ -136,7 +136,7 @@ def resolve_tool_format(tool_format: Any = None) -> Any:
 def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
     """The trace's messages as the engine hands them to the chat template: `serving.toolcalls.render_messages`
     in the harness format, with meta "tool_choice" (default "auto") and "parallel_tool_calls" (default True)
-    as `serving.api.chat_tools.prepare_chat` passes them, and `strict`: tools the format cannot express, or an
+    as `serving.frontend.chat_tools.prepare_chat` passes them, and `strict`: tools the format cannot express, or an
     assistant turn that would not parse back to the same content and calls, are refused.
 
     Args:

@@ -1,7 +1,7 @@
 """Tool-call scoring: a local model's calls on traces with a gold answer, before and after post-training.
 
 For each trace the conversation up to (not including) its final assistant turn is the prompt, rendered exactly
-as the gateway renders a chat request with `tools` to a local model (`serving.api.responses.plan_chat`): the
+as the gateway renders a chat request with `tools` to a local model (`serving.frontend.responses.plan_chat`): the
 harness format writes the tools into the system turn (`posttrain.dataset.harness_messages`, the rendering the
 dataset trains on), the model's chat template turns the messages into text and our tokenizer into ids. Our
 engine answers all prompts in one `generate` call (continuous batching), greedily, up to `max_tokens` tokens or

@@ -23,13 +23,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.openai import MAX_LOGIT_BIAS, SEED_MAX, SEED_MIN
 from serving.errors import InvalidSamplingParamsError
 
-# OpenAI's `seed` is a signed 64-bit integer; `torch.Generator.manual_seed` accepts that range.
-SEED_MIN = -(2**63)
-SEED_MAX = 2**63 - 1
-# OpenAI's range for a `logit_bias` value.
-MAX_LOGIT_BIAS = 100.0
 # vLLM's default cap on `logprobs` (`max_logprobs`), also the OpenAI chat API's `top_logprobs` cap.
 MAX_LOGPROBS = 20
 

@@ -1,4 +1,5 @@
-"""The packages' dependencies point one way: `cli -> web, evals, posttrain -> link -> routers, serving -> kernels`.
+"""The packages' dependencies point one way: `cli -> web, evals, posttrain -> link -> routers, serving -> kernels`,
+and every package may import `protocol`, the wire formats, which imports none of ours.
 
 Read from the source (tests/import_graph.py: every import, at module level or inside a function, relative
 imports resolved), so a lazy import cannot hide a wrong edge. Each rule is one test; a later move that makes
@@ -16,7 +17,7 @@ import pytest
 from tests.import_graph import file_graph, find_cycle, forbidden, package_graph, scan
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("cli", "web", "evals", "posttrain", "benchmarks", "link", "routers", "serving", "kernels")
+PACKAGES = ("cli", "web", "evals", "posttrain", "benchmarks", "link", "routers", "serving", "kernels", "protocol")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,18 @@ def test_link_is_the_platform_and_imports_no_application(imports):
 def test_engine_and_routers_do_not_import_link(imports, package):
     found = forbidden(imports, package, {"link"})
     assert not found, f"{package} imports link:\n{_listing(found)}"
+
+
+def test_link_does_not_reach_into_the_engine_server(imports):
+    # the gateway shares the engine's wire formats through `protocol` and its request path through
+    # `serving.frontend`; `serving.api` is the engine's own HTTP server
+    found = forbidden(imports, "link", {"serving.api"})
+    assert not found, f"link imports the engine's HTTP server:\n{_listing(found)}"
+
+
+def test_protocol_imports_no_package_of_ours(imports):
+    found = forbidden(imports, "protocol", set(PACKAGES) - {"protocol"})
+    assert not found, f"protocol is at the bottom of the house; it imports:\n{_listing(found)}"
 
 
 def test_nothing_imports_cli(imports):

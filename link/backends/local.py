@@ -2,7 +2,7 @@
 
 The pool loads a model on its first request (in a worker thread, so the event loop keeps serving),
 starts one `AsyncLLMEngine` for it and shares it between every deployment naming the same model. The
-request path is the standalone server's (`serving/api/responses.py`: `plan_chat`/`plan_completion`,
+request path is the standalone server's (`serving/frontend/responses.py`: `plan_chat`/`plan_completion`,
 `whole_response`, `stream_events`), so a local answer through the gateway equals `link engine serve`'s.
 The first-chunk and whole-request timeouts start once the model is loaded. Requests with `tools` use
 the deployment's harness format (link.yaml `tool_format:`, `serving.tool_formats`). A request the engine
@@ -25,9 +25,10 @@ from pydantic import ValidationError
 
 from link.backends.base import Backend, BackendError, BackendUnavailable, Endpoint, guard_stream, with_timeout
 from link.config import ModelDeployment
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem
-from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
+from protocol.errors import ValidationProblem
+from protocol.openai import ChatCompletionRequest, CompletionRequest
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
+from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.registry import ModelRegistry, ModelSpec, default_registry
 from serving.traffic import TrafficRecorder, save_mix, traffic_path
 
@@ -51,7 +52,7 @@ class EnginePool:
         self.registry = registry or default_registry()
         self.dtype = dtype
         self.engine_config = engine_config
-        self._states: dict[str, object] = {}  # key -> serving.api.server.EngineState
+        self._states: dict[str, object] = {}  # key -> serving.frontend.state.EngineState
         self._locks: dict[str, asyncio.Lock] = {}
         self.load_errors: dict[str, str] = {}
         self._tuners: list = []  # kernels.tuner.BackgroundTuner per model with compile_tune
@@ -77,8 +78,8 @@ class EnginePool:
         self._states[key] = self._make_state(key, loaded)
 
     def _make_state(self, key: str, loaded, deployment: ModelDeployment | None = None):
-        from serving.api.server import EngineState
         from serving.async_engine import AsyncLLMEngine
+        from serving.frontend.state import EngineState
         from serving.llm_engine import EngineConfig, LLMEngine
 
         if deployment is not None and deployment.engine is not None:

@@ -21,7 +21,7 @@ from link.db.models import ApiKeyCreate, ApiKeyPublic, ApiKeyUpdate
 from link.deps import AdminDep, SessionDep
 from link.keys import KeyNotFound, create_key, get_key, list_keys, revoke_key, update_key
 from link.request_log import MAX_ID
-from serving.api.openapi_body import json_body
+from protocol.openapi_body import json_body
 from link.schemas import OpenAIError, parse_body
 
 router = APIRouter(prefix="/api/keys", tags=["keys"])

@@ -11,7 +11,7 @@ A request's life (`handle`):
        (a plan with an executor, cascade or MoA, makes several calls: link/executor.py)
     7. settle the real cost, count tokens, write the request-log row, observe metrics (always, in `finally`)
        (a chat request with `tools` of an opted-in key or policy is also recorded as a tool-call trace: link/traces.py)
-A body over the size or depth limit is not read here: the request boundary (serving/api/boundary.py) hands its
+A body over the size or depth limit is not read here: the request boundary (protocol/boundary.py) hands its
 refusal (413, or 400 `json_too_deep`) to `handle`, which answers it after step 2 like any invalid body, with
 its x-link-* headers and its request-log row (nothing was served or billed).
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
@@ -47,13 +47,13 @@ from link.deps import StateDep
 from link.executor import ExecutedStream, GatewayCaller, execute_whole, executed_frames, start_executed_stream
 from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
-from serving.api.openapi_body import json_body
+from protocol.openapi_body import json_body
 from link.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError, model_card, model_not_found,
                           parse_json_object, validate_request)
 from link.state import GatewayState
 from link.traces import finish_whole, watch
-from serving.api.boundary import REFUSAL
-from serving.api.disconnect import ClientDisconnected, unless_disconnected
+from protocol.boundary import REFUSAL
+from protocol.disconnect import ClientDisconnected, unless_disconnected
 from serving.errors import ServingError
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from link.db.models import PolicyCreate, PolicyPublic, PolicyUpdate
 from link.deps import AdminDep, SessionDep, StateDep
 from link.policies.base import PolicyError
 from link.policies.store import PolicyConflict, PolicyNotFound
-from serving.api.openapi_body import json_body
+from protocol.openapi_body import json_body
 from link.schemas import OpenAIError, parse_body
 
 router = APIRouter(prefix="/api/policies", tags=["policies"])

@@ -4,9 +4,9 @@ Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as serv
 `stream_options.include_usage` adding a final usage chunk), GET /v1/models, /v1/models/{id}, /health
 and /metrics (Prometheus). Every error, unknown routes and wrong methods included, is an OpenAI error
 object with a 4xx status; a bad request never disturbs the others. Bodies pass the request boundary
-first (`boundary.py`: 413 over `BodyLimits.max_body_bytes`, 400 nested deeper than `max_json_depth`) and
-are read as strict JSON, as the gateway reads them (`strict_json.py`: no NaN, NUL or lone surrogate, each
-refusal naming its field); path and query parameters follow the same text rule (`url_params.py`). A
+first (`protocol/boundary.py`: 413 over `BodyLimits.max_body_bytes`, 400 nested deeper than `max_json_depth`) and
+are read as strict JSON, as the gateway reads them (`protocol/strict_json.py`: no NaN, NUL or lone surrogate, each
+refusal naming its field); path and query parameters follow the same text rule (`protocol/url_params.py`). A
 client that disconnects, streamed or not, aborts its engine requests, which free their KV blocks before
 the next engine step. Several such servers, each with its own engine, are how the platform scales past
 one process.
@@ -23,7 +23,6 @@ naming the field behind it, or, once a stream has started, one error event and `
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import Annotated, AsyncIterator
@@ -34,29 +33,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving.api.boundary import BodyLimits, RequestBoundary
-from serving.api.disconnect import ClientDisconnected, unless_disconnected
-from serving.api.docs import mount_offline_docs
-from serving.api.metrics import EngineMetrics
-from serving.api.openapi_body import json_body
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, describe_errors, error_body
-from serving.api.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
-from serving.api.strict_json import parse_json_object
-from serving.api.url_params import check_url_params
+from protocol.boundary import BodyLimits, RequestBoundary
+from protocol.disconnect import ClientDisconnected, unless_disconnected
+from protocol.docs import mount_offline_docs
+from protocol.errors import ValidationProblem, describe_errors, error_body
+from protocol.openai import ChatCompletionRequest, CompletionRequest
+from protocol.openapi_body import json_body
+from protocol.strict_json import parse_json_object
+from protocol.url_params import check_url_params
 from serving.async_engine import AsyncLLMEngine
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
+from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
+from serving.frontend.state import EngineState
 from serving.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
 from serving.registry import ModelRegistry, default_registry
-
-
-class EngineState:
-    """What the routes need, created in the lifespan."""
-
-    def __init__(self, name: str, loaded: LoadedModel, engine: AsyncLLMEngine):
-        self.name, self.loaded, self.engine = name, loaded, engine
-        self.metrics = EngineMetrics()
-        self.created = int(time.time())
 
 
 async def _state(request: Request) -> EngineState:

@@ -1,4 +1,4 @@
-"""The gateway's request boundary over real HTTP (serving/api/boundary.py, limits from Settings): a body nested
+"""The gateway's request boundary over real HTTP (protocol/boundary.py, limits from Settings): a body nested
 1,000 or 100,000 levels deep is a 400 OpenAI error object on every route that reads a body, on a connection the
 server keeps: before the key is checked on the management routes, and on the OpenAI routes in the order any
 invalid body is refused there (after the key), with its x-link-* headers and its request-log row; a body over `max_body_bytes` is a 413; a body nested as deep as
@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, logged_request, mock_deployment, start_gateway_thread
+from tests.protocol.test_json_depth import ref_depth
 from tests.serving.loopback import client_port
-from tests.serving.test_json_depth import ref_depth
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 CHAT = {"model": "mock-a", "messages": [{"role": "user", "content": "hello there world"}]}

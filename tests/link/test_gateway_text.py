@@ -2,7 +2,7 @@
 mock provider: anywhere in a request body (content, `user`, `model`, metadata keys and values, prompts) they are
 a 400 naming the field, logged like any refused request, so a key's spend stays the sum of its request-log rows;
 in the management API's bodies, path and query parameters they are 400s naming the field, never a 500 from the
-database (serving/api/strict_json.py, serving/api/url_params.py)."""
+database (protocol/strict_json.py, protocol/url_params.py)."""
 
 from __future__ import annotations
 

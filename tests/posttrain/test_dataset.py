@@ -1,6 +1,6 @@
 """TraceDataset on the real SmolLM2 tokenizer and chat template (no weights loaded): labels cover exactly the
 assistant's text and its end-of-turn token, each turn's prompt is token for token what the gateway's chat path
-(`serving.api.responses.plan_chat`) builds, templates that break the prefix property are refused, long examples
+(`serving.frontend.responses.plan_chat`) builds, templates that break the prefix property are refused, long examples
 are dropped and counted, and the split is deterministic, disjoint and stratified on BFCL.
 
     LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/posttrain/test_dataset.py
@@ -19,9 +19,9 @@ from posttrain.dataset import (IGNORE_INDEX, TraceDataset, encode_trace, harness
 from posttrain.errors import PosttrainDataError
 from posttrain.traces import Trace
 from posttrain.traces_bfcl import read_bfcl
-from serving.api.protocol import ChatCompletionRequest
-from serving.api.responses import plan_chat
+from protocol.openai import ChatCompletionRequest
 from serving.chat_format import TemplateChatFormat
+from serving.frontend.responses import plan_chat
 from serving.model_loader import LoadedModel
 from serving.registry import default_registry
 from serving.toolcalls import render_tools_system_prompt

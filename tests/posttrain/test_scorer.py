@@ -186,9 +186,9 @@ def smollm2_scored(six_bfcl):
 
 @pytest.mark.slow
 def test_prompts_are_the_gateways(smollm2_scored, six_bfcl):
-    """The scorer's prompt ids equal those serving.api.responses.plan_chat builds for the same chat request."""
-    from serving.api.protocol import ChatCompletionRequest
-    from serving.api.responses import plan_chat
+    """The scorer's prompt ids equal those serving.frontend.responses.plan_chat builds for the same chat request."""
+    from protocol.openai import ChatCompletionRequest
+    from serving.frontend.responses import plan_chat
 
     scorer, _ = smollm2_scored
     for trace in six_bfcl:

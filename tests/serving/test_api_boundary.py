@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from serving.api.boundary import BodyLimits
+from protocol.boundary import BodyLimits
 from serving.api.server import create_engine_app
 from tests.serving.loopback import client_port, serve_on_loopback
 

@@ -14,8 +14,9 @@ import jsonschema
 import openai
 import pytest
 
-from serving.api.chat_tools import ToolStream, prepare_chat, tool_message
-from serving.api.protocol import ChatCompletionRequest, ValidationProblem
+from protocol.errors import ValidationProblem
+from protocol.openai import ChatCompletionRequest
+from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.guided_json import automaton_for
 from serving.guided_tools import MAX_PARALLEL_CALLS, forced_tool_tag, forced_tools
 from serving.toolcalls import ToolFormatError, parse_tool_calls, render_tool_call

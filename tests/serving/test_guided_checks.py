@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from serving.api.chat_tools import prepare_chat
-from serving.api.protocol import ChatCompletionRequest, ValidationProblem
+from protocol.errors import ValidationProblem
+from protocol.openai import ChatCompletionRequest
 from serving.errors import SamplingTimeoutError
+from serving.frontend.chat_tools import prepare_chat
 from serving.guided_json import JsonAutomaton, response_format_schema
 from serving.guided_schema import MAX_SCHEMA_DEPTH, InvalidSchemaError
 from tests.serving.guided_cases import INDIRECT, SELF, TREE, nested, valid

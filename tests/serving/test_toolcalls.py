@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from serving.api.chat_tools import ToolStream, tool_message
+from serving.frontend.chat_tools import ToolStream, tool_message
 from serving.toolcalls import (
     ToolFormatError, parse_tool_calls, render_messages, render_tools_system_prompt, streamable_length,
 )

@@ -1,5 +1,5 @@
 """`/docs` (Swagger UI) and `/redoc` (ReDoc) render in Chromium with every request off 127.0.0.1 blocked: their
-scripts come from package files (serving/api/docs.py), not a CDN. Both servers: the gateway and the engine server.
+scripts come from package files (protocol/docs.py), not a CDN. Both servers: the gateway and the engine server.
 """
 
 from __future__ import annotations

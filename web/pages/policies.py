@@ -19,8 +19,8 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from link.policies.base import COMMON_OPTIONS, POLICIES, policy_class
-from serving.api.boundary import MAX_JSON_DEPTH_CEILING
-from serving.api.json_depth import json_depth
+from protocol.boundary import MAX_JSON_DEPTH_CEILING
+from protocol.json_depth import json_depth
 from web.console import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/policies")

@@ -11,7 +11,7 @@ A body must be one UTF-8 JSON object, and what it holds must be something every 
   query, and a request must never be served and billed without its row. One rule for every field means no
   stored field can be forgotten; a client that needs the character sends it escaped in its own text.
 Each refusal names the client's field path (`messages[0].content`, `metadata` for one of its keys) and never
-echoes the bad text. Nesting is bounded before parsing by `serving/api/boundary.py`.
+echoes the bad text. Nesting is bounded before parsing by `protocol/boundary.py`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import math
 import re
 from typing import Any
 
-from serving.api.chat_fields import json_type
-from serving.api.protocol import ValidationProblem
+from protocol.chat_fields import json_type
+from protocol.errors import ValidationProblem
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -75,7 +75,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     """A request body that must be one JSON object of values that can be carried (module docstring).
 
     Args:
-        raw: the body as received; its nesting already bounded (`serving.api.boundary.RequestBoundary`).
+        raw: the body as received; its nesting already bounded (`protocol.boundary.RequestBoundary`).
     Raises:
         ValidationProblem: 400 naming the position of a syntax error or of bytes that are not UTF-8, saying the
             body is not an object, or naming the field of a non-finite number, a NUL or a lone surrogate.

@@ -1,4 +1,4 @@
-"""`serving.api.strict_json.parse_json_object`, the body reader of the engine server and the gateway: a NUL or a
+"""`protocol.strict_json.parse_json_object`, the body reader of the engine server and the gateway: a NUL or a
 lone surrogate anywhere (values, keys, escaped or as raw bytes) and non-finite numbers are 400s naming the
 field; bytes that are not UTF-8 name their position; the message never echoes the bad text."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from serving.api.protocol import ValidationProblem
-from serving.api.strict_json import parse_json_object
+from protocol.errors import ValidationProblem
+from protocol.strict_json import parse_json_object
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

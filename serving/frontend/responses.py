@@ -14,9 +14,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from serving.api.chat_tools import ToolStream, prepare_chat, tool_message
-from serving.api.logprobs import TextOffsets, chat_logprobs, completion_logprobs
-from serving.api.protocol import ChatCompletionRequest, CompletionRequest, ValidationProblem, usage
+from protocol.errors import ValidationProblem
+from protocol.openai import ChatCompletionRequest, CompletionRequest, usage
+from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
+from serving.frontend.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from serving.model_loader import LoadedModel
 from serving.outputs import RequestOutput
 from serving.sampling_params import SamplingParams

@@ -8,10 +8,10 @@ objects, sent before authentication (they need no key, and reveal nothing but th
 - 413 `request_too_large`: a body over `max_body_bytes` (by its Content-Length, before reading it, or
   while reading a chunked body);
 - 400 `json_too_deep`: a body whose arrays and objects nest deeper than `max_json_depth`
-  (`serving/api/json_depth.py`), counted on every body whatever its Content-Type (the gateway's routes read
+  (`protocol/json_depth.py`), counted on every body whatever its Content-Type (the gateway's routes read
   JSON whatever the header says; a form percent-encodes its brackets, so no form comes near the limit).
 A body within the limits is read whole and handed to the app as one message; later `receive` calls go to the
-server, so a disconnect still reaches the routes that wait for it (`serving/api/disconnect.py`).
+server, so a disconnect still reaches the routes that wait for it (`protocol/disconnect.py`).
 
 A server that must account for every request of some routes (the gateway logs one row per `/v1` request) names
 them with `defer`: a refused request to such a route reaches the app with an empty body and the refusal in
@@ -26,8 +26,8 @@ from typing import Callable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.api.json_depth import json_depth
-from serving.api.protocol import error_body
+from protocol.errors import error_body
+from protocol.json_depth import json_depth
 
 # Python recurses once per level in json and in the walks over a parsed body (pydantic, deepcopy, our checks),
 # two or three frames each, under a limit of 1,000 frames: past 128 levels the margin is gone.

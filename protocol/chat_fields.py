@@ -3,11 +3,11 @@ assistant tool calls, tools, tool_choice, parallel_tool_calls and response_forma
 
 An unknown key, a missing required key, a wrong type or an unknown `type` value is a 400 whose `param` is
 the client's field path (`messages[0].content[1].type`, `tools[0].function.name`); each check raises a
-`PydanticCustomError` carrying that path in `ctx.param` (read by `protocol.describe_errors`). What OpenAI
+`PydanticCustomError` carrying that path in `ctx.param` (read by `protocol.errors.describe_errors`). What OpenAI
 accepts passes: `name` on system, developer, user (and tool) messages; `refusal`, `audio`, `function_call`
 and `annotations` on assistant messages (a response's message may be sent back as is); a null optional
 field counts as absent; image, audio and file parts (a local model refuses them later, naming the part:
-`serving/api/responses.py`). Tool and JSON-schema names follow OpenAI's pattern `^[a-zA-Z0-9_-]{1,64}$`.
+`serving/frontend/responses.py`). Tool and JSON-schema names follow OpenAI's pattern `^[a-zA-Z0-9_-]{1,64}$`.
 `tool_choice` and `parallel_tool_calls` need `tools` (OpenAI rejects them without, "none" included), and
 `tools` may not be empty.
 """

@@ -4,7 +4,7 @@
 
 Python's `json` (and everything that walks the parsed value recursively: pydantic, our field checks, deepcopy)
 recurses once per level, so a body of 1,000 nested arrays ends in a RecursionError. The request boundary
-(`serving/api/boundary.py`) measures the depth first, without recursion, and refuses a body over its limit.
+(`protocol/boundary.py`) measures the depth first, without recursion, and refuses a body over its limit.
 
 The scan reads the text as `json.loads` would (the encoding from `json.detect_encoding`, so a UTF-16 body is
 measured in its characters, not its bytes) and counts only the brackets outside strings, in C-speed passes:

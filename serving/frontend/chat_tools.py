@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from serving.api.protocol import ChatCompletionRequest, ValidationProblem
+from protocol.errors import ValidationProblem
+from protocol.openai import ChatCompletionRequest
 from serving.guided_json import UnsupportedSchemaError, response_format_schema
 from serving.guided_schema import InvalidSchemaError
 from serving.guided_tools import forced_tool_tag, forced_tools, parse_forced_calls

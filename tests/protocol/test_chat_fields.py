@@ -1,5 +1,5 @@
-"""Strict validation of a chat request's nested objects (serving/api/chat_fields.py, used by
-serving/api/protocol.py for both the engine server and the gateway): each case is a 400 in OpenAI, with
+"""Strict validation of a chat request's nested objects (protocol/chat_fields.py, used by
+protocol/openai.py for both the engine server and the gateway): each case is a 400 in OpenAI, with
 `param` the client's field path; what OpenAI accepts still passes. No model, no server.
 
     .venv/bin/python -m pytest -q tests/serving/test_chat_fields.py
@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from serving.api.chat_tools import prepare_chat
-from serving.api.protocol import ChatCompletionRequest, ValidationProblem, describe_errors
+from protocol.errors import ValidationProblem, describe_errors
+from protocol.openai import ChatCompletionRequest
+from serving.frontend.chat_tools import prepare_chat
 
 USER = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

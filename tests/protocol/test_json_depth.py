@@ -1,4 +1,4 @@
-"""`serving.api.json_depth.json_depth` against a recursive reference over the parsed value: random JSON whose
+"""`protocol.json_depth.json_depth` against a recursive reference over the parsed value: random JSON whose
 strings hold brackets, quotes, backslashes and non-ASCII text, in UTF-8 and UTF-16, pretty-printed or not;
 the early stop past the limit; and texts a parser refuses, never measured shallower than it would go."""
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from serving.api.json_depth import json_depth
+from protocol.json_depth import json_depth
 
 # characters that could fool a scan that ignores strings or escapes
 TRICKY = ['[', ']', '{', '}', '"', '\\', '\\"', '\\\\', '[[{', '"]', 'é', '路由', '😀', '\n', 'a']

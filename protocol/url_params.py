@@ -1,4 +1,4 @@
-"""Path and query parameters held to the same text rule as bodies (`serving/api/strict_json.py`).
+"""Path and query parameters held to the same text rule as bodies (`protocol/strict_json.py`).
 
     app = FastAPI(dependencies=[Depends(check_url_params)])        # or include_router(..., dependencies=[...])
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from serving.api.protocol import ValidationProblem
-from serving.api.strict_json import text_problem
+from protocol.errors import ValidationProblem
+from protocol.strict_json import text_problem
 
 
 async def check_url_params(request: Request) -> None:
