@@ -160,7 +160,7 @@ class ToolCallFormat:
         """The text that starts a tool result block: `response_template`'s literal text before its first
         placeholder, a tag cut to its name (`<tool_response`, so a bare `<tool_response>` matches too);
         "" when the template starts with a placeholder. A model writing it after a tool result is echoing
-        the harness, not answering: it is a stop string of such requests (`serving.api.chat_tools`)."""
+        the harness, not answering: it is a stop string of such requests (`serving.frontend.chat_tools`)."""
         head = self.response_template[:_PLACEHOLDER.search(self.response_template).start()].strip()
         tag = re.match(r"<[^\s<>]+", head)
         return tag.group(0) if tag else head

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving.api.chat_tools import ToolStream, tool_message
-from serving.api.protocol import ChatCompletionRequest
-from serving.api.responses import plan_chat
+from serving.frontend.chat_tools import ToolStream, tool_message
+from protocol.openai import ChatCompletionRequest
+from serving.frontend.responses import plan_chat
 from serving.chat_format import InContextChatFormat, TemplateChatFormat
 from serving.stop import check_stop
 from serving.tool_formats import FORMATS, tool_format_from_config
