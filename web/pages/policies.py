@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from link.policies.base import POLICIES
 from serving.api.boundary import MAX_JSON_DEPTH_CEILING
 from serving.api.json_depth import json_depth
-from web.console import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
+from web.pages.base import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/policies")
 FORM_FIELDS = ("name", "type", "models", "options")
