@@ -3,8 +3,9 @@
 `dispatch("rms_norm", x, w, eps)` calls whatever is registered for "rms_norm". The ops and their
 PyTorch references are listed in `ops.py`; the defaults are the references except where a faster CPU
 implementation with the same contract exists (`cpu.py`); a tuned variant can replace any of them. The
-table knows no variant module: the tuner installs the winners it picks from the registry (`variants.py`). Swapping is one dict assignment, atomic under the
-GIL, so a tuner can install a winner between engine steps without a restart.
+table imports no variant provider: the tuner installs the winners it picks from the registry
+(`variants.py`). Swapping is one dict assignment, atomic under the GIL, so a tuner can install a winner
+between engine steps without a restart.
 
 Shape buckets (issue 9): a winner can also be installed for one `kernels.recorder.Bucket` only
 (`install`): it then serves the calls of that bucket and every other call keeps the op's default.
