@@ -40,14 +40,14 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kernels import cpu
+    from kernels import cpu_linear
     from kernels.native import load_rows_linear, unavailable_reason
 
-    variants = {"F.linear": F.linear, "kn": cpu.kn_linear}
-    if cpu._has_mkl():
-        variants["mkl-packed"] = cpu.mkl_packed_linear
+    variants = {"F.linear": F.linear, "kn": cpu_linear.kn_linear}
+    if cpu_linear.has_mkl():
+        variants["mkl-packed"] = cpu_linear.mkl_packed_linear
     if load_rows_linear() is not None:
-        variants["rows-avx512"] = cpu.rows_linear
+        variants["rows-avx512"] = cpu_linear.rows_linear
     else:
         print(f"rows-avx512 skipped: {unavailable_reason()}")
     gen = torch.Generator().manual_seed(0)

@@ -7,7 +7,9 @@
 The pieces (one file each):
 
     base.py           Item, Answer, Grade, the Suite base class and its registry (`make_suite`)
-    targets.py        Completion, the Target protocol, Prices and `resolve_targets`
+    targets.py        Completion, the Target protocol, Prices
+    target_factory.py `resolve_targets`: --target names -> gateway or LiteLLM targets
+    target_errors.py  client errors -> TargetError (retryable or not), for both kinds of target
     target_gateway.py the gateway as a target: in-process (ASGI, no port) or --base-url
     target_litellm.py closed models through LiteLLM (a missing key fails before anything runs)
     suites/           gsm8k, mmlu, humaneval, mt_bench, alpaca_eval, bfcl, jsonl (a user's own file)

@@ -22,7 +22,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evals.cli import eval_app
 from web.formatting import format_usd
 
 T = TypeVar("T")
@@ -71,7 +70,6 @@ def _print_table(title: str, built: Any, kinds: dict[str, str], console: Console
     console.print(table)
 
 
-@eval_app.command()
 def replay(
     sources: list[str] = typer.Argument(..., help=SOURCE_HELP),
     policy: str = typer.Option(..., "--policy", "-p", help="A model of the table, '<type>:<m1>,<m2>' (fallback:a,b), "
@@ -144,7 +142,6 @@ def _resolve(arg: str, data_dir: Path | None) -> tuple[Any, bool]:
     return EvalStore().load_run_outcomes(arg), True
 
 
-@eval_app.command()
 def report(
     runs: list[str] = typer.Argument(..., help="Run ids, run folders, outcome files (.jsonl/.csv) or recorded sets."),
     out: Path = typer.Option(Path("report"), "--out", help="Folder for report.md, report.json and report.png."),

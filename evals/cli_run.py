@@ -26,8 +26,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from evals.cli import eval_app
-
 console = Console()
 err_console = Console(stderr=True)
 API_KEY_ENV = "LINK_API_KEY"  # the --base-url server's key when --api-key is not given
@@ -117,7 +115,7 @@ async def execute(spec: RunSpec):
     from evals.cache import EvalStore
     from evals.runner import run_eval
     from evals.target_gateway import in_process_gateway, remote_gateway
-    from evals.targets import resolve_targets
+    from evals.target_factory import resolve_targets
 
     overrides = {"config": spec.config} if spec.config else {}
     settings = get_settings(**overrides)
@@ -252,7 +250,6 @@ def summary_table(result) -> Table:
     return table
 
 
-@eval_app.command("run")
 def run(
     suite: str = typer.Option(..., "--suite", "-s", help="gsm8k, mmlu, humaneval, mt-bench, alpaca-eval, bfcl or jsonl."),
     target: list[str] = typer.Option(..., "--target", "-t", help="A model or policy the gateway serves, or provider/model "

@@ -15,7 +15,6 @@ gateway's config); else the target's own prices; else 0. Tokens: what the call w
 from __future__ import annotations
 
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +25,7 @@ from urllib.parse import unquote
 import httpx
 import openai
 
+from evals.target_errors import target_error
 from evals.targets import CallBound, Completion, Prices, TargetError, top_logprobs_of
 
 COST_HEADER = "x-link-cost-usd"
@@ -43,47 +43,6 @@ def billed_tokens(billed: dict | None) -> tuple[int, int] | None:
     if isinstance(prompt, int) and isinstance(completion, int):
         return prompt, completion
     return None
-
-
-def connection_reason(exc: BaseException) -> str:
-    """Why a connection failed, from the exception chain: "connection refused", "unknown host", "timed out",
-    else the innermost message."""
-    reason, seen = str(exc), set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(exc, socket.gaierror):
-            return "unknown host"
-        if isinstance(exc, (TimeoutError, httpx.TimeoutException, openai.APITimeoutError)):
-            return "timed out"
-        if str(exc):
-            reason = str(exc)
-        exc = exc.__cause__ or exc.__context__
-    return reason
-
-
-def _request_url(exc: Exception) -> str | None:
-    try:
-        return str(exc.request.url)  # openai and httpx errors carry the request
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def target_error(exc: Exception) -> TargetError:
-    """Map an `openai` client error to `TargetError`: retryable for timeouts, connection errors, 429 and 5xx.
-    A connection error names the URL and the reason ("cannot reach http://...: connection refused")."""
-    if isinstance(exc, TargetError):
-        return exc
-    if isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException)):
-        return TargetError(f"{type(exc).__name__}: {exc}", retryable=True)
-    if isinstance(exc, (openai.APIConnectionError, httpx.TransportError)):
-        reason = connection_reason(exc)
-        return TargetError(f"cannot reach {_request_url(exc) or 'the server'}: {reason}", retryable=True, reason=reason)
-    if isinstance(exc, openai.APIStatusError):
-        status = exc.status_code
-        return TargetError(f"HTTP {status}: {exc.message}", retryable=status == 429 or status >= 500, status=status)
-    return TargetError(f"{type(exc).__name__}: {exc}", retryable=False)
 
 
 class GatewayTarget:

@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from evals.target_errors import target_error
 from evals.targets import Completion, MissingCredentialsError, Prices, TargetError, top_logprobs_of
 
 # Known key variables by provider prefix, used when LiteLLM cannot tell (its own check comes first).
@@ -43,8 +44,6 @@ def missing_key_variables(model: str) -> list[str]:
 
 def litellm_error(exc: Exception) -> TargetError:
     """Map a LiteLLM error to `TargetError` (retryable: timeouts, connection errors, 429, 5xx)."""
-    from evals.target_gateway import target_error
-
     mapped = target_error(exc)
     status = getattr(exc, "status_code", None)
     if mapped.status is None and isinstance(status, int):

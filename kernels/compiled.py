@@ -15,13 +15,13 @@ Two kinds of candidate are registered by `register_compiled_variants()` (`kernel
   with static shapes (`dynamic=False`) per batch-size bucket: a batch of B sequences is padded to the
   bucket's power of two P (pad rows are token 0 at position 0 and never reach the cache or attention),
   so 6 compilations cover batches 1-32.
-  Each is offered at every thread count in `thread_candidates()` ("compile-t1", "eager-t2", ...):
+  Each is offered at every thread count in `thread_candidates()` (`kernels.step_base`) ("compile-t1", "eager-t2", ...):
   `torch.set_num_threads` is process-wide, so the winner's setting stays in effect after its step.
   On a 2-core machine shared with another busy process, OpenMP's spinning barriers make 2 threads far
   slower than 1 (measured: SmolLM2-135M decode at B=1, 64 ms with 1 thread, 1,300 ms with 2, load 9).
 
 A third kind, the W4A16 decode steps ("compile-w4a16-t1", ...), is lossy and comes with the quantized
-provider (`quantized_step_variants`, registered through `kernels.quant_cpu.cpu_quant_variants`): the same
+provider (`quantized_step_variants`, gathered by `kernels.candidates` beside `kernels.quant_cpu`'s variants): the same
 regions with every projection an int4 matmul on weights packed in groups of 32 (`kernels.quant_cpu`),
 its input rounded to bfloat16. Decode at batch 1 reads every weight once per token, so its time is the
 weights' bytes over memory bandwidth: 4.6 bits per weight instead of 32 (SmolLM2-135M: about 85 MB a
@@ -43,7 +43,6 @@ before it is used (`kernels.step_check` for the decode step: logits and greedy t
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import types
 import weakref
@@ -56,18 +55,13 @@ from kernels import ref
 from kernels.dispatch import dispatch
 from kernels.quant_cpu import INT4_GROUP_SIZE, INT4_PACKS
 from kernels.recorder import bucket_size
+from kernels.step_base import is_llama_like, thread_candidates
 from kernels.step_check import STEP_TOLERANCE
 from kernels.variants import Variant, register_variant
 
 # How functions are compiled and run compile-free; module attributes so tests can count compilations.
 _compile = torch.compile
 _run_only = torch._dynamo.run
-
-
-def thread_candidates() -> list[int]:
-    """Thread counts worth trying here: 1, half the cores, all cores (deduplicated, ascending)."""
-    cores = os.cpu_count() or 1
-    return sorted({1, max(1, cores // 2), cores})
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -216,10 +210,8 @@ class CompiledDecodeStep:
 
 
 def supports(model) -> bool:
-    """Whether `CompiledDecodeStep` computes this model's forward (Llama: no q/k norm, window, RoPE scaling)."""
-    cfg = getattr(model, "config", None)
-    return (cfg is not None and cfg.architecture == "llama" and cfg.sliding_window is None and cfg.rope_scaling_factor == 1.0
-            and all(layer.self_attn.q_norm is None and layer.mlp.activation == "silu" for layer in model.layers))
+    """Whether `CompiledDecodeStep` computes this model's forward (`kernels.step_base.is_llama_like`)."""
+    return is_llama_like(model)
 
 
 class _PerModel:

@@ -1,9 +1,11 @@
 """The dispatch table: operation name -> the implementation the engine runs.
 
-`dispatch("rms_norm", x, w, eps)` calls whatever is registered for "rms_norm". The defaults are the
-PyTorch references (`ref.py`) except where a faster CPU variant with the same contract exists
-(`cpu.py`); a tuned variant can replace any of them. Swapping is one dict assignment, atomic under the
-GIL, so a tuner can install a winner between engine steps without a restart.
+`dispatch("rms_norm", x, w, eps)` calls whatever is registered for "rms_norm". The ops and their
+PyTorch references are listed in `ops.py`; the defaults are the references except where a faster CPU
+implementation with the same contract exists (`cpu.py`); a tuned variant can replace any of them. The
+table imports no variant provider: the tuner installs the winners it picks from the registry
+(`variants.py`). Swapping is one dict assignment, atomic under the GIL, so a tuner can install a winner
+between engine steps without a restart.
 
 Shape buckets (issue 9): a winner can also be installed for one `kernels.recorder.Bucket` only
 (`install`): it then serves the calls of that bucket and every other call keeps the op's default.
@@ -18,20 +20,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kernels import cpu, ref
-from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder, _key, bucket_of
+from kernels import cpu
+from kernels.ops import REFERENCES, is_known_op, known_ops
+from kernels.recorder import Bucket, ShapeRecorder, bucket_of, exact_key
 
-_REFERENCES: dict[str, Callable] = {
-    "rms_norm": ref.ref_rms_norm,
-    "rotary_cos_sin": ref.ref_rotary_cos_sin,
-    "rotary": ref.ref_rotary,
-    "attention": ref.ref_attention,
-    "paged_attention": ref.ref_paged_attention,
-    "gated_mlp": ref.ref_gated_mlp,
-    "linear": ref.ref_linear,
-}
 _DEFAULTS: dict[str, Callable] = {
-    **_REFERENCES,
+    **REFERENCES,
     "rms_norm": cpu.fused_rms_norm,
     "attention": cpu.sdpa_attention,
     "paged_attention": cpu.sdpa_paged_attention,
@@ -62,7 +56,7 @@ def dispatch(op: str, *args, **kwargs):
             if op in _winners and exact is not None:
                 fn = _winner_for(op, exact, "") or fn
         elif op in _winners:
-            exact = _key(op, args)
+            exact = exact_key(op, args)
             if exact is not None:
                 fn = _winner_for(op, exact, "") or fn
     return fn(*args, **kwargs)
@@ -107,8 +101,8 @@ def install(bucket: Bucket, name: str, fn: Callable | None) -> None:
     Raises:
         KeyError: an op that is neither a dispatch op nor a step op.
     """
-    if bucket.op not in _REFERENCES and bucket.op not in STEP_OPS:
-        raise KeyError(f"unknown op {bucket.op!r}; known: {sorted(_REFERENCES) + list(STEP_OPS)}")
+    if not is_known_op(bucket.op):
+        raise KeyError(f"unknown op {bucket.op!r}; known: {known_ops()}")
     _pending.append((bucket, name, fn))
 
 
@@ -137,8 +131,8 @@ def installed() -> dict[Bucket, str]:
 
 def register(op: str, fn: Callable) -> Callable:
     """Install `fn` for `op` (it must take the reference's arguments); returns the previous one."""
-    if op not in _REFERENCES:
-        raise KeyError(f"unknown op {op!r}; known: {sorted(_REFERENCES)}")
+    if op not in REFERENCES:
+        raise KeyError(f"unknown op {op!r}; known: {sorted(REFERENCES)}")
     previous = _table[op]
     _table[op] = fn
     return previous
@@ -162,4 +156,4 @@ def reset() -> None:
 def use_references() -> None:
     """Install the PyTorch reference of every op (the ground truth for parity checks); drops bucket winners."""
     reset()
-    _table.update(_REFERENCES)
+    _table.update(REFERENCES)

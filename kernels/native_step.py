@@ -22,7 +22,7 @@ the packing's 2^-20 bound, a vector exp with ~1e-7 relative error), checked by t
 equal) like every step variant.
 
 Variants ("cpu" provider): "native-t{n}" (float32 projections) and "native-gguf-t{n}" (GGUF blocks where
-exact) of "decode_step" for each thread count of `kernels.compiled.thread_candidates`, and "native-gguf"
+exact) of "decode_step" for each thread count of `kernels.step_base.thread_candidates`, and "native-gguf"
 of "linear" (the LM head and any other linear: a tied Q8_0 embedding of 49152 x 576 is 32 MB instead of
 113 MB a token). Parity: `tests/kernels/test_native_step.py`.
 """
@@ -39,7 +39,8 @@ import torch.nn.functional as F
 
 from kernels.dispatch import dispatch
 from kernels.native import load_decode_step, unavailable_reason
-from kernels.quant_cpu import PackCache
+from kernels.packs import PackCache
+from kernels.step_base import is_llama_like, thread_candidates
 from kernels.step_check import STEP_TOLERANCE
 from kernels.variants import Variant
 
@@ -126,10 +127,8 @@ def _module():
 
 def supports(model) -> bool:
     """Whether the C++ step computes this model's decode forward: a float32 Llama-family model without
-    q/k norms, sliding windows or RoPE scaling, with SiLU MLPs (`kernels.compiled.supports`)."""
-    from kernels.compiled import supports as llama_like
-
-    return llama_like(model) and model.embed_tokens.weight.dtype == torch.float32
+    q/k norms, sliding windows or RoPE scaling, with SiLU MLPs (`kernels.step_base.is_llama_like`)."""
+    return is_llama_like(model) and model.embed_tokens.weight.dtype == torch.float32
 
 
 class NativeDecodeStep:
@@ -229,8 +228,6 @@ _variants: list[Variant] = []
 
 def native_variants() -> list[Variant]:
     """The C++ step's variants (lossless; see the module docstring). The same objects on every call."""
-    from kernels.compiled import thread_candidates
-
     if not _variants:
         for n in thread_candidates():
             for weights, label in (("float", "float32 projections"), ("gguf", "GGUF Q4_1/Q8_0 blocks where exact")):

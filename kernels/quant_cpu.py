@@ -25,14 +25,9 @@ largest to 15, so the min/max quantizer here recovers the file's codes from the 
 int4 variants compute with the GGUF file's own weights, as llama.cpp does; only the activations' rounding
 differs from the float32 engine.
 
-Why a cache and not a prepare step: the dispatch contract passes the float weight on every call
-(`dispatch("linear", x, self.qkv_proj)`), so the tuner can install these variants over any model with no
-change to the model. Each variant keeps a `PackCache` from weight tensor to its packed form: packed once
-per weight (under a lock, so two threads never pack the same weight twice), held through a weak
-reference to the weight so a freed weight frees its pack, and repacked if the weight is changed in place
-(its autograd version counter moves; writes through `.data` are not seen). The float weights stay
-resident, so this saves memory bandwidth per matmul, not memory. Each call must pass the same tensor
-object (a parameter), not a fresh view of it, or every call packs again.
+Each variant keeps a `PackCache` (`kernels.packs`) from weight tensor to its packed form: packed once per
+weight, since the dispatch contract passes the float weight on every call. The float weights stay
+resident, so this saves memory bandwidth per matmul, not memory.
 
 Parity against the references: `tests/kernels/test_quant_cpu.py`.
 Timing and accuracy: `benchmarks/bench_quant_linear.py`.
@@ -40,14 +35,13 @@ Timing and accuracy: `benchmarks/bench_quant_linear.py`.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from kernels import ref
+from kernels.packs import PackCache
 from kernels.ref_quant import quantize_int4, quantize_int8
 from kernels.variants import Variant
 
@@ -104,59 +98,6 @@ def pack_int4(weight: torch.Tensor, group_size: int = INT4_GROUP_SIZE) -> Int4Pa
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), _INNER_K_TILES)
     scale_and_zero = torch.stack((scale.t(), zero.t()), dim=-1).contiguous()  # [K / G, N, 2]
     return Int4Pack(packed, scale_and_zero, group_size)
-
-
-def _version(weight: torch.Tensor) -> int:
-    try:
-        return weight._version
-    except RuntimeError:  # inference tensors keep no version counter; they cannot be changed in place either
-        return 0
-
-
-class PackCache:
-    """Weight tensor -> its packed form, computed once per weight and freed with it. Thread-safe.
-
-    Args:
-        pack: weight [N, K] -> packed form.
-    """
-
-    def __init__(self, pack: Callable[[torch.Tensor], object]):
-        self._pack = pack
-        self._lock = threading.RLock()  # reentrant: a weakref callback may run in the thread holding it
-        self._entries: dict[int, tuple[weakref.ref, int, object]] = {}  # id(weight) -> (ref, version, pack)
-        self.num_packs = 0  # how many times `pack` ran
-
-    def get(self, weight: torch.Tensor):
-        """The packed form of `weight`, packing it on first use (or after an in-place change)."""
-        key = id(weight)
-        entry = self._entries.get(key)  # lock-free fast path: a dict read is atomic
-        if entry is not None and entry[0]() is weight and entry[1] == _version(weight):
-            return entry[2]
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and entry[0]() is weight and entry[1] == _version(weight):
-                return entry[2]
-            packed = self._pack(weight)
-            self._entries[key] = (weakref.ref(weight, self._releaser(key)), _version(weight), packed)
-            self.num_packs += 1
-            return packed
-
-    def _releaser(self, key: int) -> Callable[[weakref.ref], None]:
-        def release(ref: weakref.ref) -> None:
-            with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None and entry[0] is ref:  # not a newer weight that reused the id
-                    del self._entries[key]
-
-        return release
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        """Drop every pack."""
-        with self._lock:
-            self._entries.clear()
 
 
 def _as_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -270,11 +211,8 @@ MAX_RELATIVE_ERROR = 0.03
 
 def cpu_quant_variants() -> list[Variant]:
     """The weight-only int8 and int4 variants of "linear" and "gated_mlp", with activations in the input dtype
-    and, for float32 inputs, in bfloat16 ("_a16"), and the decode steps with W4A16 projections
-    (`kernels.compiled.quantized_step_variants`). Not registered; pass each to
-    `kernels.variants.register_variant`."""
-    from kernels.compiled import quantized_step_variants
-
+    and, for float32 inputs, in bfloat16 ("_a16"). Not registered: the "quantized" provider of
+    `kernels.candidates` gathers them with the W4A16 decode steps (`kernels.compiled.quantized_step_variants`)."""
     dtypes = (torch.float32, torch.bfloat16)
     int8 = dict(name="int8_weight", devices=("cpu",), dtypes=dtypes, tolerance=dict(INT8_TOLERANCE),
                 max_relative_error=MAX_RELATIVE_ERROR)
@@ -291,7 +229,6 @@ def cpu_quant_variants() -> list[Variant]:
                 description="gate/up and down projections as W8A16 linears"),
         Variant(op="gated_mlp", fn=int4_weight_gated_mlp_a16, **{**int4_a16, "tolerance": dict(INT4_MLP_TOLERANCE)},
                 description=f"gate/up and down projections as W4A16 linears, groups of {INT4_GROUP_SIZE}"),
-        *quantized_step_variants(),
         Variant(op="linear", fn=int8_weight_linear, **int8,
                 description="weight-only int8 per output channel (aten._weight_int8pack_mm)"),
         Variant(op="linear", fn=int4_weight_linear, **int4,

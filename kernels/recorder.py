@@ -67,8 +67,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _key(op: str, args: tuple) -> tuple | None:
-    """The exact key of one call: (shapes, dtype); None for an op whose calls are not bucketed."""
+def exact_key(op: str, args: tuple) -> tuple | None:
+    """The exact key of one dispatched call of `op` on `args`: (shapes, dtype); None for an op whose calls
+    are not bucketed. `bucket_of` maps it to its `Bucket`."""
     if op in ("linear", "gated_mlp", "attention"):
         x, w = args[0], args[1]
         return (x.shape, w.shape[-2:] if op == "attention" else w.shape), x.dtype
@@ -80,7 +81,7 @@ def _key(op: str, args: tuple) -> tuple | None:
 
 
 def bucket_of(op: str, exact: tuple, model: str = "") -> Bucket:
-    """The `Bucket` of an exact key (as `_key` builds it)."""
+    """The `Bucket` of an exact key (as `exact_key` builds it)."""
     shapes, dtype = exact
     first = tuple(shapes[0])
     first = (bucket_size(first[0]), *first[1:]) if first else first
@@ -102,7 +103,7 @@ class ShapeRecorder:
 
     def record(self, op: str, args: tuple) -> tuple | None:
         """Count one call of `op` on `args`; returns its exact key (None when not bucketed)."""
-        exact = _key(op, args)
+        exact = exact_key(op, args)
         if exact is not None:
             key = (op, exact)
             counts = self.counts

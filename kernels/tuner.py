@@ -40,7 +40,8 @@ from typing import Callable
 
 import torch
 
-from kernels.dispatch import _REFERENCES, registered
+from kernels.dispatch import registered
+from kernels.ops import REFERENCES
 from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder
 from kernels.step_check import check_step_logits
 from kernels.tuner_inputs import DTYPES, bucket_cases, model_weight_cases, with_cloned_weights
@@ -202,7 +203,7 @@ class Tuner:
     def _reference(self, bucket_op: str) -> Callable:
         if bucket_op == "decode_step":
             return lambda model, token_ids, batch, cache: model(token_ids, batch, cache)
-        return _REFERENCES[bucket_op]
+        return REFERENCES[bucket_op]
 
     @torch.inference_mode()
     def _verify(self, variant: Variant, cases: list[tuple[tuple, dict]], dtype: torch.dtype,

@@ -1,10 +1,12 @@
 """The registry of implementation variants the tuner may install over a dispatch op.
 
-A `Variant` is one way to compute a dispatch op (`kernels.dispatch`): a Triton kernel, a `torch.compile`d
+A `Variant` is one way to compute a dispatch op (`kernels.ops`): a Triton kernel, a `torch.compile`d
 function, a weight-only quantized matmul. It has the op's contract (the same arguments and result as the
 op's `ref_*` reference), says where it can run (torch device types, input dtypes) and how close to the
 reference it must be (the tolerance per dtype, checked by the tuner on recorded shapes before the variant
 is ever used). Registering a variant makes it a candidate; only the tuner installs one, per shape bucket.
+The provider modules (cpu, compiled, triton, quantized) list their variants; `kernels.candidates` gathers
+and registers them, so this registry imports none of them and they import only it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from kernels.ops import is_known_op, known_ops
+from kernels.recorder import STEP_OPS
 
 # (atol, rtol) against the reference when the reference runs in float32 on the same inputs.
 DEFAULT_TOLERANCE: dict[torch.dtype, tuple[float, float]] = {
@@ -69,8 +74,6 @@ class Variant:
     def is_lossy(self, dtype: torch.dtype) -> bool:
         """Whether it changes results beyond float rounding: `lossy`, or an op variant (not a step) whose
         tolerance for `dtype` is looser than `DEFAULT_TOLERANCE` (the tuner tries it only when allowed)."""
-        from kernels.recorder import STEP_OPS
-
         exact = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
         atol, rtol = self.tolerance_for(dtype)
         return self.lossy or (self.op not in STEP_OPS and (atol > exact[0] or rtol > exact[1]))
@@ -89,12 +92,8 @@ def register_variant(variant: Variant) -> Variant:
     Raises:
         ValueError: the op is neither a dispatch op nor a step op.
     """
-    from kernels.dispatch import _REFERENCES
-    from kernels.recorder import STEP_OPS
-
-    if variant.op not in _REFERENCES and variant.op not in STEP_OPS:
-        known = sorted(_REFERENCES) + list(STEP_OPS)
-        raise ValueError(f"variant {variant.name!r}: unknown op {variant.op!r}; known: {known}")
+    if not is_known_op(variant.op):
+        raise ValueError(f"variant {variant.name!r}: unknown op {variant.op!r}; known: {known_ops()}")
     with _lock:
         _variants.setdefault(variant.op, {})[variant.name] = variant
     return variant

@@ -246,7 +246,7 @@ class PolicyConfig(BaseModel):
     @field_validator("type")
     @classmethod
     def _registered(cls, value: str) -> str:
-        from link.policies.base import POLICIES  # imported here: link.policies imports this module
+        from link.policies.registry import POLICIES  # here: link/policies/__init__.py imports base.py, which imports us
 
         if value not in POLICIES:
             raise ValueError(f"unknown policy type {value!r}; available: {', '.join(sorted(POLICIES))}")

@@ -4,6 +4,7 @@
     forbidden(imports, "link", {"evals", "web"})            # the imports by link/ of those packages
     find_cycle(package_graph(imports))                      # None, or one cycle of packages [a, b, ..., a]
     find_cycle(file_graph(imports, "evals"))                # the same between the modules of one package
+    private_imports(ROOT, PACKAGES)                         # `from a import _name` of a scanned module `a`
 
 Every import counts, wherever it is written: at module level, inside a function or under `if TYPE_CHECKING`
 (an import deferred to a call is still a dependency), `import a.b`, `from a import b`, relative imports
@@ -105,6 +106,26 @@ def scan(root: Path, packages: Iterable[str]) -> list[Import]:
     paths = sorted(p for package in packages for p in (root / package).rglob("*.py"))
     modules = {module_name(p, root) for p in paths}
     return [found for path in paths for found in file_imports(path, root, modules)]
+
+
+def private_imports(root: Path, packages: Iterable[str]) -> list[Import]:
+    """Every `from a import _name` (absolute or relative) under `root/<package>` where `a` is another scanned
+    module and `_name` one of its private names (a leading underscore, not a dunder, not a submodule): code
+    that reaches into another file's insides. The `Import`'s target is "a._name"."""
+    paths = sorted(p for package in packages for p in (root / package).rglob("*.py"))
+    modules = {module_name(p, root) for p in paths}
+    found: list[Import] = []
+    for path in paths:
+        source = module_name(path, root)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = (_resolve_relative(source, path.name == "__init__.py", node.level, node.module) if node.level
+                    else node.module or "")
+            found += [Import(source, f"{base}.{alias.name}", path, node.lineno) for alias in node.names
+                      if base in modules and base != source and alias.name.startswith("_")
+                      and not alias.name.startswith("__") and f"{base}.{alias.name}" not in modules]
+    return found
 
 
 def forbidden(imports: Iterable[Import], source_package: str, targets: set[str]) -> list[Import]:

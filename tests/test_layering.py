@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.import_graph import file_graph, find_cycle, forbidden, package_graph, scan
+from tests.import_graph import file_graph, find_cycle, forbidden, package_graph, private_imports, scan
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cli", "web", "evals", "posttrain", "benchmarks", "link", "routers", "serving", "kernels", "protocol")
@@ -69,11 +69,28 @@ def test_no_cycle_among_packages(imports):
     assert find_cycle(graph) is None, f"packages import each other: {' -> '.join(find_cycle(graph))}"
 
 
-def test_no_cycle_among_the_modules_of_routers(imports):
-    # runtime routing and offline evaluation (routers/offline/) stay one-way inside the package too
-    graph = file_graph(imports, "routers")
-    assert "routers.decision" in graph    # the package was read
-    assert find_cycle(graph) is None, f"routers' modules import each other: {' -> '.join(find_cycle(graph))}"
+# Circles between the files of a package that other work is taking apart, each the exact set of its files:
+# a circle that takes in another file, or a new one, still fails. Remove an entry once its circle is gone.
+OPEN_FILE_CYCLES = {
+    frozenset({"link.budgets", "link.budget_leases"}): "not yet assigned",
+}
+# Private names imported across files in code outside this change, same rule: remove once fixed.
+OPEN_PRIVATE_IMPORTS = {"link.db.models._time_column": "link/db's shared column helper, not yet made public"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_cycle_among_the_files_of_a_package(imports, package):
+    graph = file_graph(imports, package)
+    for members in OPEN_FILE_CYCLES:  # drop the edges inside a known circle, keep every edge leaving it
+        for module in members & graph.keys():
+            graph[module] = graph[module] - members
+    cycle = find_cycle(graph)
+    assert cycle is None, f"modules of {package} import each other: {' -> '.join(cycle)}"
+
+
+def test_no_private_name_is_imported_from_another_file():
+    found = [i for i in private_imports(ROOT, PACKAGES) if i.target not in OPEN_PRIVATE_IMPORTS]
+    assert not found, f"a private name (leading underscore) used outside its file; make it public or move the code:\n{_listing(found)}"
 
 
 def test_the_scanner_sees_lazy_relative_and_literal_imports(tmp_path):
@@ -90,5 +107,10 @@ def test_the_scanner_sees_lazy_relative_and_literal_imports(tmp_path):
     assert edges == {("pkg", "pkg.sub.leaf", 1), ("pkg.sub.leaf", "pkg.top", 2), ("pkg.sub.leaf", "importlib", 3),
                      ("pkg.sub.leaf", "other.mod", 4), ("pkg.top", "pkg.sub", 1), ("pkg.top", "pkg.sub.leaf", 2),
                      ("pkg.top", "os.path", 3)}
+    assert {(i.source, i.target) for i in private_imports(tmp_path, ["pkg"])} == set()
+    (package / "sub" / "leaf.py").write_text("from ..top import _g, __all__\nfrom . import leaf\n")
+    (package / "top.py").write_text("def _g(): pass\nfrom .sub.leaf import _h\nfrom os import _exit\n")
+    assert {(i.source, i.target, i.line) for i in private_imports(tmp_path, ["pkg"])} == {
+        ("pkg.sub.leaf", "pkg.top._g", 1), ("pkg.top", "pkg.sub.leaf._h", 2)}
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

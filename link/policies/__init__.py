@@ -11,6 +11,7 @@
 database table `policy` (managed over `/api/policies`).
 """
 
-from link.policies.base import Plan, PlanExecutor, Policy, PolicyRequest, make_policy, policy_class, register_policy
+from link.policies.base import Plan, PlanExecutor, Policy, PolicyRequest, make_policy, policy_class
+from link.policies.registry import register_policy
 
 __all__ = ["Plan", "PlanExecutor", "Policy", "PolicyRequest", "make_policy", "policy_class", "register_policy"]

@@ -23,6 +23,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 
 from link.config import PolicyConfig
 from link.policies.options import PolicyError, bool_option, check_name, check_options
+from link.policies.registry import POLICIES
 
 
 @dataclass(frozen=True)
@@ -191,22 +192,6 @@ class Policy(ABC):
         if bound is not None:
             out["cost_bound"] = bound.to_dict()
         return out
-
-
-# type -> "module:Class"; a module is imported when a policy of its type is first built.
-POLICIES: dict[str, str] = {
-    "fixed": "link.policies.fixed:FixedPolicy",
-    "fallback": "link.policies.fallback:FallbackPolicy",
-    "router": "link.policies.router:RouterPolicy",
-    "cascade": "link.policies.cascade:CascadePolicy",
-    "moa": "link.policies.moa:MoAPolicy",
-    "hybrid": "link.policies.hybrid:HybridPolicy",
-}
-
-
-def register_policy(type_: str, target: str) -> None:
-    """Register a policy class by "module:Class" under `type_` (the config's and API's `type`)."""
-    POLICIES[type_] = target
 
 
 def policy_class(type_: str) -> type[Policy]:

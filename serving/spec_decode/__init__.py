@@ -1,10 +1,10 @@
 """Speculative decoding: draft k tokens cheaply, verify them in one forward pass of the target model.
 
-`config.py` (`SpeculativeConfig`), `drafter.py` (the `Drafter` base and `make_drafter`), `ngram.py`
+`config.py` (`SpeculativeConfig`), `drafter.py` (the `Drafter` base, the n-gram drafter), `ngram.py`
 (prompt lookup), `draft_model.py` (a smaller model of the same tokenizer drafting greedily),
 `rejection.py` (acceptance rules over tensors), `policy.py` (adaptive lookahead: per-request k,
 engine-wide backoff and the batch threshold), `step_cost.py` (on by default: does a speculative step pay,
-by the measured verify-step cost?), `speculator.py` (the engine's side: drafts in, accepted tokens out).
+by the measured verify-step cost?), `speculator.py` (the engine's side: `make_drafter`, drafts in, accepted tokens out).
 
 Requests that never draft (they decode normally): guided decoding (`response_format`, structural tags,
 forced tool calls), whose automaton advances one token at a time. Everything else speculates: greedy

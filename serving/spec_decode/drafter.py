@@ -1,6 +1,6 @@
-"""`Drafter`: who proposes the draft tokens. A small base, the n-gram drafter, and `make_drafter`.
+"""`Drafter`: who proposes the draft tokens. A small base and the n-gram drafter.
 
-    drafter = make_drafter(config, loaded)            # config: SpeculativeConfig; loaded: the target model
+    drafter = make_drafter(config, loaded)            # speculator.py: the drafter of config.method
     drafts = drafter.propose([(seq, k), ...])         # one list of <= k token ids per sequence
     drafter.release(seq.seq_id)                       # the sequence finished: drop any state kept for it
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from serving.sequence import Sequence
-from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.ngram import propose_ngram
 
 
@@ -41,17 +40,3 @@ class NgramDrafter(Drafter):
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
         return [propose_ngram(seq.token_ids, k, self.ngram_max, self.ngram_min) for seq, k in requests]
-
-
-def make_drafter(config: SpeculativeConfig, loaded) -> Drafter:
-    """The drafter of `config.method`; "draft" loads `config.draft_model` (same dtype as `loaded`, the
-    target `LoadedModel`).
-
-    Raises:
-        ServingError: an unknown draft model, or one whose tokenizer differs from the target's.
-    """
-    if config.method == "ngram":
-        return NgramDrafter(config.ngram_max, config.ngram_min)
-    from serving.spec_decode.draft_model import DraftModelDrafter
-
-    return DraftModelDrafter.load(config.draft_model, loaded)

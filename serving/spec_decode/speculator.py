@@ -12,6 +12,8 @@ Each engine step with speculation on:
 3. `verify`: the k + 1 logits rows decide the accepted prefix and one more token (`rejection.py`),
    with the request's own logits processing, so the output distribution is unchanged; the engine then
    appends them and rolls the KV cache back past the last accepted token.
+
+`make_drafter` picks the drafter of `config.method` (the drafters' modules import only `drafter.py`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,24 @@ import torch
 from serving.sampler import Sampler
 from serving.sequence import Sequence
 from serving.spec_decode.config import SpeculativeConfig
-from serving.spec_decode.drafter import make_drafter
+from serving.spec_decode.drafter import Drafter, NgramDrafter
 from serving.spec_decode.policy import AcceptanceState, LookaheadPolicy
 from serving.spec_decode.rejection import num_greedy_accepted, rejection_sample
 from serving.spec_decode.step_cost import StepCostModel
+
+
+def make_drafter(config: SpeculativeConfig, loaded) -> Drafter:
+    """The drafter of `config.method`; "draft" loads `config.draft_model` (same dtype as `loaded`, the
+    target `LoadedModel`).
+
+    Raises:
+        ServingError: an unknown draft model, or one whose tokenizer differs from the target's.
+    """
+    if config.method == "ngram":
+        return NgramDrafter(config.ngram_max, config.ngram_min)
+    from serving.spec_decode.draft_model import DraftModelDrafter  # the model machinery, only when a model drafts
+
+    return DraftModelDrafter.load(config.draft_model, loaded)
 
 
 class Speculator:

@@ -14,7 +14,8 @@ from evals.cost_guard import CostGuard, GuardedTarget, cost_bound_usd
 from evals.outcomes import Outcome, OutcomeTable
 from evals.replay import ReplayError, build_policy, replay
 from evals.target_gateway import in_process_gateway
-from evals.targets import CallBound, Completion, Prices, resolve_targets
+from evals.target_factory import resolve_targets
+from evals.targets import CallBound, Completion, Prices
 from link.config import parse_config
 from link.policies.base import make_policy
 from routers.base import ROUTERS

@@ -14,7 +14,8 @@ import pytest
 
 from evals.target_gateway import GatewayConnection, GatewayTarget, in_process_gateway
 from evals.target_litellm import LiteLLMTarget
-from evals.targets import MissingCredentialsError, Prices, TargetError, resolve_targets
+from evals.target_factory import resolve_targets
+from evals.targets import MissingCredentialsError, Prices, TargetError
 from link.config import load_config, parse_config
 from tests.link.gateway_launch import gateway_settings, mock_deployment
 from tests.link.mock_openai import refused_url

@@ -1,4 +1,4 @@
-"""The fast CPU kernels (`kernels/cpu.py`) against the references, on odd shapes, mixed batches and
+"""The fast CPU kernels (`kernels/cpu.py`, `kernels/cpu_linear.py`) against the references, on odd shapes, mixed batches and
 sliding windows, in fp32 and bf16 (tolerances beside each dtype)."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import kernels
-from kernels import cpu, ref
+from kernels import cpu, cpu_linear, ref
+from kernels.candidates import provider_variants
 from kernels.native import has_avx512
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -88,7 +89,7 @@ def test_paged_attention_matches_reference(paged, dtype, window, seq_lens, query
 
 
 def test_bmm_decode_is_a_tuner_candidate_not_the_default():
-    found = {(v.op, v.name): v for v in cpu.cpu_variants()}
+    found = {(v.op, v.name): v for v in provider_variants("cpu")}
     assert found[("paged_attention", "bmm-decode")].fn is cpu.bmm_paged_attention
     assert not found[("paged_attention", "bmm-decode")].lossy
     assert kernels.registered("paged_attention") is cpu.sdpa_paged_attention
@@ -127,29 +128,29 @@ def test_kn_linear_matches_reference(dtype, rows, bias):
     b = torch.randn(97).to(dtype) if bias else None
     x = torch.randn(2, rows, 45).to(dtype)   # leading dimensions kept
     expected = ref.ref_linear(x.float(), weight.float(), None if b is None else b.float())
-    out = cpu.kn_linear(x, weight, b)
+    out = cpu_linear.kn_linear(x, weight, b)
     assert out.dtype == dtype and out.shape == (2, rows, 97)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
-@pytest.mark.skipif(not cpu._has_mkl(), reason="this torch build has no MKL")
+@pytest.mark.skipif(not cpu_linear.has_mkl(), reason="this torch build has no MKL")
 @pytest.mark.parametrize("rows", [1, 4, 7, 16, 33])
 def test_mkl_packed_linear_matches_reference_and_packs_once(rows):
     torch.manual_seed(rows)
     weight, bias = torch.randn(97, 45) * 0.1, torch.randn(97)
     x = torch.randn(rows, 45)
-    packs = cpu.MKL_PACKS
-    out = cpu.mkl_packed_linear(x, weight, bias)
+    packs = cpu_linear.MKL_PACKS
+    out = cpu_linear.mkl_packed_linear(x, weight, bias)
     torch.testing.assert_close(out, ref.ref_linear(x, weight, bias), atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
     before = packs.num_packs
-    cpu.mkl_packed_linear(x[:1], weight)
+    cpu_linear.mkl_packed_linear(x[:1], weight)
     assert packs.num_packs == before   # the same weight object: packed once, for any row count
     with torch.no_grad():
         weight.mul_(2.0)                # an in-place change is repacked
-    torch.testing.assert_close(cpu.mkl_packed_linear(x, weight, bias), ref.ref_linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cpu_linear.mkl_packed_linear(x, weight, bias), ref.ref_linear(x, weight, bias), atol=1e-5, rtol=1e-5)
     assert packs.num_packs == before + 1
     with pytest.raises(TypeError, match="float32 only"):
-        cpu.mkl_packed_linear(x.bfloat16(), weight.bfloat16())
+        cpu_linear.mkl_packed_linear(x.bfloat16(), weight.bfloat16())
 
 
 needs_avx512 = pytest.mark.skipif(not has_avx512(), reason="rows_linear needs an AVX-512 CPU")
@@ -163,7 +164,7 @@ def test_rows_linear_matches_a_float64_reference(rows, n, k):
     torch.manual_seed(rows * 1000 + n + k)
     weight, bias, x = torch.randn(n, k), torch.randn(n), torch.randn(rows, k)
     expected = (x.double() @ weight.double().T + bias.double()).float()
-    out = cpu.rows_linear(x, weight, bias)
+    out = cpu_linear.rows_linear(x, weight, bias)
     assert out.dtype == torch.float32 and out.shape == (rows, n)
     torch.testing.assert_close(out, expected, atol=1e-5 * k ** 0.5, rtol=1e-5)
 
@@ -173,10 +174,10 @@ def test_rows_linear_rows_do_not_depend_on_their_batch():
     # each output element is one dot product in a fixed order: a row alone equals the same row in a batch
     torch.manual_seed(0)
     weight, x = torch.randn(203, 577), torch.randn(13, 577)
-    batched = cpu.rows_linear(x, weight)
+    batched = cpu_linear.rows_linear(x, weight)
     for i in (0, 3, 4, 12):
-        assert torch.equal(cpu.rows_linear(x[i : i + 1], weight), batched[i : i + 1])
-    assert torch.equal(cpu.rows_linear(x[4:9], weight), batched[4:9])
+        assert torch.equal(cpu_linear.rows_linear(x[i : i + 1], weight), batched[i : i + 1])
+    assert torch.equal(cpu_linear.rows_linear(x[4:9], weight), batched[4:9])
 
 
 @needs_avx512
@@ -185,16 +186,16 @@ def test_the_rows_candidate_is_f_linear_below_four_rows_and_rows_linear_from_fou
     weight, bias = torch.randn(203, 577), torch.randn(203)
     for rows in (1, 2, 3):   # a bucket spans 3 and 4 rows: MKL's matrix-vector path below 4
         x = torch.randn(rows, 577)
-        assert torch.equal(cpu.few_rows_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+        assert torch.equal(cpu_linear.few_rows_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
     for rows in (4, 9):
         x = torch.randn(2, rows, 577)
-        assert torch.equal(cpu.few_rows_linear(x, weight, bias), cpu.rows_linear(x, weight, bias))
+        assert torch.equal(cpu_linear.few_rows_linear(x, weight, bias), cpu_linear.rows_linear(x, weight, bias))
     x = torch.randn(5, 577)
-    monkeypatch.setattr(cpu, "load_rows_linear", lambda: None)   # a stored winner where the kernel cannot build
-    assert torch.equal(cpu.few_rows_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+    monkeypatch.setattr(cpu_linear, "load_rows_linear", lambda: None)   # a stored winner where the kernel cannot build
+    assert torch.equal(cpu_linear.few_rows_linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
     monkeypatch.undo()
     gate_up, down, x = torch.randn(2 * 37, 45), torch.randn(45, 37), torch.randn(6, 45)
-    torch.testing.assert_close(cpu.few_rows_gated_mlp(x, gate_up, down, "silu"), ref.ref_gated_mlp(x, gate_up, down, "silu"),
+    torch.testing.assert_close(cpu_linear.few_rows_gated_mlp(x, gate_up, down, "silu"), ref.ref_gated_mlp(x, gate_up, down, "silu"),
                                atol=1e-4, rtol=1e-5)
 
 
@@ -203,16 +204,16 @@ def test_rows_linear_shapes_layouts_and_errors():
     torch.manual_seed(1)
     weight = torch.randn(97, 45)
     x = torch.randn(2, 3, 45)                      # leading dimensions kept
-    torch.testing.assert_close(cpu.rows_linear(x, weight), ref.ref_linear(x, weight), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(cpu_linear.rows_linear(x, weight), ref.ref_linear(x, weight), atol=1e-5, rtol=1e-5)
     wide = torch.randn(5, 90)[:, ::2]              # a non-contiguous input
-    torch.testing.assert_close(cpu.rows_linear(wide, weight), ref.ref_linear(wide, weight), atol=1e-5, rtol=1e-5)
-    assert cpu.rows_linear(torch.randn(0, 45), weight).shape == (0, 97)
+    torch.testing.assert_close(cpu_linear.rows_linear(wide, weight), ref.ref_linear(wide, weight), atol=1e-5, rtol=1e-5)
+    assert cpu_linear.rows_linear(torch.randn(0, 45), weight).shape == (0, 97)
     empty_k = torch.randn(6, 0)
-    assert torch.equal(cpu.rows_linear(empty_k, torch.randn(5, 0)), torch.zeros(6, 5))   # as F.linear: zeros
+    assert torch.equal(cpu_linear.rows_linear(empty_k, torch.randn(5, 0)), torch.zeros(6, 5))   # as F.linear: zeros
     with pytest.raises(TypeError, match="float32 only"):
-        cpu.rows_linear(x.bfloat16(), weight.bfloat16())
+        cpu_linear.rows_linear(x.bfloat16(), weight.bfloat16())
     with pytest.raises(RuntimeError, match="rows_linear needs x"):
-        cpu.rows_linear(torch.randn(3, 44), weight)
+        cpu_linear.rows_linear(torch.randn(3, 44), weight)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -223,8 +224,8 @@ def test_gated_mlp_variants_match_reference(dtype, activation, rows):
     gate_up, down = (torch.randn(2 * 37, 45) * 0.1).to(dtype), (torch.randn(45, 37) * 0.1).to(dtype)
     x = torch.randn(rows, 45).to(dtype)
     expected = ref.ref_gated_mlp(x.float(), gate_up.float(), down.float(), activation)
-    fns = [cpu.kn_gated_mlp] + ([cpu.mkl_packed_gated_mlp] if dtype == torch.float32 and cpu._has_mkl() else [])
-    fns += [cpu.rows_gated_mlp] if dtype == torch.float32 and has_avx512() else []
+    fns = [cpu_linear.kn_gated_mlp] + ([cpu_linear.mkl_packed_gated_mlp] if dtype == torch.float32 and cpu_linear.has_mkl() else [])
+    fns += [cpu_linear.rows_gated_mlp] if dtype == torch.float32 and has_avx512() else []
     for fn in fns:
         out = fn(x, gate_up, down, activation)
         assert out.dtype == dtype and out.shape == (rows, 45)
@@ -232,11 +233,11 @@ def test_gated_mlp_variants_match_reference(dtype, activation, rows):
 
 
 def test_linear_variants_are_tuner_candidates_not_the_default():
-    found = {(v.op, v.name): v for v in cpu.cpu_variants()}
-    assert found[("linear", "kn")].fn is cpu.kn_linear and not found[("linear", "kn")].lossy
+    found = {(v.op, v.name): v for v in provider_variants("cpu")}
+    assert found[("linear", "kn")].fn is cpu_linear.kn_linear and not found[("linear", "kn")].lossy
     assert found[("linear", "mkl-packed")].dtypes == (torch.float32,)
-    assert found[("gated_mlp", "kn")].fn is cpu.kn_gated_mlp
+    assert found[("gated_mlp", "kn")].fn is cpu_linear.kn_gated_mlp
     assert found[("gated_mlp", "mkl-packed")].dtypes == (torch.float32,)
-    assert found[("linear", "rows-avx512")].fn is cpu.few_rows_linear and found[("linear", "rows-avx512")].dtypes == (torch.float32,)
-    assert found[("gated_mlp", "rows-avx512")].fn is cpu.few_rows_gated_mlp
+    assert found[("linear", "rows-avx512")].fn is cpu_linear.few_rows_linear and found[("linear", "rows-avx512")].dtypes == (torch.float32,)
+    assert found[("gated_mlp", "rows-avx512")].fn is cpu_linear.few_rows_gated_mlp
     assert kernels.registered("linear") is ref.ref_linear and kernels.registered("gated_mlp") is ref.ref_gated_mlp

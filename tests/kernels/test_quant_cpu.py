@@ -197,11 +197,12 @@ def test_quantized_gated_mlp_matches_reference(activation):
     _assert_parity(quant_cpu.int8_weight_gated_mlp(x, gate_up, down, activation), expected, torch.float32)
 
 
-def test_cpu_quant_variants_are_not_registered_at_import():
-    from kernels.compiled import thread_candidates
+def test_quantized_provider_variants_are_not_registered_at_import():
+    from kernels.candidates import provider_variants
+    from kernels.step_base import thread_candidates
     from kernels.variants import variants
 
-    found = quant_cpu.cpu_quant_variants()
+    found = provider_variants("quantized")
     assert all(isinstance(v, Variant) and v.devices == ("cpu",) for v in found)
     kinds = ("int8_weight", "int4_weight", "int8_weight_a16", "int4_weight_a16")
     assert {(v.op, v.name) for v in found if v.op != "decode_step"} == {(op, k) for op in ("linear", "gated_mlp") for k in kinds}

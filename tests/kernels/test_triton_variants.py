@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import ref
-from kernels.dispatch import _REFERENCES
+from kernels.ops import REFERENCES
 from tests.kernels.triton_devices import DEVICES, assert_close
 
 from kernels.triton import triton_variants  # noqa: E402  (after TRITON_INTERPRET is set)
@@ -44,7 +44,7 @@ def test_variants_describe_dispatch_ops_on_cuda():
     assert {v.op for v in variants} == {"rms_norm", "rotary", "gated_mlp", "paged_attention", "linear"}
     assert len({(v.op, v.name) for v in variants}) == len(variants)
     for v in variants:
-        assert v.op in _REFERENCES and v.devices == ("cuda",) and not v.exact
+        assert v.op in REFERENCES and v.devices == ("cuda",) and not v.exact
         assert set(v.dtypes) <= set(v.tolerance) and v.description
         assert v.available() == torch.cuda.is_available()
 
@@ -53,7 +53,7 @@ def test_variants_describe_dispatch_ops_on_cuda():
 @pytest.mark.parametrize("variant", triton_variants(), ids=lambda v: f"{v.op}-{v.name}")
 def test_variant_matches_its_op_reference_within_its_tolerance(device, variant):
     args, kwargs = _op_inputs(variant.op, device)
-    expected = _REFERENCES[variant.op](*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+    expected = REFERENCES[variant.op](*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
     assert_close(variant.fn(*args, **kwargs), expected, variant.tolerance, torch.float32)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.link.gateway_launch import MASTER_KEY
 from tests.web.conftest import browser_login, csrf_from
-from web.console import path_segment
+from web.pages.base import path_segment
 
 AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}
 # "{key}" is the id of a live key, created per test

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from web.console import ApiDep, api_error, path_segment, render
+from web.pages.base import ApiDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/evals")
 COMPARED = ("n", "errors", "score", "cost_usd", "latency_p50_s", "latency_p95_s")

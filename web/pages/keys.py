@@ -19,7 +19,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from web.console import PREFIX, ApiDep, CsrfDep, api_error, db_engine, path_segment, render
+from web.pages.base import PREFIX, ApiDep, CsrfDep, api_error, db_engine, path_segment, render
 from web.session import SESSION_ID, pop_flash, push_flash
 
 router = APIRouter(prefix="/keys")

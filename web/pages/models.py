@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
-from web.console import ApiDep, render
+from web.pages.base import ApiDep, render
 
 router = APIRouter(prefix="/models")
 

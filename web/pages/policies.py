@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from link.policies.base import COMMON_OPTIONS, POLICIES, policy_class
 from protocol.boundary import MAX_JSON_DEPTH_CEILING
 from protocol.json_depth import json_depth
-from web.console import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
+from web.pages.base import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
 
 router = APIRouter(prefix="/policies")
 FORM_FIELDS = ("name", "type", "models", "options")

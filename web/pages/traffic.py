@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from link.request_log import MAX_OFFSET
-from web.console import ApiDep, api_error, path_segment, render
+from web.pages.base import ApiDep, api_error, path_segment, render
 
 router = APIRouter()
 RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6),

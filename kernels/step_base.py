@@ -1,0 +1,26 @@
+"""What the whole-step variants of "decode_step" share: the models they compute and the thread counts tried.
+
+    is_llama_like(model)     # a Llama-family forward both the compiled and the C++ step reproduce
+    thread_candidates()      # [1, cores // 2, cores]: one variant per count
+
+The compiled steps (`kernels.compiled`) and the C++ steps (`kernels.native_step`) are siblings: each
+imports this module, neither imports the other.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def thread_candidates() -> list[int]:
+    """Thread counts worth trying here: 1, half the cores, all cores (deduplicated, ascending)."""
+    cores = os.cpu_count() or 1
+    return sorted({1, max(1, cores // 2), cores})
+
+
+def is_llama_like(model) -> bool:
+    """Whether `model` (a `serving.models` causal LM) is a Llama-family model the whole-step variants compute:
+    architecture "llama", no q/k norms, no sliding window, no RoPE scaling, SiLU MLPs."""
+    cfg = getattr(model, "config", None)
+    return (cfg is not None and cfg.architecture == "llama" and cfg.sliding_window is None and cfg.rope_scaling_factor == 1.0
+            and all(layer.self_attn.q_norm is None and layer.mlp.activation == "silu" for layer in model.layers))
