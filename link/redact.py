@@ -147,8 +147,12 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
-            message = record.getMessage()
-            record.msg, record.args = self.redactor.redact(message), None
+            if record.args:  # keep the arguments' shape: a formatter may read them (uvicorn's access log unpacks five)
+                record.msg = self.redactor.redact(record.msg) if isinstance(record.msg, str) else record.msg
+                record.args = (self._redacted_args(record.args) if isinstance(record.args, tuple)
+                               else {k: self._redacted_arg(v) for k, v in record.args.items()})
+            else:
+                record.msg = self.redactor.redact(record.getMessage())
             if record.exc_info and not record.exc_text:
                 record.exc_text = logging.Formatter().formatException(record.exc_info)  # what handlers would print
             record.exc_text = self.redactor.redact(record.exc_text)
@@ -156,6 +160,15 @@ class RedactingFilter(logging.Filter):
         except Exception:  # noqa: BLE001 - a record that cannot be formatted is the handler's to report, as before
             pass
         return True
+
+
+    def _redacted_arg(self, value: Any) -> Any:
+        """A %-argument with its secrets redacted: numbers stay numbers (for %d), anything else becomes its
+        redacted text (a URL object or an exception prints its credentials as text)."""
+        return value if isinstance(value, (int, float)) or value is None else self.redactor.redact(str(value))
+
+    def _redacted_args(self, args: tuple) -> tuple:
+        return tuple(self._redacted_arg(value) for value in args)
 
 
 def _loggers(packages: Iterable[str]) -> list[logging.Logger]:

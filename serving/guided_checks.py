@@ -2,6 +2,8 @@
 
     check_json_depth(schema)    # the raw JSON: InvalidSchemaError past MAX_JSON_DEPTH levels
     check_decodable(root)       # the compiled tree: $ref cycles that write nothing; every node's height
+    compile_schema(schema)      # both around `guided_schema.build_nodes`: the entry point of every schema
+    response_format_schema(rf)  # the schema an OpenAI `response_format` asks for, compiled to check it
 
 `serving.guided_steps` starts a value by following `$ref`s and `anyOf` options until it reaches a node
 that takes the character, so a cycle among those alone (a `$ref` to itself, a -> anyOf -> b -> a) would
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.guided_schema import MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH, InvalidSchemaError, Node, shown
+from serving.guided_schema import (MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH, InvalidSchemaError, Node, UnsupportedSchemaError,
+                                   build_nodes, shown)
 
 _LEAVES = ("any", "string", "number", "integer", "literals")
 
@@ -185,3 +188,39 @@ def _culprit(node: Node) -> str:
             break
         node = nxt[0]
     return node.path
+
+
+def compile_schema(schema: dict) -> Node:
+    """The root `Node` of `schema`, every node's `height` measured.
+
+    Raises:
+        InvalidSchemaError: deeper than MAX_SCHEMA_DEPTH / MAX_JSON_DEPTH, a `$ref` cycle that writes
+            nothing, or no document within MAX_SCHEMA_DEPTH nested objects and arrays.
+        UnsupportedSchemaError: a keyword outside the supported subset, or a malformed schema.
+    """
+    check_json_depth(schema)
+    root = build_nodes(schema)
+    check_decodable(root)
+    return root
+
+
+def response_format_schema(response_format: dict) -> dict | None:
+    """The JSON Schema that an OpenAI `response_format` asks for; None for `{"type": "text"}`.
+
+    Raises:
+        InvalidSchemaError: a schema too deep, with a `$ref` cycle that writes nothing, or with no document
+            within the depth bound (`compile_schema`).
+        UnsupportedSchemaError: an unknown type, a json_schema without `schema`, or an unsupported keyword.
+    """
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise UnsupportedSchemaError("response_format.json_schema.schema must be a JSON Schema object")
+        compile_schema(spec["schema"])  # validate now, for a 400 before anything runs
+        return spec["schema"]
+    raise UnsupportedSchemaError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")

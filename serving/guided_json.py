@@ -42,7 +42,8 @@ import json
 import time
 
 from serving.errors import SamplingTimeoutError
-from serving.guided_schema import UnsupportedSchemaError, compile_schema, response_format_schema
+from serving.guided_checks import compile_schema, response_format_schema
+from serving.guided_schema import UnsupportedSchemaError
 from serving.guided_steps import (
     MAX_DEPTH, MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_KEY_CHARS, MAX_MEMBERS, MAX_STRING_CHARS,
     MAX_WHITESPACE, can_end, open_block, step,

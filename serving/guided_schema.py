@@ -161,39 +161,11 @@ class _Compiler:
         return self.refs[ref]
 
 
-def response_format_schema(response_format: dict) -> dict | None:
-    """The JSON Schema that an OpenAI `response_format` asks for; None for `{"type": "text"}`.
+def build_nodes(schema: dict) -> Node:
+    """The root `Node` of `schema`, unchecked: `serving.guided_checks.compile_schema` is the entry point, which
+    bounds the depth first and measures every node's `height` after.
 
     Raises:
-        InvalidSchemaError: a schema too deep, with a `$ref` cycle that writes nothing, or with no document
-            within the depth bound (`compile_schema`).
-        UnsupportedSchemaError: an unknown type, a json_schema without `schema`, or an unsupported keyword.
-    """
-    kind = response_format.get("type", "text")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise UnsupportedSchemaError("response_format.json_schema.schema must be a JSON Schema object")
-        compile_schema(spec["schema"])  # validate now, for a 400 before anything runs
-        return spec["schema"]
-    raise UnsupportedSchemaError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
-
-
-def compile_schema(schema: dict) -> Node:
-    """The root `Node` of `schema`, every node's `height` measured.
-
-    Raises:
-        InvalidSchemaError: deeper than MAX_SCHEMA_DEPTH / MAX_JSON_DEPTH, a `$ref` cycle that writes
-            nothing, or no document within MAX_SCHEMA_DEPTH nested objects and arrays.
         UnsupportedSchemaError: a keyword outside the supported subset, or a malformed schema.
     """
-    from serving.guided_checks import check_decodable, check_json_depth
-
-    check_json_depth(schema)
-    root = _Compiler(schema).compile(schema, "#")
-    check_decodable(root)
-    return root
+    return _Compiler(schema).compile(schema, "#")

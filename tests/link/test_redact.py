@@ -96,6 +96,29 @@ def test_the_log_filter_redacts_messages_and_tracebacks_until_detached(caplog):
     assert f"after: {PROVIDER_KEY}" in caplog.text
 
 
+def test_the_log_filter_keeps_the_arguments_a_formatter_unpacks(capsys):
+    # uvicorn's access-log formatter unpacks a record's five arguments: the filter once replaced them by None,
+    # and every access line became a "--- Logging error ---" traceback
+    from uvicorn.logging import AccessFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s', use_colors=False))
+    logger = logging.getLogger("uvicorn.access")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    log_filter = attach_log_filter(Redactor((PROVIDER_KEY,)), packages=("uvicorn.access",))
+    try:
+        logger.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5000", "GET", f"/v1/models?key={PROVIDER_KEY}", "1.1", 200)
+    finally:
+        detach_log_filter(log_filter)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    err = capsys.readouterr().err
+    assert "Logging error" not in err
+    assert err.strip() == '127.0.0.1:5000 - "GET /v1/models?key=[redacted] HTTP/1.1" 200 OK'
+
+
 @pytest.mark.parametrize("kind", ["openai", "litellm"])
 def test_a_closed_port_behind_credentials_is_reported_without_them(kind):
     password = "pw-closed-port-0123456789"
