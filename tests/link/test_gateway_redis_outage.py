@@ -108,11 +108,12 @@ def test_a_frozen_redis_costs_a_timeout_then_the_database_counts(gateway, sessio
     caplog.set_level(logging.WARNING, logger="link.redis_breaker")
     _, limited = create_key(session, "frozen-rpm", rpm_limit=4)
     _, unrelated = create_key(session, "frozen-unlimited")
-    # Breaker closed: each of these waits for one Redis timeout at most (it used to be 5-10 s, then a 500), and
-    # the waits do not hold up the unrelated request.
+    # Breaker closed: each of these waits for one Redis timeout (0.25 s) at most, where it used to be 5-10 s and
+    # then a 500, and the waits do not hold up the unrelated request. The bounds leave room for a loaded 2-core
+    # machine (twelve concurrent requests) and stay far below the old 5 s.
     results, unrelated_s = asyncio.run(_burst(gateway.url, limited, 12, unrelated))
-    assert unrelated_s < 1.0, f"the unrelated request took {unrelated_s:.2f} s"
-    assert all(seconds < 2.0 for _, seconds in results), results
+    assert unrelated_s < 2.0, f"the unrelated request took {unrelated_s:.2f} s"
+    assert all(seconds < 3.0 for _, seconds in results), results
     assert sorted(status for status, _ in results) == [200] * 4 + [429] * 8   # the database's counters enforce it
     breaker = gateway.state.limiter.counters.breaker
     assert breaker.state == "open" and _warnings(caplog, "is unavailable") == 1
@@ -120,7 +121,7 @@ def test_a_frozen_redis_costs_a_timeout_then_the_database_counts(gateway, sessio
     _, other = create_key(session, "frozen-rpm-2", rpm_limit=2)
     answers = [_timed_post(gateway.url, other) for _ in range(5)]
     assert [status for status, _ in answers] == [200, 200, 429, 429, 429]
-    assert all(seconds < 1.0 for _, seconds in answers), answers
+    assert all(seconds < 2.0 for _, seconds in answers), answers
     assert _warnings(caplog, "is unavailable") == 1   # once per change, not per request
 
 
