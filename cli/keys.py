@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.errors import fail
-from web.formatting import format_usd
+from link.money import format_usd
 
 keys_app = typer.Typer(help="API keys of the gateway (stored hashed in the database).", no_args_is_help=True)
 console = Console()

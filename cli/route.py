@@ -31,7 +31,7 @@ from rich.table import Table
 
 from cli.errors import fail
 from cli.progress import status
-from web.formatting import format_usd
+from link.money import format_usd
 
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict]:

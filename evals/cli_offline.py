@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from web.formatting import format_usd
+from link.money import format_usd
 
 T = TypeVar("T")
 SOURCE_HELP = ("Recorded sets (routerbench[:train|test], routellm-mmlu, routellm-gsm8k, alpaca-eval[:baseline]) "

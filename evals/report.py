@@ -29,7 +29,7 @@ import numpy as np
 from evals.outcomes import Outcome, OutcomeTable
 from evals.plot import pareto_frontier, quality_cost_figure, save_png
 from evals.stats import mean_interval
-from web.formatting import format_usd
+from link.money import format_usd
 
 REPORT_FILES = {"markdown": "report.md", "json": "report.json", "png": "report.png"}
 MIXED_SUITE = "mixed"
