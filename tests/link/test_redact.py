@@ -115,8 +115,10 @@ def test_the_log_filter_keeps_the_arguments_a_formatter_unpacks(capsys):
         logger.removeHandler(handler)
         logger.setLevel(level)
     err = capsys.readouterr().err
-    assert "Logging error" not in err
-    assert err.strip() == '127.0.0.1:5000 - "GET /v1/models?key=[redacted] HTTP/1.1" 200 OK'
+    assert "Logging error" not in err and PROVIDER_KEY not in err
+    # (another library's filter on these loggers may redact the query further: only the line's frame is ours to check)
+    line = err.strip()
+    assert line.startswith('127.0.0.1:5000 - "GET /v1/models?') and line.endswith(' HTTP/1.1" 200 OK'), line
 
 
 @pytest.mark.parametrize("kind", ["openai", "litellm"])
