@@ -49,6 +49,12 @@ class FrozenServer:
             self.connections.append(connection)
 
     def stop(self) -> None:
+        # close() alone leaves a thread blocked in accept() holding the port in LISTEN (Linux), so the
+        # redis-server that takes the port over could not bind it; shutdown() wakes the accept first.
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:   # already stopped
+            pass
         self.listener.close()
         for connection in self.connections:
             connection.close()
@@ -135,8 +141,9 @@ def test_the_breaker_closes_when_redis_is_back(gateway, frozen_redis, session, c
     breaker = gateway.state.limiter.counters.breaker
     assert breaker.state == "open"
     frozen_redis.stop()
+    assert not frozen_redis.thread.is_alive(), "the frozen server still holds its port"
     server = subprocess.Popen(["redis-server", "--port", str(frozen_redis.port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--appendonly", "no"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = redis.Redis(port=frozen_redis.port, socket_timeout=2)
     try:
         deadline = time.monotonic() + 20
@@ -145,7 +152,9 @@ def test_the_breaker_closes_when_redis_is_back(gateway, frozen_redis, session, c
                 client.ping()
                 break
             except redis.ConnectionError:
-                assert time.monotonic() < deadline and server.poll() is None, "redis-server did not start"
+                if server.poll() is not None:
+                    pytest.fail(f"redis-server exited {server.returncode}: {server.stdout.read()[-500:]}")
+                assert time.monotonic() < deadline, "redis-server did not answer within 20 s"
                 time.sleep(0.1)
         deadline = time.monotonic() + 10 * COOLDOWN_S
         while not breaker.is_closed and time.monotonic() < deadline:   # a request after the cool-down probes
