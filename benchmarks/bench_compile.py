@@ -6,7 +6,7 @@
 1. before: `link bench serving`'s link system (`link engine serve` subprocess, closed-loop streaming
    clients, greedy, EOS ignored) at concurrency 1 (`--prompts-c1` requests) and 16 (`--prompts-c16`),
    with an empty winner table (LINK_COMPILE_DB points at a file that does not exist): the engine as
-   the engine issue left it;
+   it runs untuned;
 2. tune: `benchmarks.kernel_tuning.tune_model` on the serving workload into a fresh table (a temp file); with
    `--quantized`, lossy variants too (`link compile tune --quantized`: W8A16/W4A16 matmuls and the
    W4A16 decode step, each within its stated tolerance);

@@ -1,4 +1,4 @@
-"""`ConfigWinnerTable`: tuned engine configurations, a sibling table in the kernel winners' SQLite file (issue 10).
+"""`ConfigWinnerTable`: tuned engine configurations, a sibling table in the kernel winners' SQLite file.
 
 A row per (model, device, torch version, triton version, traffic-mix fingerprint): the winning
 `EngineConfig` overrides as JSON (`{}` when the default won), the default's and the winner's

@@ -7,7 +7,7 @@ table imports no variant provider: the tuner installs the winners it picks from 
 (`variants.py`). Swapping is one dict assignment, atomic under the GIL, so a tuner can install a winner
 between engine steps without a restart.
 
-Shape buckets (issue 9): a winner can also be installed for one `kernels.recorder.Bucket` only
+Shape buckets: a winner can also be installed for one `kernels.recorder.Bucket` only
 (`install`): it then serves the calls of that bucket and every other call keeps the op's default.
 Installs are staged and take effect when the engine calls `apply_pending()` at the start of a step,
 so one step never mixes two implementations of an op. With no recorder attached and no bucket

@@ -2,7 +2,7 @@
 
 `torch.compile` compiles at the first call whose guards miss (a new shape, stride or dtype), which
 takes seconds on a CPU. Left to the engine, that call is a served step: after `link compile tune`,
-concurrency 16 fell from 86 to 50 output tokens/s (issue 9) because the compiled rotary winner, warmed
+concurrency 16 fell from 86 to 50 output tokens/s in a measured run because the compiled rotary winner, warmed
 on contiguous inputs, met the engine's strided q/k view (a slice of the fused QKV output) in the first
 prefill of its bucket and compiled again inside the measured requests. So every install goes through
 `install_warm`:

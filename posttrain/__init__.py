@@ -1,1 +1,1 @@
-"""Harness adaptation: tool-call traces -> LoRA fine-tune -> a registered model. (Built in the post-training issue.)"""
+"""Harness adaptation: tool-call traces -> LoRA fine-tune -> a registered model."""

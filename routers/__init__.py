@@ -2,5 +2,5 @@
 their offline evaluation and calibration on recorded outcomes in `routers.offline`.
 
 Routers never import `link`: what they need to call models is a small protocol defined here and
-implemented by the gateway. (Built in the routing issue.)
+implemented by the gateway.
 """

@@ -25,7 +25,7 @@ from routers.request import RoutingRequest
 BASE_FEATURE_NAMES = ("log_chars", "log_words", "log_lines", "digit_fraction", "non_ascii_fraction",
                       "log_code_markers", "log_math_markers", "has_choices", "has_question", "num_turns",
                       "has_tools")
-# what a prompt asks for, beyond its length (issue 6: the difficulty of GSM8K word problems and MMLU questions)
+# what a prompt asks for, beyond its length (the difficulty of GSM8K word problems and MMLU questions)
 WORD_PROBLEM_FEATURE_NAMES = ("log_numbers", "log_number_words", "log_sentences", "log_operation_words",
                               "has_percent", "log_fractions", "log_units", "has_money", "log10_max_number",
                               "has_decimal", "log_words_per_sentence", "log_last_sentence_words")

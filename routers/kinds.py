@@ -8,7 +8,7 @@ A model with no labelled prompt of a query's kind has no evidence there and is p
 (0: it fails), so a model added from tool-calling prompts only does not draw plain traffic, and the reverse.
 When no model has labels of the query's kind the predictions stand. Before the rule, kNN predicted a
 fine-tune added from BFCL traces only from its tool-call accuracy on plain prompts too, and its cost model,
-fitted on short tool calls, made it the cheapest MMLU answer: 74.5% of MMLU went to it (issue 8).
+fitted on short tool calls, made it the cheapest MMLU answer: 74.5% of MMLU went to it.
 
 A router saves the array as "model_kinds" (`kinds_state`); a file written before it existed loads with every
 model labelled on both kinds (`kinds_from_state`), so it predicts exactly as before. kNN derives the kinds

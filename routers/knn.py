@@ -19,7 +19,7 @@ Prompts come in two kinds, with and without tools (`Features.has_tools`): neighb
 bank prompts of the query's kind. A model with no labelled prompt of that kind has no evidence there and is
 predicted `unseen_quality` (0: it fails; `routers.kinds`, the rule LightGBM and MF share), so a model added
 from tool-calling prompts only does not draw plain traffic, and the reverse; when no model has labels of the
-query's kind, every bank prompt is used (issue 8: a fine-tune added from BFCL traces took all of GSM8K).
+query's kind, every bank prompt is used (without the rule, a fine-tune added from BFCL traces took all of GSM8K).
 Ranking it just below the weakest evidenced model was not enough: its cost model, fitted on short tool calls,
 made it the cheapest answer to MMLU questions, and the cost penalty sent it 74.5% of them.
 

@@ -1,1 +1,1 @@
-"""The console: templates and static assets served by the gateway under /console. (Built in the console issue.)"""
+"""The console: templates and static assets served by the gateway under /console."""

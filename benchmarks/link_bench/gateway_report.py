@@ -53,7 +53,7 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
 def compute_gateway_ratios(cells: list[dict]) -> list[dict]:
     """Ours (link, link-lean) against LiteLLM's proxy, per mode and concurrency: added latency p50 and p99
     (ours / LiteLLM's: below 1 is better; None when LiteLLM added nothing measurable), requests/s (ours /
-    LiteLLM's: above 1 is better), and `meets_target` against TARGETS (None where the issue sets none)."""
+    LiteLLM's: above 1 is better), and `meets_target` against TARGETS (None where no target is set)."""
     by = {(c["system"], c["mode"], c["concurrency"]): c for c in cells}
     ratios = []
     for (system, mode, concurrency), ours in by.items():

@@ -1,4 +1,4 @@
-"""Our C++ CPU kernels, compiled on first use for the machine they run on (issue 9).
+"""Our C++ CPU kernels, compiled on first use for the machine they run on.
 
     rows = load_rows_linear()          # the compiled module, or None where it cannot be built here
     y = rows.rows_linear(x, weight)    # x [M, K], weight [N, K], float32 -> [M, N]

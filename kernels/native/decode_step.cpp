@@ -1,4 +1,4 @@
-// A whole decode step of a Llama-family model in one C++ call, float32 activations (issue 9).
+// A whole decode step of a Llama-family model in one C++ call, float32 activations.
 //
 // At batch 1 the eager PyTorch step of SmolLM2-135M spends about as long in its 80-odd small ops per
 // layer (dispatch, the paged-cache write, the attention's gathers, the norms, the rotary embedding) as

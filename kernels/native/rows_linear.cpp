@@ -1,4 +1,4 @@
-// Float32 linear layer for a few rows, y = x W^T with W in the checkpoint's [N, K] layout (issue 9).
+// Float32 linear layer for a few rows, y = x W^T with W in the checkpoint's [N, K] layout.
 //
 // A decode batch of 4-16 sequences, or a speculative verify step of k + 1 rows per sequence, is a GEMM
 // with a handful of rows. MKL treats it as a general GEMM from 4 rows on and its time per call jumps by

@@ -1,4 +1,4 @@
-// AVX-512 building blocks shared by rows_linear.cpp and decode_step.cpp (issue 9).
+// AVX-512 building blocks shared by rows_linear.cpp and decode_step.cpp.
 //
 // A "tile" is NT output columns (NT weight rows of an [N, K] weight) times M input rows (M <= 4): the
 // weight rows are read once from memory and meet every input row in registers, so a few rows cost the
