@@ -8,7 +8,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.link_bench import RequestRecord, compute_ratios, load_workload, run_serving_benchmark, summarize
+from benchmarks.link_bench import TimedRequest, compute_ratios, load_workload, run_serving_benchmark, summarize
 from cli.app import app
 
 runner = CliRunner()
@@ -34,7 +34,7 @@ def test_workload_mixes_both_sets_and_is_seeded(data_dir):
 
 def test_summary_and_ratios_on_known_timings():
     # 3 requests of 5 tokens: first token at 0.1 s, then one every 0.05 s.
-    records = [RequestRecord(10, 5, 0.1, 0.05, 0.3) for _ in range(3)]
+    records = [TimedRequest(10, 5, 0.1, 0.05, 0.3) for _ in range(3)]
     row = summarize("link", 1, records, wall_s=0.9, peak_rss_mb=500.0)
     assert row["output_tokens_per_s"] == pytest.approx(15 / 0.9) and row["requests_per_s"] == pytest.approx(3 / 0.9)
     assert row["decode_tokens_per_s"] == pytest.approx(1 / 0.05)

@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 
 import kernels
 from kernels import ref
-from kernels.compiled import CompiledOp, _PerModel, register_compiled_variants, supports
+from kernels.compiled import CompiledOp, _CompiledStepVariant, register_compiled_variants, supports
 from kernels.recorder import Bucket
 from kernels.variants import Variant, get_variant
 from kernels.warmup import install_warm
@@ -40,7 +40,7 @@ def test_compiled_decode_step_keeps_greedy_fp32_outputs(smollm2, real_prompts):
     prompts = real_prompts[:2]
     torch.set_num_threads(1)
     eager = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params)]
-    variant = Variant("decode_step", "compile-t1", _PerModel(1, compiled=True))
+    variant = Variant("decode_step", "compile-t1", _CompiledStepVariant(1, compiled=True))
     calls = []
     for size in (1, 2):
         bucket = Bucket("decode_step", ((size,),), "float32", MODEL)
