@@ -46,6 +46,7 @@ def test_summary_and_ratios_on_known_timings():
     assert ratios["link c=1 decode tok/s / transformers c=1 decode tok/s"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_link_serving_benchmark_on_tiny_settings(data_dir):
     result = run_serving_benchmark("smollm2-135m-instruct", concurrencies=(1, 2), num_prompts=4, max_tokens=4,
                                    systems=("link",), data_dir=data_dir)
@@ -73,6 +74,7 @@ class Llama:
 """
 
 
+@pytest.mark.slow
 def test_llama_cpp_runs_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     # A stand-in `llama_cpp` module (the real one compiles llama.cpp on install): the plumbing, not the speed.
     (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
@@ -84,6 +86,7 @@ def test_llama_cpp_runs_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     assert result["rows"][0]["ttft_p50_s"] >= 0.01 and result["rows"][0]["itl_p50_s"] >= 0.002
 
 
+@pytest.mark.slow
 def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     """Our engine measured as llama.cpp is: a worker, one level at concurrency 1, exactly max_tokens tokens
     per request (EOS ignored); with a fake llama.cpp beside it the engine-to-engine ratio is reported."""

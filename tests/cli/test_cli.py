@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from cli.app import app
@@ -47,6 +48,7 @@ def test_engine_serve_unknown_model_is_a_clear_error():
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
 
 
+@pytest.mark.slow
 def test_engine_serve_starts_an_openai_server():
     import socket
     import subprocess

@@ -48,6 +48,7 @@ def test_tune_config_refuses_a_bad_mix(table, tmp_path):
     assert missing.exit_code == 2
 
 
+@pytest.mark.slow
 def test_apply_winner_reconfigures_an_engine_with_the_stored_config(table, smollm2_fp32):
     from benchmarks.config_tuning import apply_winner, stored_config
     from serving.llm_engine import EngineConfig, LLMEngine
