@@ -102,6 +102,7 @@ def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, m
     assert result["ratios"]["link-engine c=1 decode tok/s / llama-cpp c=1 decode tok/s"] == pytest.approx(engine / llama)
 
 
+@pytest.mark.slow
 def test_bench_serving_command_writes_json(data_dir, tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "serving", "--system", "link", "--concurrency", "1", "--num-prompts", "2",

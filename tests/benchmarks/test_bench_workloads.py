@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from benchmarks.link_bench.timing import TimedRequest
@@ -39,6 +40,7 @@ def test_records_become_a_mix_level_after_level():
     assert records_to_mix([level1, level2]) == [RequestShape(10, 4, 0.0), RequestShape(12, 4, 0.2), RequestShape(30, 2, 1.8)]
 
 
+@pytest.mark.slow
 def test_bench_serving_mixed_workload_saves_a_mix(data_dir, tmp_path):
     mix, out = tmp_path / "mixed.jsonl", tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "serving", "--workload", "mixed", "--num-prompts", "5", "--max-tokens", "2",
@@ -52,6 +54,7 @@ def test_bench_serving_mixed_workload_saves_a_mix(data_dir, tmp_path):
     assert len(shapes) == 5 and all(s.output_tokens == 2 and s.prompt_tokens > 5 for s in shapes)
 
 
+@pytest.mark.slow
 def test_bench_serving_repetitive_workload_and_an_unknown_one(data_dir):
     result = runner.invoke(app, ["bench", "serving", "--workload", "repetitive", "--system", "link", "--concurrency", "1",
                                  "--num-prompts", "2", "--max-tokens", "2", "--data-dir", str(data_dir)])

@@ -18,6 +18,7 @@ def test_models_lists_the_registry():
     assert "smollm2-135m-instruct" in result.output and "gemma-3-270m" in result.output
 
 
+@pytest.mark.slow
 def test_chat_answers_one_question_and_reports_the_load_on_stderr():
     result = runner.invoke(app, ["chat", "What is the capital of France?", "--model", "smollm2-135m-instruct"])
     assert result.exit_code == 0, result.output
@@ -27,6 +28,7 @@ def test_chat_answers_one_question_and_reports_the_load_on_stderr():
     assert re.fullmatch(r"loaded smollm2-135m-instruct in \d+\.\d s \(\d+\.\d MB resident\)", done), done
 
 
+@pytest.mark.slow
 def test_interactive_chat_keeps_history_until_exit():
     session = "What is the capital of France?\n/reset\n/exit\nnever read\n"
     result = runner.invoke(app, ["chat", "--max-tokens", "32"], input=session)

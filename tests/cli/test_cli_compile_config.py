@@ -22,6 +22,7 @@ def table(tmp_path, monkeypatch):
     return ConfigWinnerTable()
 
 
+@pytest.mark.slow
 def test_tune_config_replays_the_mix_and_status_shows_the_winner(table, tmp_path):
     mix = [RequestShape(24, 3, 0.0), RequestShape(16, 3, 0.0), RequestShape(40, 2, 0.1)]
     path = save_mix(mix, tmp_path / "mix.jsonl")
