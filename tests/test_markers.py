@@ -32,7 +32,7 @@ LOADERS = frozenset({"LLM", "load_model", "EnginePool", "resolve_base", "Sentenc
 # starting a process: with the arguments `engine serve` in its source, the engine server on a real model
 PROCESS_STARTERS = frozenset({"Popen", "ServerProcess"})
 ENGINE_SERVE = "'engine', 'serve'"
-# tests whose loading the scan cannot see (a CLI command that loads the model in the library it calls), by
+# tests whose loading the scan cannot see (a command or gateway that loads the model in the library it calls), by
 # "path::test". A command that only reads a model file's header or hashes it (`link compile tune`'s environment,
 # `link posttrain sft`'s checks before training) loads no model.
 ALSO_LOADING = {
@@ -43,6 +43,7 @@ ALSO_LOADING = {
     "tests/cli/test_cli.py::test_interactive_chat_keeps_history_until_exit": "the same",
     "tests/cli/test_cli_compile_config.py::test_tune_config_replays_the_mix_and_status_shows_the_winner":
         "`link compile tune-config` replays a traffic mix on SmolLM2",
+    "tests/evals/test_targets.py::test_top_logprobs_from_the_real_engine": "an in-process gateway's local SmolLM2",
 }
 # a function that swaps the encoder's model for a fake (`embedder._model = Fake()`, or monkeypatching `embed` or
 # the SentenceTransformer class): its loader calls load nothing
