@@ -44,6 +44,8 @@ ALSO_LOADING = {
     "tests/cli/test_cli_compile_config.py::test_tune_config_replays_the_mix_and_status_shows_the_winner":
         "`link compile tune-config` replays a traffic mix on SmolLM2",
     "tests/evals/test_targets.py::test_top_logprobs_from_the_real_engine": "an in-process gateway's local SmolLM2",
+    "tests/routers/test_routing_share.py::test_shares_per_suite_with_the_requests_tools":
+        "benchmarks/routing_share.py embeds the prompts with MiniLM for link-auto's router",
 }
 # a function that swaps the encoder's model for a fake (`embedder._model = Fake()`, or monkeypatching `embed` or
 # the SentenceTransformer class): its loader calls load nothing
