@@ -33,8 +33,8 @@ LOADERS = frozenset({"LLM", "load_model", "EnginePool", "resolve_base", "Sentenc
 PROCESS_STARTERS = frozenset({"Popen", "ServerProcess"})
 ENGINE_SERVE = "'engine', 'serve'"
 # tests whose loading the scan cannot see (a command or gateway that loads the model in the library it calls), by
-# "path::test". A command that only reads a model file's header or hashes it (`link compile tune`'s environment,
-# `link posttrain sft`'s checks before training) loads no model.
+# "path::test". A command that only reads a model's tokenizer or file header (`link posttrain sft`'s checks before
+# training) loads no model.
 ALSO_LOADING = {
     "tests/benchmarks/test_bench.py::test_bench_serving_command_writes_json": "`link bench serving` runs SmolLM2",
     "tests/benchmarks/test_bench_workloads.py::test_bench_serving_mixed_workload_saves_a_mix": "the same",
@@ -43,6 +43,8 @@ ALSO_LOADING = {
     "tests/cli/test_cli.py::test_interactive_chat_keeps_history_until_exit": "the same",
     "tests/cli/test_cli_compile_config.py::test_tune_config_replays_the_mix_and_status_shows_the_winner":
         "`link compile tune-config` replays a traffic mix on SmolLM2",
+    "tests/cli/test_cli_compile.py::test_tune_recorded_then_status": "`link compile tune` loads SmolLM2 first",
+    "tests/cli/test_cli_compile.py::test_tune_refuses_an_unknown_workload_and_missing_counts": "the same",
     "tests/evals/test_targets.py::test_top_logprobs_from_the_real_engine": "an in-process gateway's local SmolLM2",
     "tests/routers/test_routing_share.py::test_shares_per_suite_with_the_requests_tools":
         "benchmarks/routing_share.py embeds the prompts with MiniLM for link-auto's router",
