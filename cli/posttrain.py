@@ -66,7 +66,7 @@ def sft(
 ) -> None:
     """Fine-tune a LoRA adapter on tool-call traces (posttrain.sft.run_sft)."""
     from posttrain.sft import SftJob, prepare_sft, run_sft
-    from posttrain.train import LoraTrainConfig
+    from posttrain.train_config import LoraTrainConfig
 
     try:
         config = LoraTrainConfig(rank=rank, alpha=alpha, learning_rate=lr, epochs=epochs, max_steps=max_steps,

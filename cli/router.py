@@ -145,14 +145,14 @@ def train_checker(
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Train an answer checker on a model's recorded answers and save it (a cascade's `scorer: answer`)."""
-    from routers.offline.calibration import Target
+    from routers.offline.calibration import CalibrationTarget
     from routers.offline.pipeline import train_checker_and_save
 
     try:
         if components < 0:
             raise ValueError(f"--components must be >= 0, got {components}")
         result = train_checker_and_save(load_data(data, data_dir, min_models=1), model, out, num_components=components, strong=strong,
-                                        target=Target.parse(target) if target else None)
+                                        target=CalibrationTarget.parse(target) if target else None)
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     console.print(f"trained an answer checker on {result['num_answers']} answers of {model} "
@@ -208,11 +208,11 @@ def calibrate(
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
 ) -> None:
     """Set the router's knob so that the target holds on held-out outcomes, and save it in the file."""
-    from routers.offline.calibration import Target
+    from routers.offline.calibration import CalibrationTarget
     from routers.offline.pipeline import calibrate_file
 
     try:
-        goal = Target.parse(target)
+        goal = CalibrationTarget.parse(target)
         result = calibrate_file(file, load_data(data, data_dir, task_by=task_by), goal, rule=rule,
                                 strong=strong, weak=weak, cascade_models=_names(cascade_models), out=out)
     except (ValueError, KeyError, OSError) as exc:
@@ -232,7 +232,7 @@ def calibrate(
 
 
 def _missed_target(goal, result: dict[str, Any], share_tolerance: float = 0.01) -> str | None:
-    """What a calibration could not reach, in words (None when it met `goal`, a `routers.offline.calibration.Target`): a
+    """What a calibration could not reach, in words (None when it met `goal`, a `routers.offline.calibration.CalibrationTarget`): a
     cost ceiling under every operating point, a quality fraction over every one, or a share more than
     `share_tolerance` from every reachable one."""
     if goal.kind == "cost" and result["mean_cost_usd"] > goal.value * (1 + 1e-9):

@@ -78,7 +78,7 @@ def serve(
 
     from link.app import create_app
     from link.config import ConfigError, load_config
-    from link.policies.base import PolicyError
+    from link.policies.base import PolicyError, policy_entry_problems
     from link.policies.store import check_config_policies
     from link.settings import get_settings
     from link.state import registered_model_names, served_config
@@ -87,7 +87,7 @@ def serve(
     try:
         settings = get_settings(**overrides)
         # every mistake of the file at once, policy options included (they may name a model registered in the database)
-        link_config = load_config(settings.config, check_policies=True, served_models=registered_model_names(settings))
+        link_config = load_config(settings.config, check_policy=policy_entry_problems, served_models=registered_model_names(settings))
         # a bad policy stops here, not as a traceback from the server's start-up
         check_config_policies(served_config(settings, link_config))
         gateway = create_app(settings, link_config)

@@ -9,7 +9,7 @@ For every prompt the policy gets the request the gateway would give it (`link.po
 the prompt as one user message, `metadata.suite` and `metadata.prompt_id` in the body, the table's models
 as the served names) and the recorded score and cost of its first planned model that has an outcome for
 the prompt are charged (later models in `plan.models` are the fallbacks, as in the gateway). A prompt that
-no planned model covers is skipped and listed in `ReplayResult.skipped`: recorded sets have holes (six
+no planned model covers is skipped and listed in `PolicyReplay.skipped`: recorded sets have holes (six
 RouterBench ARC test prompts carry one model only), so a fixed policy scores exactly its model's
 recorded rows. The policy interface is the gateway's, so the learned routers plug in unchanged.
 
@@ -36,7 +36,7 @@ DEFAULT_CONCURRENCY = 16
 
 
 @dataclass
-class ReplayResult:
+class PolicyReplay:
     """What a policy scored on a table.
 
     Attributes:
@@ -104,7 +104,7 @@ def policy_request(prompt_id: str, suite: str, prompt: str, policy_name: str, mo
     return PolicyRequest(endpoint="chat", body=body, model_names=model_names)
 
 
-async def areplay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CONCURRENCY) -> ReplayResult:
+async def areplay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CONCURRENCY) -> PolicyReplay:
     """`replay` for callers inside an event loop."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -131,10 +131,10 @@ async def areplay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEF
             continue
         picks[prompt_id] = chosen
         rows.append(replace(index[(prompt_id, chosen)], model=policy.name))
-    return ReplayResult(policy.name, picks, OutcomeTable(rows), skipped)
+    return PolicyReplay(policy.name, picks, OutcomeTable(rows), skipped)
 
 
-def replay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CONCURRENCY) -> ReplayResult:
+def replay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CONCURRENCY) -> PolicyReplay:
     """Evaluate `policy` on `table`: it plans every prompt, the first planned model with a recorded outcome
     is charged (see the module docstring).
 
@@ -143,7 +143,7 @@ def replay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CO
         table: recorded outcomes (one prompt may lack some models).
         concurrency: `plan` calls in flight at once (routers may embed the prompt).
     Returns:
-        a `ReplayResult`.
+        a `PolicyReplay`.
     Raises:
         ValueError: concurrency < 1. ReplayError: a multi-call plan the table cannot price (the module
             docstring). A policy's own errors propagate.
@@ -152,7 +152,7 @@ def replay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CO
     return asyncio.run(areplay(policy, table, concurrency=concurrency))
 
 
-def oracle(table: OutcomeTable, name: str = "oracle") -> ReplayResult:
+def oracle(table: OutcomeTable, name: str = "oracle") -> PolicyReplay:
     """The oracle router: per prompt the best recorded score, the cheapest model among those tied
     (then the table's model order). An upper bound on any policy's score over the same models."""
     order = {m: i for i, m in enumerate(table.models)}
@@ -163,4 +163,4 @@ def oracle(table: OutcomeTable, name: str = "oracle") -> ReplayResult:
         if current is None or key < (-current.score, current.cost_usd, order[current.model]):
             best[o.prompt_id] = o
     picks = {p: best[p].model for p in table.prompt_ids}
-    return ReplayResult(name, picks, OutcomeTable(replace(best[p], model=name) for p in table.prompt_ids))
+    return PolicyReplay(name, picks, OutcomeTable(replace(best[p], model=name) for p in table.prompt_ids))

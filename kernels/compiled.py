@@ -214,7 +214,7 @@ def supports(model) -> bool:
     return is_llama_like(model)
 
 
-class _PerModel:
+class _CompiledStepVariant:
     """A decode-step variant: builds its per-model state on first use (weakly keyed by the model)."""
 
     def __init__(self, num_threads: int, compiled: bool, weights: str = "float"):
@@ -274,9 +274,9 @@ def register_compiled_variants() -> list[Variant]:
                Variant("rotary", "compile", CompiledOp(ref.ref_rotary), description="torch.compile (Inductor) of ref_rotary"),
                Variant("gated_mlp", "compile", CompiledOp(ref.ref_gated_mlp), description="torch.compile (Inductor) of ref_gated_mlp")]
         for n in thread_candidates():
-            out.append(Variant("decode_step", f"eager-t{n}", _PerModel(n, compiled=False), tolerance=dict(STEP_TOLERANCE),
+            out.append(Variant("decode_step", f"eager-t{n}", _CompiledStepVariant(n, compiled=False), tolerance=dict(STEP_TOLERANCE),
                                description=f"the eager model forward with torch.set_num_threads({n})"))
-            out.append(Variant("decode_step", f"compile-t{n}", _PerModel(n, compiled=True), tolerance=dict(STEP_TOLERANCE),
+            out.append(Variant("decode_step", f"compile-t{n}", _CompiledStepVariant(n, compiled=True), tolerance=dict(STEP_TOLERANCE),
                                description=f"compiled per-layer regions, batch padded to its bucket, {n} thread(s)"))
         _registered.extend(out)
     return [register_variant(v) for v in _registered]
@@ -295,7 +295,7 @@ def quantized_step_variants() -> list[Variant]:
     (`Variant.lossy`), so the tuner tries them only when allowed. The same objects on every call."""
     if not _quantized:
         _quantized.extend(
-            Variant("decode_step", f"compile-w4a16-t{n}", _PerModel(n, compiled=True, weights="w4a16"),
+            Variant("decode_step", f"compile-w4a16-t{n}", _CompiledStepVariant(n, compiled=True, weights="w4a16"),
                     tolerance=dict(W4A16_STEP_TOLERANCE), lossy=True,
                     description=f"compiled per-layer regions, int4 weights (groups of {INT4_GROUP_SIZE}) and bfloat16 "
                                 f"activations in the projections, {n} thread(s)")

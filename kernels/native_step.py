@@ -191,7 +191,7 @@ def step_for(model, weights: str) -> NativeDecodeStep:
     return steps[weights]
 
 
-class _PerModel:
+class _NativeStepVariant:
     """A decode-step variant: the model's shared `NativeDecodeStep` (`step_for`), `num_threads` set first
     (process-wide, as for the compiled steps: the winner's setting stays after its step)."""
 
@@ -232,7 +232,7 @@ def native_variants() -> list[Variant]:
         for n in thread_candidates():
             for weights, label in (("float", "float32 projections"), ("gguf", "GGUF Q4_1/Q8_0 blocks where exact")):
                 name = f"native-t{n}" if weights == "float" else f"native-gguf-t{n}"
-                _variants.append(Variant("decode_step", name, _PerModel(n, weights), dtypes=(torch.float32,),
+                _variants.append(Variant("decode_step", name, _NativeStepVariant(n, weights), dtypes=(torch.float32,),
                                          tolerance=dict(STEP_TOLERANCE), available=_available,
                                          description=f"our C++ decode step, {label}, {n} thread(s)"))
         _variants.append(Variant("linear", "native-gguf", gguf_linear, dtypes=(torch.float32,), available=_available,

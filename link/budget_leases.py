@@ -12,7 +12,7 @@ another replica.
 1. Every `BudgetLedger` is an owner: its `LINK_INSTANCE_ID` when set, else an id fresh per process. It holds a
    lease in `budget_lease` that expires `lease_s` after its last renewal, on the database's clock (every replica
    reads the same one, so their own clocks may drift), and renews it every lease_s / 3 while it runs (the
-   gateway's heartbeat task, `keep_lease`).
+   gateway's heartbeat task, `link.budgets.keep_lease`).
 2. Each `budget_reservation` row names its owner. Rows whose owner's lease has expired, or whose owner has none
    (closed cleanly, or never renewed), are released: deleted, and their amounts taken off
    `api_key.reserved_nusd` in the same transaction. Every replica does this at start-up and on each heartbeat.
@@ -28,13 +28,10 @@ once wait for each other instead of deadlocking on the rows they both delete.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import socket
 import uuid
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, delete, extract, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -42,10 +39,6 @@ from sqlalchemy.dialects import postgresql, sqlite
 from link.db.ledger import BudgetLease, BudgetReservation
 from link.db.models import ApiKey
 
-if TYPE_CHECKING:
-    from link.budgets import BudgetLedger
-
-logger = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 30.0
 # Arbitrary 64-bit constant naming the ledger's lock among PostgreSQL advisory locks ("ldgr" in ASCII).
 LEDGER_LOCK_ID = 0x6C646772
@@ -106,15 +99,3 @@ def release_holds(connection: Connection, now: float, *, owner: str | None = Non
 def drop_lease(connection: Connection, owner: str) -> None:
     """Remove `owner`'s lease (a clean shutdown); any holds left under it are then released by rule 2."""
     connection.execute(delete(BudgetLease.__table__).where(BudgetLease.__table__.c.owner == owner))
-
-
-async def keep_lease(ledger: BudgetLedger, interval_s: float) -> None:
-    """Run `ledger.heartbeat()` every `interval_s` seconds until cancelled (the gateway's heartbeat task); a failed
-    beat (the database unreachable) is logged and the next one tries again."""
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await asyncio.to_thread(ledger.heartbeat)
-        except Exception:
-            logger.warning("budget ledger %s: renewing its lease failed; retrying in %.1f s", ledger.owner, interval_s,
-                           exc_info=True)

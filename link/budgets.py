@@ -4,7 +4,7 @@
     ledger.open()                                         # start-up: release holds of processes that died
     reservation = ledger.reserve(key_id, max_cost_usd)    # raises BudgetExceeded before any backend call
     ledger.settle(reservation, actual_cost_usd)           # or ledger.release(reservation) on failure
-    ledger.heartbeat()                                    # every lease_s / 3 (link.budget_leases.keep_lease)
+    ledger.heartbeat()                                    # every lease_s / 3 (keep_lease, the gateway's heartbeat task)
     ledger.close()                                        # shutdown: release what is left, drop the lease
 
 Every update is one conditional UPDATE, so concurrent requests in many processes never pass a budget. Each
@@ -20,6 +20,7 @@ an overflow), and spend saturates there. All methods block: call them from the e
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -226,3 +227,15 @@ def max_cost_usd(prompt_tokens: int, max_completion_tokens: int, input_cost_per_
                  output_cost_per_million: float) -> float:
     """Upper bound of a request's cost in USD: every prompt token plus the most completion tokens allowed."""
     return (prompt_tokens * input_cost_per_million + max_completion_tokens * output_cost_per_million) / 1e6
+
+
+async def keep_lease(ledger: BudgetLedger, interval_s: float) -> None:
+    """Run `ledger.heartbeat()` every `interval_s` seconds until cancelled (the gateway's heartbeat task); a failed
+    beat (the database unreachable) is logged and the next one tries again."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(ledger.heartbeat)
+        except Exception:
+            logger.warning("budget ledger %s: renewing its lease failed; retrying in %.1f s", ledger.owner, interval_s,
+                           exc_info=True)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from link.config_checks import config_problems, cross_check
+from link.config_checks import PolicyCheck, config_problems, cross_check
 
 BackendKind = Literal["local", "litellm", "openai"]
 logger = logging.getLogger(__name__)
@@ -348,10 +348,10 @@ def embedded_default() -> LinkConfig:
     return parse_config(data, "embedded default")
 
 
-def parse_config(data: Any, source: str = "link.yaml", *, check_policies: bool = False,
+def parse_config(data: Any, source: str = "link.yaml", *, check_policy: PolicyCheck | None = None,
                  served_models: tuple[str, ...] = ()) -> LinkConfig:
-    """Validate already-parsed YAML/JSON data; `check_policies` adds each policy type's option checks, against the
-    config's models and `served_models` (those registered in the database).
+    """Validate already-parsed YAML/JSON data; `check_policy` (`link.policies.base.policy_entry_problems`) adds each
+    policy type's option checks, against the config's models and `served_models` (those registered in the database).
 
     Raises:
         ConfigError: listing every problem, one line each, as "{source}: models[i].field (name 'x'): what to fix":
@@ -367,7 +367,7 @@ def parse_config(data: Any, source: str = "link.yaml", *, check_policies: bool =
         config = LinkConfig.model_validate(data)
     except ValidationError as exc:
         error = exc
-    problems = config_problems(data, error, check_policies=check_policies, served_models=served_models) or ([str(error)] if config is None else [])
+    problems = config_problems(data, error, check_policy=check_policy, served_models=served_models) or ([str(error)] if config is None else [])
     if len(problems) == 1:
         raise ConfigError(f"invalid config: {source}: {problems[0]}")
     if problems:
@@ -377,7 +377,7 @@ def parse_config(data: Any, source: str = "link.yaml", *, check_policies: bool =
 
 def load_config(path: Path | str | None = None, **checks) -> LinkConfig:
     """Read `link.yaml` at `path`; None gives the embedded default (`embedded_default`). `checks`: `parse_config`'s
-    `check_policies` and `served_models`.
+    `check_policy` and `served_models`.
 
     Raises:
         ConfigError: a missing file, a YAML syntax error (with its line), or every problem of its fields and

@@ -1,23 +1,28 @@
 """Every mistake in a `link.yaml`, found in one pass and described with its path in the file.
 
-    problems = config_problems(data, exc, check_policies=True, served_models=registered)   # exc: model_validate's
+    problems = config_problems(data, exc, check_policy=policy_entry_problems, served_models=registered)
     # ["models[2].api_key_env (name 'gpt'): must be the NAME of an environment variable ...",
     #  "policies[0].models (name 'cheap'): unknown model(s) ['gtp-4o']; known: ['gpt', 'smol']", ...]
+    # exc: model_validate's ValidationError or None; policy_entry_problems: link.policies.base's
 
 Pydantic gathers the field errors of every entry, but the checks between entries (a policy over a model that
 is not configured, a policy named like a model or twice) run only on a config whose fields are all valid, and a
 policy type's option checks (`link.policies.base.Policy.check`) only when the gateway builds it. Here they run
 on the raw data next to pydantic's errors, so three mistakes are reported by one start, not three. `link serve`
-asks for the option checks (`load_config(path, check_policies=True, served_models=...)`) with the models registered
-in its database, which an option (a judge, an aggregator) may name; they import the policy's module (a "moa" or
-"cascade" policy imports torch) and read a router's file header.
+asks for the option checks (`load_config(path, check_policy=policy_entry_problems, served_models=...)`) with the
+models registered in its database, which an option (a judge, an aggregator) may name; they import the policy's
+module (a "moa" or "cascade" policy imports torch) and read a router's file header. The check is handed in by
+the caller: the policies are built on this config module, so it cannot import them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import ValidationError
+
+# (index in `policies`, the raw entry, the known model names) -> "policies[i].field (name 'x'): ..." lines
+PolicyCheck = Callable[[int, Any, set[str]], list[str]]
 
 
 def cross_check(model_names: set[str], policies: list[tuple[int, str | None, list]]) -> list[str]:
@@ -44,15 +49,16 @@ def cross_check(model_names: set[str], policies: list[tuple[int, str | None, lis
     return problems
 
 
-def config_problems(data: dict, exc: ValidationError | None, *, check_policies: bool = False,
+def config_problems(data: dict, exc: ValidationError | None, *, check_policy: PolicyCheck | None = None,
                     served_models: tuple[str, ...] = ()) -> list[str]:
     """Every problem of the raw config `data`: pydantic's field errors (from `exc`), the cross-checks between
-    entries and, with `check_policies`, each valid policy's option checks. Empty when the config is valid.
+    entries and, given `check_policy`, each policy's option checks. Empty when the config is valid.
 
     Args:
         data: the parsed YAML mapping.
         exc: the ValidationError of `LinkConfig.model_validate(data)`, or None when it passed.
-        check_policies: run `Policy.check` of every policy entry that passed the checks above.
+        check_policy: run on every policy entry that passed the checks above (`link.policies.base.policy_entry_problems`:
+            its type's `Policy.check`); None skips the option checks.
         served_models: model names served besides the config's (registered in the database), for those checks.
     Returns:
         one "where: what to fix" line per problem, e.g. "models[1].timeout_s (name 'x'): Input should be ...".
@@ -68,9 +74,9 @@ def config_problems(data: dict, exc: ValidationError | None, *, check_policies: 
     problems = [describe(e, data) for e in (exc.errors() if exc else ()) if e.get("loc")]
     problems += [_with_name(line, data) for line in crossed]
     flagged = {int(line.split("]", 1)[0].removeprefix("policies[")) for line in crossed}
-    for i, entry in enumerate(policies if check_policies else ()):
+    for i, entry in enumerate(policies if check_policy is not None else ()):
         if i not in flagged:
-            problems += _policy_check(i, entry, model_names | set(served_models))
+            problems += check_policy(i, entry, model_names | set(served_models))
     return sorted(problems, key=_file_order)
 
 
@@ -79,25 +85,6 @@ def _file_order(line: str) -> tuple[int, int]:
     section, _, rest = line.partition("[")
     index = rest.split("]", 1)[0]
     return ({"models": 0, "policies": 1}.get(section, -1), int(index) if index.isdigit() else -1)
-
-
-def _policy_check(index: int, entry: Any, model_names: set[str]) -> list[str]:
-    """The policy type's own checks (`Policy.check`: option keys and ranges, a router file) of a policy entry
-    whose fields are valid; none for an invalid entry (pydantic has reported it)."""
-    from link.config import PolicyConfig
-    from link.policies.base import PolicyError, policy_class  # imported here: link.policies imports link.config
-
-    try:
-        policy = PolicyConfig.model_validate(entry)
-    except ValidationError:
-        return []
-    try:
-        policy_class(policy.type).check(policy, tuple(sorted(model_names)))
-    except PolicyError as exc:
-        param = exc.param or "options"
-        message = exc.message.removeprefix(f"{param}: ").removeprefix(f"{param} ")
-        return [f"policies[{index}].{param} (name {policy.name!r}): {message}"]
-    return []
 
 
 def _with_name(line: str, data: dict) -> str:

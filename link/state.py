@@ -26,8 +26,7 @@ from sqlalchemy import Engine
 from link.accounting import Accounting
 from link.auth import Authenticator
 from link.backends import make_backend
-from link.budget_leases import keep_lease
-from link.budgets import BudgetLedger
+from link.budgets import BudgetLedger, keep_lease
 from link.config import LinkConfig
 from link.db import make_db_engine, upgrade
 from link.deployments import DeploymentPool

@@ -6,6 +6,8 @@ budget, and right-padded tensors.
         for micro in micro_batches(step_indices, lengths, max_tokens=4096):
             input_ids, attention_mask, labels = collate([examples[i] for i in micro])
 
+`prepare_examples` checks and cuts a data set to `max_seq_length` first; `data_hash` fingerprints it.
+
 Length grouping (as in Hugging Face's `LengthGroupedSampler`): shuffle, cut into mega-batches of
 `group * batch_size` examples, sort each by length, cut into batches, shuffle the batches. Examples of similar
 length share a batch, so little compute goes to padding, while the order stays random and seeded.
@@ -13,9 +15,14 @@ length share a batch, so little compute goes to padding, while the order stays r
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
+
+from posttrain.errors import TrainingError
 
 IGNORE_INDEX = -100  # labels value that takes no loss (torch.nn.functional.cross_entropy's ignore_index)
 
@@ -80,3 +87,54 @@ def collate(examples: Sequence[TokenizedExample], pad_id: int = 0) -> tuple[torc
         labels[row, :n] = torch.tensor(list(e.labels), dtype=torch.long)
         attention_mask[row, :n] = 1
     return input_ids, attention_mask, labels
+
+
+@dataclass(frozen=True)
+class CutExample:
+    """A training example as checked and cut by `prepare_examples` (plain lists, hashable content)."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+def data_hash(examples: list[CutExample]) -> str:
+    """SHA-256 (hex) of the examples' token ids and labels, in order: the data part of a run's identity."""
+    digest = hashlib.sha256()
+    for e in examples:
+        digest.update(json.dumps([e.input_ids, e.labels]).encode())
+    return digest.hexdigest()
+
+
+def prepare_examples(examples: Sequence[TokenizedExample] | None, max_seq_length: int, overlong: str,
+                     what: str) -> tuple[list[CutExample], int]:
+    """Check and cut examples to at most `max_seq_length` tokens, handling longer ones by `overlong` ("error",
+    "drop" or "truncate"; posttrain.train_config.LoraTrainConfig); examples with no target token are dropped.
+    `what` names the set in errors ("training").
+
+    Returns:
+        (the kept examples as lists, the number dropped).
+
+    Raises:
+        TrainingError: mismatched lengths, or examples over max_seq_length with overlong="error".
+    """
+    kept, dropped, too_long = [], 0, []
+    for i, e in enumerate(examples or ()):
+        ids, labels = list(e.input_ids), list(e.labels)
+        if len(ids) != len(labels):
+            raise TrainingError(f"{what} example {i}: {len(ids)} input_ids but {len(labels)} labels; they must match")
+        if len(ids) > max_seq_length:
+            if overlong == "error":
+                too_long.append(len(ids))
+                continue
+            if overlong == "drop":
+                dropped += 1
+                continue
+            ids, labels = ids[:max_seq_length], labels[:max_seq_length]
+        if all(label == IGNORE_INDEX for label in labels[1:]):  # nothing to predict (label 0 has no context)
+            dropped += 1
+            continue
+        kept.append(CutExample(ids, labels))
+    if too_long:
+        raise TrainingError(f"{len(too_long)} {what} examples are longer than max_seq_length={max_seq_length} "
+                            f"(longest {max(too_long)} tokens); raise max_seq_length or set overlong='drop' or 'truncate'")
+    return kept, dropped

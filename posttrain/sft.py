@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import PosttrainDataError
-from posttrain.train import LoraTrainConfig
+from posttrain.train_config import LoraTrainConfig
 
 SPLIT_FILE, RUN_FILE = "split.json", "run.json"
 

@@ -15,9 +15,9 @@
 
 from benchmarks.link_bench.report import compute_ratios, render_report, show_and_save, summarize
 from benchmarks.link_bench.serving import SYSTEMS, run_serving_benchmark
-from benchmarks.link_bench.timing import RequestRecord, percentile, record_from_times, time_call
+from benchmarks.link_bench.timing import TimedRequest, percentile, record_from_times, time_call
 from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
 
-__all__ = ["SYSTEMS", "RequestRecord", "compute_ratios", "default_data_dir", "load_workload", "percentile",
+__all__ = ["SYSTEMS", "TimedRequest", "compute_ratios", "default_data_dir", "load_workload", "percentile",
            "record_from_times", "render_prompts", "render_report", "run_serving_benchmark", "show_and_save",
            "summarize", "time_call"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from benchmarks.link_bench.processes import self_peak_rss_mb
-from benchmarks.link_bench.timing import RequestRecord, record_from_times
+from benchmarks.link_bench.timing import TimedRequest, record_from_times
 
 
 def transformers_worker(path: str, dtype: str, warmup: list[int], slices: list[list[list[int]]],
@@ -43,7 +43,7 @@ def transformers_worker(path: str, dtype: str, warmup: list[int], slices: list[l
             self.times.append(time.perf_counter())
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
-    def generate(batch: list[list[int]], num_tokens: int) -> list[RequestRecord]:
+    def generate(batch: list[list[int]], num_tokens: int) -> list[TimedRequest]:
         width = max(len(p) for p in batch)  # left padding: every prompt ends where generation starts
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
@@ -71,7 +71,7 @@ def llama_cpp_worker(path: str, warmup: list[int], prompts: list[list[int]], max
     n_ctx = max(512, max(len(p) for p in prompts + [warmup]) + max_tokens + 1)
     llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=os.cpu_count(), seed=seed, verbose=False)
 
-    def run(ids: list[int], num_tokens: int) -> RequestRecord:
+    def run(ids: list[int], num_tokens: int) -> TimedRequest:
         start, times = time.perf_counter(), []
         # `generate` yields sampled ids and never stops at EOS by itself; top_k=1 / temp=0 is greedy.
         for _ in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
@@ -97,7 +97,7 @@ def engine_worker(model: str, dtype: str, warmup: list[int], prompts: list[list[
 
     engine = LLMEngine(load_model(default_registry().get(model), dtype), EngineConfig(tuned_kernels=True))
 
-    def run(ids: list[int], num_tokens: int) -> RequestRecord:
+    def run(ids: list[int], num_tokens: int) -> TimedRequest:
         request_id = f"bench-{time.monotonic_ns()}"
         start, times = time.perf_counter(), []
         engine.add_request(request_id, ids, SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True))

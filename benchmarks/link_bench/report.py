@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from benchmarks.link_bench.timing import RequestRecord, percentile
+from benchmarks.link_bench.timing import TimedRequest, percentile
 
 
 def show_and_save(renderable, data, json_path: str | Path | None = None) -> None:
@@ -30,7 +30,7 @@ def ms(seconds: float | None, digits: int = 0) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.{digits}f}"
 
 
-def summarize(system: str, concurrency: int, records: list[RequestRecord], wall_s: float, peak_rss_mb: float) -> dict:
+def summarize(system: str, concurrency: int, records: list[TimedRequest], wall_s: float, peak_rss_mb: float) -> dict:
     """One row of the serving report (see benchmarks/link_bench/serving.py for each field); times in s, memory in MiB."""
     ttfts = [r.ttft_s for r in records]
     itls = [r.itl_s for r in records if r.itl_s is not None]

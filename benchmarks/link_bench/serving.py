@@ -53,7 +53,7 @@ from typing import Callable, Sequence
 from benchmarks.link_bench.baselines import engine_worker, llama_cpp_worker, transformers_worker
 from benchmarks.link_bench.processes import ServerProcess, free_port, in_worker, peak_rss_mb_of
 from benchmarks.link_bench.report import compute_ratios, summarize
-from benchmarks.link_bench.timing import RequestRecord, record_from_times
+from benchmarks.link_bench.timing import TimedRequest, record_from_times
 from benchmarks.link_bench.workload import WARMUP_MESSAGE, default_data_dir, render_prompts
 from benchmarks.link_bench.workloads import MAX_BURST, burst_plan, records_to_mix, workload_texts
 
@@ -68,7 +68,7 @@ def start_engine_server(model: str, dtype: str, kv_cache_mb: int, max_num_seqs: 
                           "--dtype", dtype, "--kv-cache-mb", str(kv_cache_mb), "--max-num-seqs", str(max_num_seqs)], port)
 
 
-async def _stream_one(client, model: str, prompt_ids: list[int], max_tokens: int) -> RequestRecord:
+async def _stream_one(client, model: str, prompt_ids: list[int], max_tokens: int) -> TimedRequest:
     body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
@@ -90,7 +90,7 @@ async def _stream_one(client, model: str, prompt_ids: list[int], max_tokens: int
     return record_from_times(len(prompt_ids), usage["completion_tokens"], start, first, last)
 
 
-async def _closed_loop(base_url: str, model: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[RequestRecord], float]:
+async def _closed_loop(base_url: str, model: str, prompts: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[TimedRequest], float]:
     """`concurrency` clients, each sending its next request when the last one finished; (records, wall s)."""
     import httpx
 
@@ -106,7 +106,7 @@ async def _closed_loop(base_url: str, model: str, prompts: list[list[int]], conc
         return records, time.perf_counter() - start
 
 
-async def _bursts(base_url: str, model: str, prompts: list[list[int]], sizes: list[int], max_tokens: int) -> tuple[list[RequestRecord], float]:
+async def _bursts(base_url: str, model: str, prompts: list[list[int]], sizes: list[int], max_tokens: int) -> tuple[list[TimedRequest], float]:
     """Each burst's requests sent at once; the next burst when all of them finished; (records, wall s)."""
     import httpx
 

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 
 @dataclass(frozen=True)
-class RequestRecord:
+class TimedRequest:
     """One generation request's timings (seconds); `itl_s` is None for a single output token; `start_s`:
     when it was sent (perf_counter instant; None where a system does not report it)."""
 
@@ -25,13 +25,13 @@ class RequestRecord:
     start_s: float | None = None
 
 
-def record_from_times(num_prompt_tokens: int, num_output_tokens: int, start: float, first: float, last: float) -> RequestRecord:
-    """A RequestRecord from perf_counter instants (s): request sent, first token, last token.
+def record_from_times(num_prompt_tokens: int, num_output_tokens: int, start: float, first: float, last: float) -> TimedRequest:
+    """A TimedRequest from perf_counter instants (s): request sent, first token, last token.
 
     ITL = (last - first) / (num_output_tokens - 1); TTFT = first - start; latency = last - start.
     """
     itl = (last - first) / (num_output_tokens - 1) if num_output_tokens > 1 else None
-    return RequestRecord(num_prompt_tokens, num_output_tokens, first - start, itl, last - start, start)
+    return TimedRequest(num_prompt_tokens, num_output_tokens, first - start, itl, last - start, start)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

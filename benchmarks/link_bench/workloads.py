@@ -20,7 +20,7 @@ import json
 import random
 from pathlib import Path
 
-from benchmarks.link_bench.timing import RequestRecord
+from benchmarks.link_bench.timing import TimedRequest
 from benchmarks.link_bench.workload import load_workload
 from serving.traffic import RequestShape
 
@@ -75,9 +75,9 @@ def burst_plan(num_requests: int, seed: int = 0, max_burst: int = MAX_BURST) -> 
     return sizes
 
 
-def records_to_mix(levels: list[list[RequestRecord]], gap_s: float = 1.0) -> list[RequestShape]:
+def records_to_mix(levels: list[list[TimedRequest]], gap_s: float = 1.0) -> list[RequestShape]:
     """The request shapes of measured levels, one after another: within a level, arrivals are the
-    recorded send times (`RequestRecord.start_s`) relative to its first; each level starts `gap_s`
+    recorded send times (`TimedRequest.start_s`) relative to its first; each level starts `gap_s`
     after the previous one's last request finished. Greedy, as the benchmark decodes.
 
     Raises:

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import JSON, LargeBinary, Text
 from sqlmodel import Field, SQLModel
 
-from link.db.models import _time_column
+from link.db.models import time_column
 
 RUN_STATUSES = ("running", "finished", "stopped", "interrupted", "failed")
 
@@ -32,8 +32,8 @@ class EvalRun(SQLModel, table=True):
     targets: list[str] = Field(default_factory=list, sa_type=JSON)
     params: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     status: str = Field(default="running", max_length=32, description=" / ".join(RUN_STATUSES))
-    created_at: datetime = _time_column(index=True)
-    finished_at: datetime | None = _time_column(nullable=True)
+    created_at: datetime = time_column(index=True)
+    finished_at: datetime | None = time_column(nullable=True)
     totals: dict[str, Any] | None = Field(default=None, sa_type=JSON)
     outcomes_path: str | None = Field(default=None, sa_type=Text)
 
@@ -48,7 +48,7 @@ class EvalCache(SQLModel, table=True):
     suite: str = Field(max_length=64)
     item_id: str = Field(max_length=512)
     response: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
-    created_at: datetime = _time_column()
+    created_at: datetime = time_column()
 
 
 class EvalReport(SQLModel, table=True):
@@ -62,4 +62,4 @@ class EvalReport(SQLModel, table=True):
     markdown: str = Field(default="", sa_type=Text)
     data: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     png: bytes | None = Field(default=None, sa_type=LargeBinary, nullable=True)
-    created_at: datetime = _time_column(index=True)
+    created_at: datetime = time_column(index=True)

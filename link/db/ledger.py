@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger
 from sqlmodel import Field, SQLModel
 
-from link.db.models import _time_column
+from link.db.models import time_column
 
 
 class BudgetReservation(SQLModel, table=True):
@@ -27,7 +27,7 @@ class BudgetReservation(SQLModel, table=True):
     api_key_id: int = Field(foreign_key="api_key.id", index=True, ondelete="CASCADE")
     owner: str = Field(max_length=128, index=True, description="the budget_lease owner holding it")
     amount_nusd: int = Field(sa_type=BigInteger, description="nano-dollars held")
-    created_at: datetime = _time_column()
+    created_at: datetime = time_column()
 
 
 class BudgetLease(SQLModel, table=True):

@@ -64,7 +64,8 @@ def _as_utc(value: datetime) -> datetime:
 UTCDateTime = Annotated[datetime, AfterValidator(_as_utc)]
 
 
-def _time_column(nullable: bool = False, index: bool = False) -> Any:
+def time_column(nullable: bool = False, index: bool = False) -> Any:
+    """A timezone-aware timestamp column (UTC) for a table model: now at insert, or NULL by default when `nullable`."""
     if nullable:
         return Field(default=None, sa_type=DateTime(timezone=True), nullable=True, index=index)
     return Field(default_factory=utcnow, sa_type=DateTime(timezone=True), nullable=False, index=index)
@@ -100,8 +101,8 @@ class ApiKey(ApiKeyBase, table=True):
     id: int | None = Field(default=None, primary_key=True)
     key_hash: str = Field(max_length=64, unique=True, description="sha256 hex of the plaintext key")
     key_prefix: str = Field(max_length=32, description="the first characters of the key, for display")
-    created_at: datetime = _time_column()
-    revoked_at: datetime | None = _time_column(nullable=True)
+    created_at: datetime = time_column()
+    revoked_at: datetime | None = time_column(nullable=True)
     budget_nusd: int | None = Field(default=None, sa_type=BigInteger, nullable=True)
     spend_nusd: int = Field(default=0, sa_type=BigInteger)
     reserved_nusd: int = Field(default=0, sa_type=BigInteger)
@@ -152,8 +153,8 @@ class PolicyRow(PolicyBase, table=True):
     __tablename__ = "policy"
 
     id: int | None = Field(default=None, primary_key=True)
-    created_at: datetime = _time_column()
-    updated_at: datetime = _time_column()
+    created_at: datetime = time_column()
+    updated_at: datetime = time_column()
 
 
 class PolicyPublic(PolicyBase):
@@ -191,7 +192,7 @@ class ModelRow(ModelBase, table=True):
     __tablename__ = "model"
 
     id: int | None = Field(default=None, primary_key=True)
-    created_at: datetime = _time_column()
+    created_at: datetime = time_column()
 
 
 class ModelPublic(ModelBase):
@@ -244,7 +245,7 @@ class RequestLog(RequestLogBase, table=True):
     __tablename__ = "request_log"
 
     id: str = Field(primary_key=True, max_length=64, description="the x-link-request-id")
-    created_at: datetime = _time_column(index=True)
+    created_at: datetime = time_column(index=True)
     request_metadata: dict[str, Any] | None = Field(default=None, sa_column=Column("metadata", JSON, nullable=True))
 
     @classmethod
@@ -279,7 +280,7 @@ class ToolTrace(SQLModel, table=True):
     __tablename__ = "tool_trace"
 
     id: str = Field(primary_key=True, max_length=64, description="the x-link-request-id")
-    created_at: datetime = _time_column(index=True)
+    created_at: datetime = time_column(index=True)
     api_key_id: int | None = Field(default=None, foreign_key="api_key.id", index=True, ondelete="SET NULL")
     policy: str | None = Field(default=None, max_length=128, index=True)
     model: str | None = Field(default=None, max_length=256, description="the model that answered")
@@ -302,10 +303,10 @@ class ConsoleSession(SQLModel, table=True):
     __tablename__ = "console_session"
 
     id: str = Field(primary_key=True, max_length=64, description="sha256 hex of the cookie's session id")
-    created_at: datetime = _time_column()
-    last_seen_at: datetime = _time_column()
+    created_at: datetime = time_column()
+    last_seen_at: datetime = time_column()
     expires_at: datetime = Field(sa_type=DateTime(timezone=True), nullable=False, index=True)
-    revoked_at: datetime | None = _time_column(nullable=True)
+    revoked_at: datetime | None = time_column(nullable=True)
     flash: dict[str, Any] | None = Field(default=None, sa_type=JSON, nullable=True)
 
 

@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Literal
 
+from pydantic import ValidationError
+
 from link.config import PolicyConfig
 from link.policies.options import PolicyError, bool_option, check_name, check_options
 from link.policies.registry import POLICIES
@@ -206,3 +208,24 @@ def policy_class(type_: str) -> type[Policy]:
 def make_policy(config: PolicyConfig, model_names: tuple[str, ...] | list[str]) -> Policy:
     """Build the policy of `config` against the served `model_names`. Raises PolicyError."""
     return policy_class(config.type)(config, model_names)
+
+
+def policy_entry_problems(index: int, entry: Any, model_names: set[str]) -> list[str]:
+    """The policy type's own checks (`Policy.check`: option keys and ranges, a router file) of the raw config entry
+    `policies[index]`, against `model_names`; none for an entry whose fields are invalid (pydantic reports those).
+    The `check_policy` of `link.config.load_config` (link/config_checks.py).
+
+    Returns:
+        at most one line, "policies[i].<param> (name 'x'): what to fix".
+    """
+    try:
+        policy = PolicyConfig.model_validate(entry)
+    except ValidationError:
+        return []
+    try:
+        policy_class(policy.type).check(policy, tuple(sorted(model_names)))
+    except PolicyError as exc:
+        param = exc.param or "options"
+        message = exc.message.removeprefix(f"{param}: ").removeprefix(f"{param} ")
+        return [f"policies[{index}].{param} (name {policy.name!r}): {message}"]
+    return []

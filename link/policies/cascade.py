@@ -14,6 +14,8 @@
         judge_logprobs: true    # scorer judge: read P(yes) from the judge's top logprobs when it returns them
         path: routers/trained/link-auto.safetensors   # scorer router: a router file trained on these models
         encoder: auto        # optional, scorer router or answer: the encoder, as a router policy's (link/policies/router.py)
+        max_cost_usd: 0.01      # optional, scorer router: leave out the steps expected to cost more per request
+                                # (every step in the router file then), in [0, 1e6]; none over: all steps
         checker: gsm8k-mixtral.checker.safetensors   # scorer answer: a file of `link router train-checker`, fitted
                                 # on the first step's answers (used for every step but the last); its threshold,
                                 # when calibrated there (--strong, --target) for these steps, is the default
@@ -23,23 +25,34 @@ chunks made from it (routers/cascade.py). Each step's score, acceptance or error
 log's decision ("cascade"); every call (steps and judge) is accounted: the answer's `usage` is the answering
 step's call, `usage.link_billed` the sum over every call (link/executor.py). The threshold is calibrated like a
 router's knob: `routers.cascade.replay_cascade` charges it on recorded outcomes.
+
+The cost ceiling (`max_cost_usd`) is the routing objective's (`routers.decision.rank`, as for the router and hybrid
+policies): the steps `rank` keeps under it, from the router file's expected costs, escalate in their configured
+order, the last one kept answering when reached; when every step is over, the cheapest answers alone and the
+decision says `over_max_cost`. The steps are never reordered by the objective: a cascade asks the cheap step
+first so that its accepted answers cost little, where the objective would put the strongest model first
+whenever its quality gain is worth its cost, and a judge's or a checker's score exists only once the step
+has answered, after its cost is paid.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator, Callable
 
 from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.config import PolicyConfig
 from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
-from link.policies.options import bool_option, check_options, number_value, str_option
-from link.policies.router import LazyRouter, encoder_option, gateway_embedder, require_text_prompt, router_path
+from link.policies.options import bool_option, check_options, number_option, number_value, str_option
+from link.policies.router import (MAX_COST_USD, LazyRouter, encoder_option, gateway_embedder, require_text_prompt,
+                                  router_path)
+from routers.request import RoutingRequest   # stdlib only: importing it loads no model or numpy
 
-OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder", "checker")
+OPTIONS = ("threshold", "scorer", "judge", "judge_logprobs", "path", "encoder", "checker", "max_cost_usd")
 JUDGE_TOKENS = 256  # a bound on the judge's instruction and framing around the request and the answer
 SCORERS = ("judge", "router", "answer")
 # the options only one scorer reads: given with another scorer they would be ignored, so they are refused
-SCORER_OPTIONS = {"judge": ("judge", "judge_logprobs"), "router": ("path",), "answer": ("checker",)}
+SCORER_OPTIONS = {"judge": ("judge", "judge_logprobs"), "router": ("path", "max_cost_usd"), "answer": ("checker",)}
 ENCODER_SCORERS = ("router", "answer")
 
 
@@ -166,6 +179,9 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
         outside = [m for m in config.models[:-1] if m not in router.models]
         if outside:
             raise PolicyError(f"step model(s) {outside} are not among the router's models {router.models}", param="models")
+        if max_cost_option(options) is not None and config.models[-1] not in router.models:
+            raise PolicyError(f"options.max_cost_usd prices every step from the router file, but the last step "
+                              f"{config.models[-1]!r} is not among its models {router.models}", param="options.max_cost_usd")
         scorer = PredictedQuality(lambda body: router.get().router.score(body))
     threshold = options.get("threshold")
     if threshold is None:
@@ -178,6 +194,25 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
         return Cascade(config.models, scorer, threshold), router
     except (TypeError, ValueError) as exc:
         raise PolicyError(f"cascade: {exc}", param="options.threshold" if "threshold" in str(exc) else "models") from None
+
+
+def max_cost_option(options: dict[str, Any]) -> float | None:
+    """`options.max_cost_usd` (USD per request, in [0, MAX_COST_USD]), None when unset (or null). Raises PolicyError."""
+    return None if options.get("max_cost_usd") is None else number_option(options, "max_cost_usd", None, 0.0, MAX_COST_USD)
+
+
+def steps_within(cascade, ranking) -> Any:
+    """The cascade of the steps `ranking` (`routers.decision.rank` under a ceiling) keeps, in escalation order,
+    each with its own threshold and the last one kept answering; a single step's name when only one is kept."""
+    from routers.cascade import Cascade
+
+    kept = [m for m in cascade.models if m in ranking.order]
+    if len(kept) == len(cascade.models):
+        return cascade
+    if len(kept) == 1:
+        return kept[0]
+    threshold = dict(zip(cascade.models, cascade.thresholds))
+    return Cascade(kept, cascade.scorer, [threshold[m] for m in kept[:-1]])
 
 
 def predicted_steps(executor: Any, body: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -217,9 +252,10 @@ class CascadePolicy(Policy):
 
     def __init__(self, config: PolicyConfig, model_names: tuple[str, ...] | list[str]):
         super().__init__(config, model_names)
-        self.cascade, router = build_cascade(config)
-        if router is not None:
-            router.preload()
+        self.cascade, self.router = build_cascade(config)
+        self.max_cost_usd = max_cost_option(config.options)
+        if self.router is not None:
+            self.router.preload()
         preload = getattr(self.cascade.scorer, "preload", None)
         if preload is not None:
             preload()
@@ -234,10 +270,33 @@ class CascadePolicy(Policy):
         return CostBound(2 * len(cascade.models) - 1, tuple(dict.fromkeys([*cascade.models, judge])),
                          prompt_tokens_per_max_token=1, extra_prompt_tokens=JUDGE_TOKENS)
 
+    def rank_steps(self, request: RoutingRequest):
+        """`routers.decision.rank` of the steps by the router file's predicted quality and expected cost under
+        `max_cost_usd` (lambda 0: only which steps it keeps is used). Blocking: the router embeds the prompt."""
+        from routers.decision import rank
+
+        loaded = self.router.get()
+        quality = loaded.router.score(request)
+        cost = dict(zip(loaded.models, (float(c) for c in loaded.expected_cost(request))))
+        steps = self.cascade.models
+        return rank({m: quality[m] for m in steps}, {m: cost[m] for m in steps}, 0.0, self.max_cost_usd)
+
     async def plan(self, request: PolicyRequest) -> Plan:
         require_text_prompt(request.body)   # its steps may read token ids differently, and its scorer reads text
-        scorer = self.cascade.scorer
-        decision = {"type": self.type, "scorer": scorer.name, "thresholds": self.cascade.thresholds}
-        judge = getattr(scorer, "model", None)
-        models = list(dict.fromkeys([*self.cascade.models, *([judge] if judge else [])]))
-        return Plan(self.name, models, decision, executor=self.executor)
+        cascade, executor = self.cascade, self.executor
+        decision = {"type": self.type, "scorer": cascade.scorer.name, "thresholds": cascade.thresholds}
+        if self.max_cost_usd is not None:
+            routing = RoutingRequest.from_body(request.body, endpoint=request.endpoint)
+            ranking = await asyncio.to_thread(self.rank_steps, routing)
+            decision.update(max_cost_usd=self.max_cost_usd, excluded=ranking.excluded,
+                            over_max_cost=ranking.is_over_max_cost,
+                            expected_cost_usd={r.name: r.cost for r in ranking.given})
+            kept = steps_within(cascade, ranking)
+            if isinstance(kept, str):    # one step left: it answers alone, no escalation
+                return Plan(self.name, [kept], decision)
+            if kept is not cascade:
+                cascade, executor = kept, CascadeExecutor(kept)
+                decision["thresholds"] = cascade.thresholds
+        judge = getattr(cascade.scorer, "model", None)
+        models = list(dict.fromkeys([*cascade.models, *([judge] if judge else [])]))
+        return Plan(self.name, models, decision, executor=executor)

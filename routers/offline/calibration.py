@@ -2,12 +2,12 @@
 
     grid = lambda_grid(quality, expected)                               # [K] the cost penalties worth trying
     result = sweep(quality, expected, scores=held_out.scores, costs=held_out.costs)   # each knob's outcome
-    lam = calibrate(quality, expected, Target.parse("cost=0.001"), costs=held_out.costs)
+    lam = calibrate(quality, expected, CalibrationTarget.parse("cost=0.001"), costs=held_out.costs)
 
 A knob is a router's cost penalty lambda (`routers.decision.choose`) or RouteLLM's threshold on the predicted
 gain of a strong/weak pair (`routers.decision.choose_threshold`); a cascade's escalation threshold is set by
 the same `select_setting` (`routers.offline.cascade_eval.calibrate_cascade`). Each knob's picks are charged the
-recorded scores and costs; `select_setting` keeps the one meeting the target (`Target`: an average cost, a
+recorded scores and costs; `select_setting` keeps the one meeting the target (`CalibrationTarget`: an average cost, a
 model's share of requests, a fraction of the best single model's quality).
 """
 
@@ -44,7 +44,7 @@ def lambda_grid(quality: np.ndarray, expected_cost: np.ndarray, num: int = DEFAU
 
 
 @dataclass(frozen=True)
-class Target:
+class CalibrationTarget:
     """What `calibrate` aims for.
 
     kind "cost": average USD per request <= value; "share": share of requests sent to `model` = value;
@@ -66,7 +66,7 @@ class Target:
             raise ValueError(f"a cost target must be >= 0 USD, got {self.value}")
 
     @classmethod
-    def parse(cls, text: str) -> Target:
+    def parse(cls, text: str) -> CalibrationTarget:
         """"cost=0.001" | "share:MODEL=0.3" | "quality=0.95". Raises ValueError otherwise."""
         match = re.fullmatch(r"\s*(cost|share|quality)(?::(.+?))?\s*=\s*([0-9.eE+-]+)\s*", text)
         if not match:
@@ -116,7 +116,7 @@ def sweep(quality: np.ndarray, expected_cost: np.ndarray, *, scores: np.ndarray 
     return _sweep_picks(picks, knobs, scores, costs)
 
 
-def select_setting(result: Sweep, target: Target, *, models: list[str] | None = None,
+def select_setting(result: Sweep, target: CalibrationTarget, *, models: list[str] | None = None,
                    reference_quality: np.ndarray | None = None) -> int:
     """The index of the knob setting in `result` that meets `target` (shared by every knob: a router's lambda
     or threshold, a cascade's escalation threshold).
@@ -151,7 +151,7 @@ def select_setting(result: Sweep, target: Target, *, models: list[str] | None = 
     return int(np.flatnonzero(ok)[np.argmin(cost[ok])]) if ok.any() else int(np.argmax(qual))
 
 
-def calibrate(quality: np.ndarray, expected_cost: np.ndarray, target: Target, *, models: list[str] | None = None,
+def calibrate(quality: np.ndarray, expected_cost: np.ndarray, target: CalibrationTarget, *, models: list[str] | None = None,
               scores: np.ndarray | None = None, costs: np.ndarray | None = None,
               strong: int | None = None, weak: int | None = None) -> float:
     """The knob (lambda, or the threshold when `strong` and `weak` are given) that meets `target` on held-out

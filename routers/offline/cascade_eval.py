@@ -2,7 +2,7 @@
 
     steps = efficient_steps(train.scores, train.costs)                  # model columns, cheapest first
     result = cascade_sweep(quality[:, steps], test.scores, test.costs, steps)   # a calibration.Sweep
-    t = calibrate_cascade(quality[:, steps], steps, Target.parse("cost=0.001"), scores=..., costs=...)
+    t = calibrate_cascade(quality[:, steps], steps, CalibrationTarget.parse("cost=0.001"), scores=..., costs=...)
 
 A cascade (FrugalGPT, Chen, Zaharia and Zou 2023, arXiv:2305.05176) asks its steps in order of cost and
 returns the first answer whose score reaches the threshold; the last step always answers. Offline the
@@ -19,7 +19,7 @@ rule is `routers.cascade.replay_cascade` on a score per prompt and step:
 
 One threshold is shared by every step (the gateway's `threshold: 0.5`); its sweep gives the cascade's
 cost-quality curve, measured like a router's lambda sweep (AIQ, accuracy at cost, ...), and
-`calibrate_cascade` sets it from the same `calibration.Target` as a router's knob (`calibration.select_setting`).
+`calibrate_cascade` sets it from the same `calibration.CalibrationTarget` as a router's knob (`calibration.select_setting`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from routers.cascade import replay_cascade
-from routers.offline.calibration import DEFAULT_GRID_SIZE, Sweep, Target, select_setting
+from routers.offline.calibration import DEFAULT_GRID_SIZE, CalibrationTarget, Sweep, select_setting
 from routers.offline.data import RoutingData
 
 
@@ -163,7 +163,7 @@ def cascade_sweep(step_scores: np.ndarray, scores: np.ndarray, costs: np.ndarray
                  np.stack([np.bincount(p, minlength=m) / len(p) for p in picks]))
 
 
-def calibrate_cascade(step_scores: np.ndarray, steps: Sequence[int], target: Target, *, scores: np.ndarray,
+def calibrate_cascade(step_scores: np.ndarray, steps: Sequence[int], target: CalibrationTarget, *, scores: np.ndarray,
                       costs: np.ndarray, models: list[str] | None = None, pays_rejected: bool = False) -> float:
     """The escalation threshold that meets `target` on held-out prompts (as `calibration.calibrate` sets a
     router's lambda): cost = mean USD per request, share:MODEL = share of prompts MODEL answers, quality =

@@ -2,7 +2,7 @@
 
     router, costs = train_router("knn", data)                       # fitted on the complete prompts of data
     path = train_and_save("knn", data, "auto.safetensors")
-    result = calibrate_file("auto.safetensors", held_out, Target.parse("cost=0.001"))
+    result = calibrate_file("auto.safetensors", held_out, CalibrationTarget.parse("cost=0.001"))
     add_model_to_file("auto.safetensors", labelled, "acme-sft")     # a new model from its labelled prompts
     report = run_evaluation(train, test, EvalSettings(types=("knn",)), num_splits=5)
 
@@ -20,7 +20,7 @@ import numpy as np
 from routers.base import Router, load_router, make_router, save_router
 from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens
 from routers.features import Featurizer
-from routers.offline.calibration import Target, calibrate
+from routers.offline.calibration import CalibrationTarget, calibrate
 from routers.offline.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, check_step_order,
                                          efficient_steps)
 from routers.offline.crossval import evaluate_add_model, evaluate_kfold, evaluate_resplits
@@ -103,7 +103,7 @@ def add_model_to_file(path: str | Path, data: RoutingData, model: str, *, out: s
     return {"model": model, "num_prompts": labelled.num_prompts, "models": list(loaded.models), "path": str(target)}
 
 
-def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule: str = "lambda",
+def calibrate_file(path: str | Path, data: RoutingData, target: CalibrationTarget, *, rule: str = "lambda",
                    strong: str | None = None, weak: str | None = None, cascade_models: Sequence[str] | None = None,
                    out: str | Path | None = None, featurizer: Featurizer | None = None) -> dict[str, Any]:
     """Set a saved router's knob so that `target` holds on held-out `data`, and write it back.
@@ -158,7 +158,7 @@ def calibrate_file(path: str | Path, data: RoutingData, target: Target, *, rule:
             "best_single_quality": float(np.max(data.scores.mean(axis=0)))}
 
 
-def _calibrate_cascade_file(loaded, path, data: RoutingData, quality: np.ndarray, target: Target,
+def _calibrate_cascade_file(loaded, path, data: RoutingData, quality: np.ndarray, target: CalibrationTarget,
                             cascade_models: Sequence[str] | None, out) -> dict[str, Any]:
     """`calibrate_file` for rule "cascade" (see there)."""
     models = loaded.models
@@ -233,7 +233,7 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
     return out
 
 
-def _meets(point: dict[str, float], target: Target, strong: str, best_quality: float) -> bool:
+def _meets(point: dict[str, float], target: CalibrationTarget, strong: str, best_quality: float) -> bool:
     """Whether an operating point (cost_usd, quality, escalated) meets `target` (a share target: within 5
     points, since a threshold moves whole prompts)."""
     if target.kind == "cost":
@@ -245,7 +245,7 @@ def _meets(point: dict[str, float], target: Target, strong: str, best_quality: f
 
 
 def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, num_components: int = 16,
-                           strong: str | None = None, target: Target | None = None, folds: int = 5,
+                           strong: str | None = None, target: CalibrationTarget | None = None, folds: int = 5,
                            seed: int = 0) -> dict[str, Any]:
     """Fit an answer checker (`routers.answer_check`) on `model`'s recorded answers and save it; with `strong`
     and `target`, also calibrate the escalation threshold of the cascade [model, strong] scored by it.

@@ -8,7 +8,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.link_bench import RequestRecord, compute_ratios, load_workload, run_serving_benchmark, summarize
+from benchmarks.link_bench import TimedRequest, compute_ratios, load_workload, run_serving_benchmark, summarize
 from cli.app import app
 
 runner = CliRunner()
@@ -34,7 +34,7 @@ def test_workload_mixes_both_sets_and_is_seeded(data_dir):
 
 def test_summary_and_ratios_on_known_timings():
     # 3 requests of 5 tokens: first token at 0.1 s, then one every 0.05 s.
-    records = [RequestRecord(10, 5, 0.1, 0.05, 0.3) for _ in range(3)]
+    records = [TimedRequest(10, 5, 0.1, 0.05, 0.3) for _ in range(3)]
     row = summarize("link", 1, records, wall_s=0.9, peak_rss_mb=500.0)
     assert row["output_tokens_per_s"] == pytest.approx(15 / 0.9) and row["requests_per_s"] == pytest.approx(3 / 0.9)
     assert row["decode_tokens_per_s"] == pytest.approx(1 / 0.05)
@@ -46,6 +46,7 @@ def test_summary_and_ratios_on_known_timings():
     assert ratios["link c=1 decode tok/s / transformers c=1 decode tok/s"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_link_serving_benchmark_on_tiny_settings(data_dir):
     result = run_serving_benchmark("smollm2-135m-instruct", concurrencies=(1, 2), num_prompts=4, max_tokens=4,
                                    systems=("link",), data_dir=data_dir)
@@ -73,6 +74,7 @@ class Llama:
 """
 
 
+@pytest.mark.slow
 def test_llama_cpp_runs_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     # A stand-in `llama_cpp` module (the real one compiles llama.cpp on install): the plumbing, not the speed.
     (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
@@ -84,6 +86,7 @@ def test_llama_cpp_runs_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     assert result["rows"][0]["ttft_p50_s"] >= 0.01 and result["rows"][0]["itl_p50_s"] >= 0.002
 
 
+@pytest.mark.slow
 def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     """Our engine measured as llama.cpp is: a worker, one level at concurrency 1, exactly max_tokens tokens
     per request (EOS ignored); with a fake llama.cpp beside it the engine-to-engine ratio is reported."""
@@ -99,6 +102,7 @@ def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, m
     assert result["ratios"]["link-engine c=1 decode tok/s / llama-cpp c=1 decode tok/s"] == pytest.approx(engine / llama)
 
 
+@pytest.mark.slow
 def test_bench_serving_command_writes_json(data_dir, tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "serving", "--system", "link", "--concurrency", "1", "--num-prompts", "2",

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
-from benchmarks.link_bench.timing import RequestRecord
+from benchmarks.link_bench.timing import TimedRequest
 from benchmarks.link_bench.workloads import burst_plan, load_repetitive, records_to_mix, workload_texts
 from cli.app import app
 from serving.traffic import RequestShape, load_mix
@@ -33,12 +34,13 @@ def test_burst_plan_adds_up_with_sizes_from_1_to_16():
 
 
 def test_records_become_a_mix_level_after_level():
-    level1 = [RequestRecord(10, 4, 0.1, 0.01, 0.5, start_s=100.0), RequestRecord(12, 4, 0.1, 0.01, 0.6, start_s=100.2)]
-    level2 = [RequestRecord(30, 2, 0.1, 0.01, 0.3, start_s=200.0)]
+    level1 = [TimedRequest(10, 4, 0.1, 0.01, 0.5, start_s=100.0), TimedRequest(12, 4, 0.1, 0.01, 0.6, start_s=100.2)]
+    level2 = [TimedRequest(30, 2, 0.1, 0.01, 0.3, start_s=200.0)]
     # level 2 starts 1 s after level 1's last finish (0.2 + 0.6 = 0.8 s)
     assert records_to_mix([level1, level2]) == [RequestShape(10, 4, 0.0), RequestShape(12, 4, 0.2), RequestShape(30, 2, 1.8)]
 
 
+@pytest.mark.slow
 def test_bench_serving_mixed_workload_saves_a_mix(data_dir, tmp_path):
     mix, out = tmp_path / "mixed.jsonl", tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "serving", "--workload", "mixed", "--num-prompts", "5", "--max-tokens", "2",
@@ -52,6 +54,7 @@ def test_bench_serving_mixed_workload_saves_a_mix(data_dir, tmp_path):
     assert len(shapes) == 5 and all(s.output_tokens == 2 and s.prompt_tokens > 5 for s in shapes)
 
 
+@pytest.mark.slow
 def test_bench_serving_repetitive_workload_and_an_unknown_one(data_dir):
     result = runner.invoke(app, ["bench", "serving", "--workload", "repetitive", "--system", "link", "--concurrency", "1",
                                  "--num-prompts", "2", "--max-tokens", "2", "--data-dir", str(data_dir)])

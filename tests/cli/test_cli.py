@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from cli.app import app
@@ -17,6 +18,7 @@ def test_models_lists_the_registry():
     assert "smollm2-135m-instruct" in result.output and "gemma-3-270m" in result.output
 
 
+@pytest.mark.slow
 def test_chat_answers_one_question_and_reports_the_load_on_stderr():
     result = runner.invoke(app, ["chat", "What is the capital of France?", "--model", "smollm2-135m-instruct"])
     assert result.exit_code == 0, result.output
@@ -26,6 +28,7 @@ def test_chat_answers_one_question_and_reports_the_load_on_stderr():
     assert re.fullmatch(r"loaded smollm2-135m-instruct in \d+\.\d s \(\d+\.\d MB resident\)", done), done
 
 
+@pytest.mark.slow
 def test_interactive_chat_keeps_history_until_exit():
     session = "What is the capital of France?\n/reset\n/exit\nnever read\n"
     result = runner.invoke(app, ["chat", "--max-tokens", "32"], input=session)
@@ -47,6 +50,7 @@ def test_engine_serve_unknown_model_is_a_clear_error():
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
 
 
+@pytest.mark.slow
 def test_engine_serve_starts_an_openai_server():
     import socket
     import subprocess

@@ -31,6 +31,7 @@ def table(tmp_path, monkeypatch):
     kernels.reset()
 
 
+@pytest.mark.slow
 def test_tune_recorded_then_status(table, monkeypatch):
     import kernels.tuner as tuner_module
 
@@ -49,6 +50,7 @@ def test_tune_recorded_then_status(table, monkeypatch):
     assert "Kernel winners" in CliRunner().invoke(app, ["compile", "status"]).output
 
 
+@pytest.mark.slow
 def test_tune_refuses_an_unknown_workload_and_missing_counts(table):
     bad = CliRunner().invoke(app, ["compile", "tune", "--workload", "nonsense"])
     assert bad.exit_code == 2 and "unknown workload" in bad.output

@@ -22,6 +22,7 @@ def table(tmp_path, monkeypatch):
     return ConfigWinnerTable()
 
 
+@pytest.mark.slow
 def test_tune_config_replays_the_mix_and_status_shows_the_winner(table, tmp_path):
     mix = [RequestShape(24, 3, 0.0), RequestShape(16, 3, 0.0), RequestShape(40, 2, 0.1)]
     path = save_mix(mix, tmp_path / "mix.jsonl")
@@ -48,6 +49,7 @@ def test_tune_config_refuses_a_bad_mix(table, tmp_path):
     assert missing.exit_code == 2
 
 
+@pytest.mark.slow
 def test_apply_winner_reconfigures_an_engine_with_the_stored_config(table, smollm2_fp32):
     from benchmarks.config_tuning import apply_winner, stored_config
     from serving.llm_engine import EngineConfig, LLMEngine

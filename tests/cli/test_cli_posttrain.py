@@ -181,6 +181,7 @@ def sft_run(tiny_chat_base, bfcl_jsonl, tmp_path_factory):
     return out, result
 
 
+@pytest.mark.slow
 def test_sft_trains_and_writes_the_split(sft_run, bfcl_jsonl):
     out, result = sft_run
     assert result.exit_code == 0, result.output
@@ -195,6 +196,7 @@ def test_sft_trains_and_writes_the_split(sft_run, bfcl_jsonl):
     assert (out / "adapter" / "adapter_config.json").is_file()
 
 
+@pytest.mark.slow
 def test_eval_scores_exactly_the_held_out_part(sft_run, tiny_chat_base, tmp_path):
     out, _ = sft_run
     items = tmp_path / "items.jsonl"
@@ -209,6 +211,7 @@ def test_eval_scores_exactly_the_held_out_part(sft_run, tiny_chat_base, tmp_path
     assert f"accuracy {100 * metrics['accuracy']:.1f}% (items with calls" in result.output and "irrelevance" in result.output
 
 
+@pytest.mark.slow
 def test_export_merges_and_registers(sft_run, tmp_path):
     from link.db import make_db_engine
     from link.model_registration import registered_deployments

@@ -198,6 +198,7 @@ def test_litellm_target_calls_an_openai_compatible_server(mock):
     assert completion.cost_usd == 0.0  # "mock-model" has no price anywhere
 
 
+@pytest.mark.slow
 def test_top_logprobs_from_the_real_engine(tmp_path, new_database_url):
     """Logprobs of a real local model through the gateway: the greedy token is its own likeliest alternative,
     in both APIs, and every alternative is a log-probability (<= 0)."""

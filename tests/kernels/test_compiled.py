@@ -14,7 +14,7 @@ from torch._dynamo.utils import counters
 
 import kernels
 from kernels import ref
-from kernels.compiled import CompiledOp, _PerModel, register_compiled_variants, supports
+from kernels.compiled import CompiledOp, _CompiledStepVariant, register_compiled_variants, supports
 from kernels.recorder import Bucket
 from kernels.variants import Variant, get_variant
 from kernels.warmup import install_warm
@@ -33,6 +33,7 @@ def test_compiled_rms_norm_matches_reference_on_odd_shapes():
         torch.testing.assert_close(variant.fn(x, w, 1e-6, offset=offset), ref.ref_rms_norm(x, w, 1e-6, offset=offset), atol=atol, rtol=rtol)
 
 
+@pytest.mark.slow
 def test_compiled_decode_step_keeps_greedy_fp32_outputs(smollm2, real_prompts):
     model = smollm2.loaded.model
     assert supports(model)
@@ -40,7 +41,7 @@ def test_compiled_decode_step_keeps_greedy_fp32_outputs(smollm2, real_prompts):
     prompts = real_prompts[:2]
     torch.set_num_threads(1)
     eager = [o.outputs[0].token_ids for o in smollm2.generate(prompts, params)]
-    variant = Variant("decode_step", "compile-t1", _PerModel(1, compiled=True))
+    variant = Variant("decode_step", "compile-t1", _CompiledStepVariant(1, compiled=True))
     calls = []
     for size in (1, 2):
         bucket = Bucket("decode_step", ((size,),), "float32", MODEL)
@@ -80,6 +81,7 @@ def _prompt_ids(loaded, prompts: list[str]) -> list[list[int]]:
     return [loaded.tokenizer.encode(loaded.chat_format.render([{"role": "user", "content": p}])) for p in prompts]
 
 
+@pytest.mark.slow
 def test_step_cases_on_prompts_decode_from_the_eager_prefill(smollm2_fp32, real_prompts):
     """A decode-step case built on real prompts holds the eager model's K/V of each prompt and decodes its
     greedy next token: the step's logits are the last row of the whole sequence's own forward pass."""
@@ -97,6 +99,7 @@ def test_step_cases_on_prompts_decode_from_the_eager_prefill(smollm2_fp32, real_
             torch.testing.assert_close(logits[b], whole[-1], atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_w4a16_decode_step_packs_the_q4_1_file_exactly_and_stays_within_its_tolerance(smollm2_fp32, real_prompts):
     """SmolLM2's projections come from GGUF Q4_1 (blocks of 32): packed to int4 in groups of 32 they are the
     file's weights exactly, so the W4A16 step differs from the float32 step only by bfloat16 activations.

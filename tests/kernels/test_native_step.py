@@ -107,6 +107,7 @@ def _clone(cache):
     return _clone_cache(cache)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["float", "gguf"])
 def test_native_step_matches_the_eager_step_on_smollm2(smollm2_fp32, real_prompts, weights):
     """Real prompts (batches of 1, 3 and 5, the smaller sizes of each case too) and random cached K/V over a
@@ -137,6 +138,7 @@ def test_native_step_matches_the_eager_step_on_smollm2(smollm2_fp32, real_prompt
                 torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_native_step_rejects_what_it_cannot_run(smollm2_fp32, gemma3):
     from kernels.native_step import NativeDecodeStep
     from kernels.tuner_inputs import step_cases
@@ -160,6 +162,7 @@ def test_native_step_rejects_what_it_cannot_run(smollm2_fp32, gemma3):
         step(m, token_ids, batch, _clone(cache))
 
 
+@pytest.mark.slow
 def test_every_thread_count_shares_one_step_per_model_and_format(smollm2_fp32):
     from kernels.native_step import native_variants, step_for
 
@@ -170,6 +173,7 @@ def test_every_thread_count_shares_one_step_per_model_and_format(smollm2_fp32):
     assert steps == {"float", "gguf"}
 
 
+@pytest.mark.slow
 def test_greedy_generation_is_unchanged_with_the_native_step_serving(smollm2, real_prompts):
     """The engine's decode batches (1 and 2 sequences) through "native-gguf-t1" and the LM head through
     "native-gguf": the same greedy tokens as the eager engine (the model here is the engine's own)."""

@@ -248,6 +248,7 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
     assert served["choices"] == whole["choices"] and served["usage"] == whole["usage"]
 
 
+@pytest.mark.slow
 def test_a_deployments_engine_dtype_overrides_the_pools():
     """`engine: {dtype: ...}` loads that deployment in its own dtype (the pool's, LINK_LOCAL_DTYPE, for the rest)."""
     import torch

@@ -22,6 +22,7 @@ def test_compile_options_are_off_by_default_and_not_engine_config_fields():
         EngineOptions(compile_budget_s=0)
 
 
+@pytest.mark.slow
 def test_compile_tune_starts_a_background_tuner(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("LINK_COMPILE_DB", str(tmp_path / "winners.sqlite"))
     previous = kernels.attach_recorder(None)

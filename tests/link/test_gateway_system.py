@@ -73,6 +73,7 @@ def test_metrics_public_setting_opens_them(mock, new_database_url, tmp_path):
     assert asyncio.run(scrape()).status_code == 200
 
 
+@pytest.mark.slow
 def test_models_report_the_effective_context_of_a_loaded_local_model(gateway, smollm2):
     def card(name: str) -> dict:
         return httpx.get(f"{gateway.base_url}/models/{name}", headers=AUTH).json()

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from link.backends.local import EnginePool
 from serving.sampling_params import SamplingParams
 from serving.traffic import RequestShape, load_mix, traffic_path
+
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
 
 
 def test_the_pool_saves_the_recorded_mix_on_close(smollm2_fp32, tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from link.config import ConfigError, LinkConfig, load_config, parse_config
+from link.policies.base import policy_entry_problems
 from link.settings import Settings, get_settings, is_placeholder_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,7 +229,7 @@ policies:
   - {name: safe, type: fixed, models: [smol]}
 """)
     with pytest.raises(ConfigError) as info:
-        load_config(path, check_policies=True)
+        load_config(path, check_policy=policy_entry_problems)
     assert str(info.value).splitlines() == [
         "invalid config (5 problems):",
         f"  {path}: models[1].api_key_env (name 'gpt'): must be the NAME of an environment variable "
@@ -251,5 +252,5 @@ models:
 policies:
   - {name: safe, type: fallback, models: [remote, smol], options: {capture_traces: true}}
 """)
-    config = load_config(path, check_policies=True)
+    config = load_config(path, check_policy=policy_entry_problems)
     assert config.policy("safe").models == ["remote", "smol"] and config.model_names == ["smol", "remote"]

@@ -34,14 +34,14 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2_chat():
     return load_chat_tokenizer(MODEL)
 
 
 @pytest.fixture(scope="module")
-def engine_model(smollm2):
+def engine_model(smollm2_chat):
     """The parts of a loaded model the chat path reads (tokenizer, chat format); the weights are not needed."""
-    tokenizer, chat_format = smollm2
+    tokenizer, chat_format = smollm2_chat
     return LoadedModel(spec=default_registry().get(MODEL), config=None, model=None, tokenizer=tokenizer,
                        chat_format=chat_format, dtype=torch.float32, context_length=8192, load_seconds=0.0)
 
@@ -75,8 +75,8 @@ def _label_runs(example):
     return runs
 
 
-def test_labels_are_exactly_the_assistant_turns(smollm2):
-    tokenizer, chat_format = smollm2
+def test_labels_are_exactly_the_assistant_turns(smollm2_chat):
+    tokenizer, chat_format = smollm2_chat
     example = encode_trace(_weather_trace(), tokenizer, chat_format)
     runs = _label_runs(example)
     assert [tokenizer.decode(example.input_ids[a:b], False) for a, b in runs] == [
@@ -94,8 +94,8 @@ def test_labels_are_exactly_the_assistant_turns(smollm2):
     assert example.input_ids == tokenizer.encode(expected)
 
 
-def test_weight_zero_turn_is_context_only(smollm2):
-    tokenizer, chat_format = smollm2
+def test_weight_zero_turn_is_context_only(smollm2_chat):
+    tokenizer, chat_format = smollm2_chat
     full = encode_trace(_weather_trace(), tokenizer, chat_format)
     context = encode_trace(_weather_trace(first_weight=0), tokenizer, chat_format)
     assert context.input_ids == full.input_ids
@@ -103,9 +103,9 @@ def test_weight_zero_turn_is_context_only(smollm2):
     assert tokenizer.decode(context.input_ids[a:b], False) == "It is 18 C and sunny.<|im_end|>"
 
 
-def test_each_turn_prompt_is_what_the_gateway_renders(smollm2, engine_model, bfcl):
+def test_each_turn_prompt_is_what_the_gateway_renders(smollm2_chat, engine_model, bfcl):
     """The ids before each learned turn equal the prompt ids `plan_chat` builds for the conversation so far."""
-    tokenizer, chat_format = smollm2
+    tokenizer, chat_format = smollm2_chat
     per_category = {}
     for t in bfcl:
         per_category.setdefault(t.category, []).append(t)
@@ -120,8 +120,8 @@ def test_each_turn_prompt_is_what_the_gateway_renders(smollm2, engine_model, bfc
             assert plan.prompts[0] == example.input_ids[:start], trace.id
 
 
-def test_bfcl_labels_decode_to_the_rendered_answer(smollm2, bfcl):
-    tokenizer, chat_format = smollm2
+def test_bfcl_labels_decode_to_the_rendered_answer(smollm2_chat, bfcl):
+    tokenizer, chat_format = smollm2_chat
     for trace in bfcl[::7]:
         example = encode_trace(trace, tokenizer, chat_format)
         (a, b), = _label_runs(example)
@@ -133,10 +133,10 @@ def test_bfcl_labels_decode_to_the_rendered_answer(smollm2, bfcl):
 XML_CALL = "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>"
 
 
-def test_xml_harness_format_renders_as_the_gateway_does(smollm2, engine_model):
+def test_xml_harness_format_renders_as_the_gateway_does(smollm2_chat, engine_model):
     from serving.tool_formats import XML_FORMAT
 
-    tokenizer, chat_format = smollm2
+    tokenizer, chat_format = smollm2_chat
     trace = _weather_trace()
     example = encode_trace(trace, tokenizer, chat_format, "xml")
     runs = _label_runs(example)
@@ -149,8 +149,8 @@ def test_xml_harness_format_renders_as_the_gateway_does(smollm2, engine_model):
     assert encode_trace(trace, tokenizer, chat_format, {"base": "xml"}) == example
 
 
-def test_schemas_the_harness_format_cannot_express_are_refused(smollm2):
-    tokenizer, chat_format = smollm2
+def test_schemas_the_harness_format_cannot_express_are_refused(smollm2_chat):
+    tokenizer, chat_format = smollm2_chat
     spaced = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"the city": {"type": "string"}}}}}
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"the city": "Paris"}'}}
@@ -163,8 +163,8 @@ def test_schemas_the_harness_format_cannot_express_are_refused(smollm2):
         TraceDataset([trace], tokenizer, chat_format, tool_format="yaml")
 
 
-def test_dataset_drops_examples_longer_than_max_seq_length(smollm2, bfcl):
-    tokenizer, chat_format = smollm2
+def test_dataset_drops_examples_longer_than_max_seq_length(smollm2_chat, bfcl):
+    tokenizer, chat_format = smollm2_chat
     traces = bfcl[:40]
     lengths = {t.id: encode_trace(t, tokenizer, chat_format).num_tokens for t in traces}
     limit = sorted(lengths.values())[30]
@@ -180,8 +180,8 @@ def test_dataset_drops_examples_longer_than_max_seq_length(smollm2, bfcl):
         TraceDataset([], tokenizer, chat_format)
 
 
-def test_dataset_checks_traces_and_can_skip_invalid_ones(smollm2):
-    tokenizer, chat_format = smollm2
+def test_dataset_checks_traces_and_can_skip_invalid_ones(smollm2_chat):
+    tokenizer, chat_format = smollm2_chat
     good = _weather_trace()
     call = {"id": "c9", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
     bad = Trace("bad", [good.messages[1], {"role": "assistant", "tool_calls": [call]}], [WEATHER], {})
@@ -194,8 +194,8 @@ def test_dataset_checks_traces_and_can_skip_invalid_ones(smollm2):
         TraceDataset([bad], tokenizer, chat_format, skip_invalid=True)
 
 
-def test_templates_that_break_the_prefix_or_never_end_a_turn_are_refused(smollm2):
-    tokenizer, _ = smollm2
+def test_templates_that_break_the_prefix_or_never_end_a_turn_are_refused(smollm2_chat):
+    tokenizer, _ = smollm2_chat
     # Writes the number of messages into the first turn: the prompt of turn k differs from the whole rendering.
     counting = TemplateChatFormat("{{ '<|im_start|>system\\n' ~ messages|length ~ '<|im_end|>\\n' }}"
                                   "{% for m in messages %}{{ '<|im_start|>' ~ m.role ~ '\\n' ~ m.content ~ '<|im_end|>\\n' }}"

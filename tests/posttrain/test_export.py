@@ -18,7 +18,8 @@ from link.model_registration import ModelNameTaken, register_local_model, regist
 from posttrain.errors import ExportError, ModelNotLocalError
 from posttrain.export import export_adapter
 from posttrain.local_models import local_model_spec, registered_folder
-from posttrain.train import LoraTrainConfig, train_lora
+from posttrain.train import train_lora
+from posttrain.train_config import LoraTrainConfig
 from tests.posttrain import lora_fixtures
 
 tiny_base, tiny_examples = lora_fixtures.tiny_base, lora_fixtures.tiny_examples

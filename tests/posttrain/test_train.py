@@ -1,4 +1,4 @@
-"""LoRA training (posttrain/train.py, batching.py, checkpoints.py) on a tiny random Llama.
+"""LoRA training (posttrain/train.py, train_config.py, lora.py, batching.py, checkpoints.py) on a tiny random Llama.
 
 What moved and what did not: an untrained adapter is a no-op, a training step moves only the adapters and lowers
 the loss, a resumed run equals a straight one, and bad input fails before any step.
@@ -15,7 +15,9 @@ import torch
 
 from posttrain.batching import IGNORE_INDEX, collate, epoch_batches, micro_batches
 from posttrain.errors import TrainingError
-from posttrain.train import LoraTrainConfig, evaluate_loss, lora_model, train_lora, train_step
+from posttrain.lora import evaluate_loss, lora_model, train_step
+from posttrain.train import train_lora
+from posttrain.train_config import LoraTrainConfig
 from tests.posttrain import lora_fixtures
 from tests.posttrain.lora_fixtures import Ex, make_examples
 

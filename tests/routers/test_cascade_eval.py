@@ -28,7 +28,7 @@ import pytest
 
 from routers.base import ROUTERS, Router, register_router
 from routers.features import Features, text_features
-from routers.offline.calibration import Target
+from routers.offline.calibration import CalibrationTarget
 from routers.offline.cascade_eval import (calibrate_cascade, cascade_picks, cascade_sweep, check_step_order,
                                           efficient_steps, threshold_grid)
 from routers.offline.data import RoutingData
@@ -88,14 +88,14 @@ def test_threshold_grid_spans_all_first_steps_to_all_last():
 def test_calibrate_cascade_meets_each_target_like_the_router_knob():
     kwargs = dict(scores=SCORES, costs=COSTS, models=MODELS)
     # cost <= 4.5: best quality .75, first reached at (.3, .4] (3.75 USD)
-    t = calibrate_cascade(step_scores(), STEPS, Target("cost", 4.5), **kwargs)
+    t = calibrate_cascade(step_scores(), STEPS, CalibrationTarget("cost", 4.5), **kwargs)
     assert 0.3 < t <= 0.4
     # quality >= 1.0 x the best single model's .75 (moa's 1.0 is a column too: 0.75 x 1.0 = .75): cheapest 3.75
-    assert 0.3 < calibrate_cascade(step_scores(), STEPS, Target("quality", 0.75), **kwargs) <= 0.4
+    assert 0.3 < calibrate_cascade(step_scores(), STEPS, CalibrationTarget("quality", 0.75), **kwargs) <= 0.4
     # half the prompts answered by big: (.6, .8]
-    assert 0.6 < calibrate_cascade(step_scores(), STEPS, Target("share", 0.5, "big"), **kwargs) <= 0.8
+    assert 0.6 < calibrate_cascade(step_scores(), STEPS, CalibrationTarget("share", 0.5, "big"), **kwargs) <= 0.8
     # nothing is that cheap: the cheapest setting (everything answered by cheap)
-    assert calibrate_cascade(step_scores(), STEPS, Target("cost", 0.5), **kwargs) == pytest.approx(0.1)
+    assert calibrate_cascade(step_scores(), STEPS, CalibrationTarget("cost", 0.5), **kwargs) == pytest.approx(0.1)
 
 
 def test_measure_cascade_reports_the_hand_computed_aiq():

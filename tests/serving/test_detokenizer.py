@@ -10,6 +10,8 @@ import pytest
 from serving.detokenizer import IncrementalDetokenizer, TokenBytes
 from serving.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 EMOJI_CHAT = [{"role": "user", "content": "Reply with five party emojis like 🎉🥳🎂 and the Chinese word 你好."}]
 
 

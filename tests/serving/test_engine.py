@@ -7,6 +7,8 @@ import pytest
 from serving import SamplingParams
 from serving.llm_engine import EngineConfig, LLMEngine
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 TOP2_TOLERANCE = 1e-4
 

@@ -27,6 +27,8 @@ from serving import (
 from serving.loader.gguf_loader import open_gguf
 from serving.registry import ModelRegistry, ModelSpec
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 Q2_K_BLOCK_BYTES = 84  # one Q2_K block: 256 weights in 84 bytes (ggml's block_q2_K)
 

@@ -174,6 +174,7 @@ def _check_whole(whole: dict, names: set[str]) -> list[tuple[str, str]]:
     return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool_choice, names, temperature", [
     (NAMED, {"get_weather"}, 0.0), (NAMED, {"get_weather"}, 0.9), ("required", {"get_weather", "get_time"}, 0.0),
 ])
@@ -186,6 +187,7 @@ def test_real_model_forced_calls_over_the_engine_server(server, tool_choice, nam
     assert _streamed(streamed) == (None, calls, "tool_calls")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool_choice, max_tokens", [("required", 24), ("required", 32), (NAMED, 28)])
 def test_real_model_forced_call_cut_by_max_tokens_is_still_a_tool_call(server, tool_choice, max_tokens):
     client = openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=300)
@@ -200,6 +202,7 @@ def test_real_model_forced_call_cut_by_max_tokens_is_still_a_tool_call(server, t
     assert _streamed(streamed) == (None, calls, "length")
 
 
+@pytest.mark.slow
 def test_real_model_forced_calls_through_the_gateway_local_backend(smollm2):
     from link.backends.local import EnginePool, LocalBackend
     from link.config import ModelDeployment

@@ -126,6 +126,7 @@ def _check(schema: dict, text: str) -> None:
     jsonschema.validate(value, schema)
 
 
+@pytest.mark.slow
 def test_real_model_outputs_parse_greedy_and_sampled(smollm2, real_prompts):
     prompts = real_prompts[3:6]  # three GSM8K questions
     work, params = [], []
@@ -148,6 +149,7 @@ def test_real_model_outputs_parse_greedy_and_sampled(smollm2, real_prompts):
     assert sum(o.outputs[0].finish_reason == "stop" for o in outputs) >= len(outputs) // 2
 
 
+@pytest.mark.slow
 def test_real_gemma_json_object_closes_well_before_max_tokens(gemma3):
     """Gemma 270M, greedy, on a prompt where it repeats ever longer keys: unbounded, it ran to max_tokens
     (digits, keys); MAX_MEMBERS and MAX_KEY_CHARS make it close the object with a valid document."""

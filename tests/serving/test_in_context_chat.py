@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from serving.chat_format import IN_CONTEXT_PREAMBLE, InContextChatFormat, TemplateChatFormat
 from serving.sampling_params import SamplingParams
 
@@ -46,6 +48,7 @@ QUESTIONS = [
 ]
 
 
+@pytest.mark.slow
 def test_real_gemma_replies_start_clean_and_end_at_the_next_turn(gemma3):
     outs = gemma3.chat(QUESTIONS, SamplingParams(temperature=0, max_tokens=60))
     tok = gemma3.tokenizer
@@ -59,6 +62,7 @@ def test_real_gemma_replies_start_clean_and_end_at_the_next_turn(gemma3):
     assert "Paris" in outs[0].outputs[0].text
 
 
+@pytest.mark.slow
 def test_real_gemma_whole_and_streamed_agree_through_the_local_backend(gemma3):
     from link.backends.local import EnginePool, LocalBackend
     from link.config import ModelDeployment

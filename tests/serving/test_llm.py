@@ -15,6 +15,8 @@ import torch
 
 from serving import SamplingParams
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 STORY = "Once upon a time"
 # The greedy continuation repeats the prompt (" happy. I am happy. I am happy."), so every penalty bites.
 REPEAT = "I am happy. I am happy. I am"

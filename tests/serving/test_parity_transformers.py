@@ -13,6 +13,8 @@ import torch
 
 from serving import SamplingParams
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 NUM_NEW_TOKENS = 64
 LOGPROB_TOL = 1e-3
 

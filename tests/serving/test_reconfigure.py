@@ -14,6 +14,8 @@ from serving.reconfigure import reconfigure
 from serving.sampling_params import SamplingParams
 from serving.traffic import TrafficRecorder
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
          "Write a short poem about the sea. " * 14]
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -12,6 +12,8 @@ from serving.loader.gguf_loader import open_gguf
 from serving.loader.hf_export import export_hf_checkpoint, hf_config
 from serving.registry import ModelRegistry, ModelSpec
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 
 @pytest.fixture(scope="module")
 def smollm2_hf_dir(smollm2_gguf_path, tmp_path_factory):

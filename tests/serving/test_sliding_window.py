@@ -179,6 +179,7 @@ def test_models_without_sliding_layers_keep_one_pool():
     assert _run(engine, _prompts([9]), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
 
 
+@pytest.mark.slow
 def test_gemma3_past_its_window_matches_teacher_forced_greedy(gemma3, real_prompts):
     text = " ".join(real_prompts * 4)
     prompt = gemma3.tokenizer.encode(text)[:700]

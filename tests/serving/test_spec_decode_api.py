@@ -16,6 +16,8 @@ from serving.llm_engine import EngineConfig
 from serving.spec_decode import SpeculativeConfig
 from tests.serving.loopback import serve_on_loopback
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 MODEL = "smollm2-135m-instruct"
 
 

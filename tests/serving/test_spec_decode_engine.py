@@ -17,6 +17,8 @@ from serving.llm_engine import EngineConfig, LLMEngine
 from serving.sampling_params import SamplingParams
 from serving.spec_decode import SpeculativeConfig
 
+pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
+
 ADAPTIVE = SpeculativeConfig()
 FIXED_3 = SpeculativeConfig(num_speculative_tokens=3, adaptive=False)
 GREEDY = SamplingParams(temperature=0, max_tokens=32)

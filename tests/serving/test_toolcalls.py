@@ -184,6 +184,7 @@ def _reassemble(chunks) -> tuple[str | None, list[tuple[str, str]], str]:
     return content or None, [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], finish
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool_choice", ["auto", "required"])
 def test_real_model_tool_calls_are_well_formed_whole_and_streamed(base_url, tool_choice):
     client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
@@ -203,6 +204,7 @@ def test_real_model_tool_calls_are_well_formed_whole_and_streamed(base_url, tool
     assert streamed_calls == [(c.function.name, c.function.arguments) for c in calls]
 
 
+@pytest.mark.slow
 def test_bad_tool_requests_are_400s_naming_the_field(base_url):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}
     r = httpx.post(base_url + "/v1/chat/completions", json=body, timeout=60)
@@ -213,6 +215,7 @@ def test_bad_tool_requests_are_400s_naming_the_field(base_url):
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format" and "'format'" in r.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_real_model_json_schema_over_http_whole_and_streamed(base_url):
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "sunny": {"type": "boolean"}},
               "required": ["city", "sunny"], "additionalProperties": False}

@@ -24,6 +24,7 @@ def test_pooled_prompts_take_the_pool_in_turn_repeated_or_cut():
     assert pooled_prompt(1, pool, 3) == [4] and pooled_prompt(4, pool, 1) == [4, 5, 4, 5]
 
 
+@pytest.mark.slow
 def test_replay_generates_the_recorded_lengths_on_the_scaled_schedule(smollm2_fp32):
     mix = [RequestShape(30, 5, 0.0), RequestShape(12, 3, 0.0, "sampled"), RequestShape(40, 4, 2.0)]
     result = replay(smollm2_fp32, EngineConfig(max_num_batched_tokens=32), mix, speedup=4.0)
