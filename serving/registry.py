@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from serving.errors import ModelFileError, UnknownModelError
 from serving.paths import cache_dir
@@ -28,8 +28,10 @@ class ModelSpec:
         name: the name clients use (`model` in requests).
         source: a path to a .gguf file or a safetensors folder; or `package:<module>/<file>` (a file
             inside an installed package, found without importing it); or `assemble:<module>` (a package
-            whose `assemble(output_path)` joins a file from chunks, done once into `$LINK_HOME/cache/models`).
-        architecture: "llama" or "gemma3" (checked against the file when loaded).
+            whose `assemble(output_path)` joins a file from chunks, done once into `$LINK_HOME/cache/models`);
+            or `chunks:<name>` (a file joined and verified from the chunk packages recorded under `name` in
+            `serving.loader.chunk_manifests.CHUNKED_FILES`, once, into `$LINK_HOME/cache/models`).
+        architecture: "llama", "qwen2" or "gemma3" (checked against the file when loaded).
         chat_format: "template" (the model's own chat template) or "in-context" (a few-shot transcript,
             for base models).
         context_length: tokens of prompt plus output the model accepts.
@@ -51,9 +53,11 @@ class ModelSpec:
         if self.context_length < 1:
             raise ValueError(f"context_length must be positive, got {self.context_length}")
 
-    def resolve_path(self) -> Path:
+    def resolve_path(self, progress: Callable[[int, int], None] | None = None) -> Path:
         """The model file or folder on disk.
 
+        Args:
+            progress: for a `chunks:` source assembled now, called with (bytes written, file size).
         Raises:
             ModelFileError: the file, or the package that should provide it, is missing.
         """
@@ -66,6 +70,8 @@ class ModelSpec:
             path = Path(spec.origin).parent / filename
         elif kind == "assemble" and rest:
             path = _assemble(self.name, rest)
+        elif kind == "chunks" and rest:
+            path = _assemble_chunks(self.name, rest, progress)
         else:
             path = Path(self.source).expanduser()
         if not path.exists():
@@ -85,6 +91,15 @@ def _assemble(name: str, module: str) -> Path:
         except FileNotFoundError as exc:
             raise ModelFileError(f"cannot assemble {name!r}: {exc}; install the chunk packages with --no-deps") from exc
     return target
+
+
+def _assemble_chunks(name: str, key: str, progress: Callable[[int, int], None] | None) -> Path:
+    from serving.loader.chunk_manifests import CHUNKED_FILES
+    from serving.loader.chunks import assemble
+
+    if key not in CHUNKED_FILES:
+        raise ModelFileError(f"model {name!r} names unknown chunked file {key!r}; known: {', '.join(sorted(CHUNKED_FILES))}")
+    return assemble(CHUNKED_FILES[key], cache_dir("models"), progress)
 
 
 class ModelRegistry:
