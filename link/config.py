@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from link.config_checks import PolicyCheck, config_problems, cross_check
+from link.default_config import DEFAULT_CONFIG_YAML
 
 BackendKind = Literal["local", "litellm", "openai"]
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ class ModelDeployment(BaseModel):
         name: the public model name clients send in `model`.
         kind: "local", "litellm" or "openai".
         local: kind local: a registry name (`link models`) or a path to a .gguf file / safetensors folder.
-        architecture, chat_format: kind local with a file path: "llama"/"gemma3", "template"/"in-context".
+        architecture, chat_format: kind local with a file path: "llama"/"qwen2"/"gemma3", "template"/"in-context".
         model: the provider's model string ("openai/gpt-4o-mini" for litellm; the remote model id for
             openai, default `name`).
         api_base: the provider's base URL, e.g. "http://127.0.0.1:8001/v1" (required for kind openai).
@@ -128,7 +129,7 @@ class ModelDeployment(BaseModel):
     name: str = Field(min_length=1)
     kind: BackendKind
     local: str | None = None
-    architecture: Literal["llama", "gemma3"] | None = None
+    architecture: Literal["llama", "qwen2", "gemma3"] | None = None
     chat_format: Literal["template", "in-context"] | None = None
     model: str | None = None
     api_base: str | None = None
@@ -177,7 +178,7 @@ class ModelDeployment(BaseModel):
             problems += [f"`{field}` does not apply to kind 'local'; remove it (use `local` to name the model)"
                          for field in ("model", "api_base", "api_key_env") if getattr(self, field) is not None]
             if self.is_local_path and self.architecture is None:
-                problems.append(f"local model file {self.local!r} needs `architecture` ('llama' or 'gemma3') and "
+                problems.append(f"local model file {self.local!r} needs `architecture` ('llama', 'qwen2' or 'gemma3') and "
                                 "`chat_format` ('template' or 'in-context')")
         else:
             if self.local is not None:
@@ -294,32 +295,6 @@ class LinkConfig(BaseModel):
         return next((p for p in self.policies if p.name == name), None)
 
 
-# The embedded default: the two local models (each model name is also a fixed policy of itself), the
-# Mixture-of-Agents `link/moa` over them and, when its trained file is present, the router `link/auto`.
-# Prices are nominal (USD per million tokens): local compute is not free, and the router's cost penalty and
-# budgets need a price to trade against; gemma-3-270m has twice the parameters of smollm2-135m.
-DEFAULT_CONFIG_YAML = """
-models:
-  - name: smollm2-135m-instruct
-    kind: local
-    local: smollm2-135m-instruct
-    context_length: 8192
-    first_token_timeout_s: 120
-    input_cost_per_million: 0.02
-    output_cost_per_million: 0.02
-  - name: gemma-3-270m
-    kind: local
-    local: gemma-3-270m
-    context_length: 32768
-    first_token_timeout_s: 120
-    input_cost_per_million: 0.04
-    output_cost_per_million: 0.04
-policies:
-  - name: link/moa
-    type: moa
-    models: [smollm2-135m-instruct, gemma-3-270m]
-    options: {aggregator: smollm2-135m-instruct, layers: 1, deadline_s: 120, proposer_max_tokens: 512}
-"""
 DEFAULT_AUTO_POLICY = "link/auto"
 # Where the embedded default's trained router lives: routers/trained/ inside the installed `routers` package.
 DEFAULT_ROUTER_FILE = ("trained", "link-auto.safetensors")
@@ -340,8 +315,18 @@ def embedded_default() -> LinkConfig:
     data = yaml.safe_load(DEFAULT_CONFIG_YAML)
     path = default_router_path()
     if path.is_file():
-        data["policies"].insert(0, {"name": DEFAULT_AUTO_POLICY, "type": "router", "options": {"path": str(path)},
-                                    "models": ["smollm2-135m-instruct", "gemma-3-270m"]})
+        # The candidates: the router's models that the default serves (a router trained on another pool
+        # still answers, over the models it knows; retrain it to route over all of them).
+        from routers.base import read_header
+
+        served = {m["name"] for m in data["models"]}
+        candidates = [m for m in read_header(path).get("models") or [] if m in served]
+        if candidates:
+            data["policies"].insert(0, {"name": DEFAULT_AUTO_POLICY, "type": "router", "options": {"path": str(path)},
+                                        "models": candidates})
+        else:
+            logger.info("%s is not served: its router file %s knows none of the default models; retrain it with: %s",
+                        DEFAULT_AUTO_POLICY, path, DEFAULT_ROUTER_COMMAND.format(path=path))
     else:
         logger.info("%s is not served: its router file %s is missing; create it with: %s", DEFAULT_AUTO_POLICY, path,
                     DEFAULT_ROUTER_COMMAND.format(path=path))

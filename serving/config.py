@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from serving.errors import UnsupportedArchitectureError
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
 
 
 @dataclass(frozen=True)
@@ -14,7 +14,7 @@ class ModelConfig:
     """Hyperparameters that fix a model's shapes and numerics.
 
     Attributes:
-        architecture: "llama" (Llama, SmolLM2) or "gemma3".
+        architecture: "llama" (Llama, SmolLM2), "qwen2" (Qwen2, Qwen2.5) or "gemma3".
         vocab_size, hidden_size (E), intermediate_size (F), num_layers, num_heads (H),
         num_kv_heads (K), head_dim (D): shapes.
         rms_norm_eps: epsilon of every RMSNorm.
@@ -26,6 +26,7 @@ class ModelConfig:
         sliding_window: W tokens seen by sliding-window layers, or None.
         sliding_window_pattern: every N-th layer is global, the others slide (Gemma 3: 6).
         query_pre_attn_scalar: attention scale is this ** -0.5 (Gemma 3: 256); None = head_dim.
+        qkv_bias: the q/k/v projections add a bias (Qwen2); the output projection never does.
     """
 
     architecture: str
@@ -45,6 +46,7 @@ class ModelConfig:
     sliding_window: int | None = None
     sliding_window_pattern: int | None = None
     query_pre_attn_scalar: float | None = None
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -68,12 +70,12 @@ class ModelConfig:
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "ModelConfig":
-        """Build from a Hugging Face `config.json` dict (LlamaForCausalLM or Gemma3ForCausalLM)."""
+        """Build from a Hugging Face `config.json` dict (LlamaForCausalLM, Qwen2ForCausalLM or Gemma3ForCausalLM)."""
         model_type = cfg.get("model_type", "")
-        arch = {"llama": "llama", "gemma3_text": "gemma3", "gemma3": "gemma3"}.get(model_type)
+        arch = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}.get(model_type)
         if arch is None:
             raise UnsupportedArchitectureError(
-                f"config.json model_type {model_type!r} is not supported; supported: llama, gemma3_text"
+                f"config.json model_type {model_type!r} is not supported; supported: llama, qwen2, gemma3_text"
             )
         if "text_config" in cfg:
             cfg = {**cfg, **cfg["text_config"]}
@@ -106,4 +108,5 @@ class ModelConfig:
             sliding_window=cfg.get("sliding_window") if arch == "gemma3" else None,
             sliding_window_pattern=pattern if arch == "gemma3" else None,
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar") if arch == "gemma3" else None,
+            qkv_bias=arch == "qwen2",
         )

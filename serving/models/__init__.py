@@ -8,8 +8,11 @@ from serving.models.base import CausalLM
 
 
 def model_class(architecture: str) -> type[CausalLM]:
-    """The `CausalLM` subclass implementing `architecture` ("llama" or "gemma3")."""
-    if architecture == "llama":
+    """The `CausalLM` subclass implementing `architecture` ("llama", "qwen2" or "gemma3").
+
+    Qwen2 is Llama with q/k/v biases (`ModelConfig.qkv_bias`), so one class runs both.
+    """
+    if architecture in ("llama", "qwen2"):
         from serving.models.llama import LlamaForCausalLM
 
         return LlamaForCausalLM
@@ -17,7 +20,7 @@ def model_class(architecture: str) -> type[CausalLM]:
         from serving.models.gemma3 import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
-    raise UnsupportedArchitectureError(f"no implementation for architecture {architecture!r}; supported: llama, gemma3")
+    raise UnsupportedArchitectureError(f"no implementation for architecture {architecture!r}; supported: llama, qwen2, gemma3")
 
 
 def build_model(cfg: ModelConfig, dtype) -> CausalLM:

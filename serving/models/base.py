@@ -15,6 +15,7 @@ from serving.paged_cache import BatchMetadata, PagedKVCache
 # Hugging Face projections that we store fused: target parameter suffix -> ordered source suffixes.
 _FUSED = {
     "self_attn.qkv_proj": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "self_attn.qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
     "mlp.gate_up_proj": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
 }
 _RENAMED = {"self_attn.o_proj.weight": "self_attn.o_proj", "mlp.down_proj.weight": "mlp.down_proj"}
@@ -67,7 +68,7 @@ class CausalLM(nn.Module):
         return dispatch("linear", hidden, weight).float()
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load Hugging Face-named tensors, fusing q/k/v and gate/up, casting to the model dtype.
+        """Load Hugging Face-named tensors, fusing q/k/v (weights and biases) and gate/up, casting to the model dtype.
 
         Raises:
             ModelFileError: a tensor is missing, unexpected, or of the wrong shape.

@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head attention with grouped KV heads, RoPE, optional q/k norms and sliding window.
+    """Multi-head attention with grouped KV heads, RoPE, optional q/k/v biases, q/k norms and sliding window.
 
     Args:
         cfg: model hyperparameters.
@@ -43,6 +43,8 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, cfg.hidden_size), requires_grad=False)
         self.o_proj = nn.Parameter(torch.empty(cfg.hidden_size, self.q_size), requires_grad=False)
+        # Qwen2: q/k/v biases, fused like the weights: [q_size + 2 * kv_size].
+        self.qkv_bias = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size), requires_grad=False) if cfg.qkv_bias else None
         self.q_norm = self.k_norm = None
         if qk_norm_offset is not None:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, qk_norm_offset)
@@ -53,7 +55,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: BatchMetadata, cache: PagedKVCache) -> torch.Tensor:
         """x: [N, E] hidden states of the batch's new tokens. Returns [N, E]."""
         num_tokens = x.shape[0]
-        qkv = dispatch("linear", x, self.qkv_proj)
+        qkv = dispatch("linear", x, self.qkv_proj, self.qkv_bias)
         cos, sin = rope
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:  # q and k are adjacent in qkv: rotate them in one call

@@ -1,6 +1,8 @@
-"""Llama (and SmolLM2): pre-norm decoder, grouped-query attention with RoPE, SwiGLU MLP.
+"""Llama (and SmolLM2, Qwen2): pre-norm decoder, grouped-query attention with RoPE, SwiGLU MLP.
 
 Touvron et al. 2023, arXiv:2302.13971. Weight names follow Hugging Face's LlamaForCausalLM.
+Qwen2 (Qwen Team 2024, arXiv:2407.10671) is this model with biases on the q/k/v projections
+(`ModelConfig.qkv_bias`) and its own LM head where the checkpoint has one (`tie_word_embeddings`).
 """
 
 from __future__ import annotations

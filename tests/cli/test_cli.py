@@ -15,7 +15,8 @@ runner = CliRunner()
 def test_models_lists_the_registry():
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.output
-    assert "smollm2-135m-instruct" in result.output and "gemma-3-270m" in result.output
+    for name in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct", "gemma-3-270m"):
+        assert name in result.output
 
 
 @pytest.mark.slow
@@ -46,7 +47,7 @@ def test_unknown_model_is_a_clear_error():
 def test_engine_serve_unknown_model_is_a_clear_error():
     result = runner.invoke(app, ["engine", "serve", "--model", "nope"])
     assert result.exit_code == 2
-    assert "unknown model 'nope'; available: gemma-3-270m, smollm2-135m-instruct" in result.output
+    assert "unknown model 'nope'; available: gemma-3-270m, qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct, smollm2-135m-instruct" in result.output
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
 
 

@@ -258,7 +258,7 @@ def test_a_fine_tuned_model_inherits_its_configured_base_price(monkeypatch):
     from posttrain.sft import base_prices
 
     monkeypatch.delenv("LINK_CONFIG", raising=False)
-    # The embedded default prices SmolLM2 at $0.02 and Gemma at $0.04 per 1e6 tokens each way.
+    # The embedded default prices SmolLM2 at $0.02 and Qwen2.5-Coder-0.5B at $0.08 per 1e6 tokens each way.
     assert base_prices("smollm2-135m-instruct") == (0.02, 0.02)
-    assert base_prices("gemma-3-270m") == (0.04, 0.04)
+    assert base_prices("qwen2.5-coder-0.5b-instruct") == (0.08, 0.08)
     assert base_prices("/some/folder") == (0.0, 0.0)

@@ -165,7 +165,9 @@ def test_in_process_gateway_serves_models_and_policies(mock, tmp_path, new_datab
 
 
 def test_auto_style_follows_the_chat_format():
-    config = load_config(None)  # smollm2 (chat template) and gemma-3-270m (in-context, a base model)
+    # smollm2 (chat template) and gemma-3-270m (in-context, a base model; registered, configured here)
+    config = parse_config({"models": [{"name": "smollm2-135m-instruct", "kind": "local", "local": "smollm2-135m-instruct"},
+                                      {"name": "gemma-3-270m", "kind": "local", "local": "gemma-3-270m"}]})
     cards = {"smollm2-135m-instruct": {"link": {"type": "model"}}, "gemma-3-270m": {"link": {"type": "model"}},
              "both": {"link": {"type": "policy", "models": ["smollm2-135m-instruct", "gemma-3-270m"]}},
              "base-only": {"link": {"type": "policy", "models": ["gemma-3-270m"]}},

@@ -1,5 +1,5 @@
-"""`link/moa` of the embedded default with the real local models (smollm2-135m-instruct and gemma-3-270m
-proposing, smollm2 aggregating), through the official `openai` client, whole and streamed; `link/auto` with
+"""`link/moa` of the embedded default with the real local models (smollm2-135m-instruct and the two
+Qwen2.5-Coder models proposing, the 0.5B aggregating), through the official `openai` client, whole and streamed; `link/auto` with
 the shipped router file (routers/trained/link-auto.safetensors) on a GSM8K test question; and a MoA that
 also has a slow proposer (a mock answering after 3 s) and a broken one (a refused port): keep-alive
 comments arrive before the first content chunk, the broken proposer is dropped, the answer still comes,
@@ -20,7 +20,10 @@ from tests.link.mock_launch import refused_url, start_mock_thread
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
                                         "many clips in May. How many clips did Natalia sell altogether in April and May?"}]
-LOCAL = ("smollm2-135m-instruct", "gemma-3-270m")
+LOCAL = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")  # link/moa's proposers
+AGGREGATOR = "qwen2.5-coder-0.5b-instruct"
+AUTO = ("smollm2-135m-instruct",)  # link/auto's router file knows smollm2 and gemma; smollm2 is served
+FAULTS = ("smollm2-135m-instruct",)  # moa-faults' local proposer (the slow and broken ones are the point)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +35,9 @@ def gateway(new_database_url, tmp_path_factory):
         data["models"] += [mock_deployment("slow", slow.api_base, timeout_s=60.0, first_token_timeout_s=30.0),
                            mock_deployment("broken", refused_url())]
         assert default_router_path().is_file(), "routers/trained/link-auto.safetensors is shipped (make link-auto)"
-        data["policies"].append({"name": "link/auto", "type": "router", "models": list(LOCAL),
+        data["policies"].append({"name": "link/auto", "type": "router", "models": list(AUTO),
                                  "options": {"path": str(default_router_path())}})
-        data["policies"].append({"name": "moa-faults", "type": "moa", "models": [*LOCAL, "slow", "broken"],
+        data["policies"].append({"name": "moa-faults", "type": "moa", "models": [*FAULTS, "slow", "broken"],
                                  "options": {"aggregator": "smollm2-135m-instruct", "proposer_max_tokens": 16}})
         settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"))
         with start_gateway_thread(settings, parse_config(data, "test")) as server:
@@ -48,7 +51,7 @@ def client(gateway):
 
 def nominal_cost(calls: list[dict]) -> float:
     """USD of the calls at the embedded default's nominal prices (per million tokens, input = output)."""
-    price = {"smollm2-135m-instruct": 0.02, "gemma-3-270m": 0.04, "slow": None}
+    price = {"smollm2-135m-instruct": 0.02, "qwen2.5-coder-0.5b-instruct": 0.08, "qwen2.5-coder-1.5b-instruct": 0.24, "slow": None}
     total = 0.0
     for call in calls:
         if call["model"] == "slow":  # a mock deployment: 1000 / 2000 USD per million
@@ -61,18 +64,18 @@ def nominal_cost(calls: list[dict]) -> float:
 def test_default_moa_answers_whole_with_the_local_models(gateway, client):
     raw = client.chat.completions.with_raw_response.create(model="link/moa", messages=QUESTION, max_tokens=24, temperature=0)
     answer = raw.parse()
-    assert raw.headers["x-link-policy"] == "link/moa" and raw.headers["x-link-model"] == "smollm2-135m-instruct"
-    assert answer.model == "smollm2-135m-instruct" and answer.choices[0].message.content
+    assert raw.headers["x-link-policy"] == "link/moa" and raw.headers["x-link-model"] == AGGREGATOR
+    assert answer.model == AGGREGATOR and answer.choices[0].message.content
     row = logged_request(gateway, raw.headers["x-link-request-id"])
     proposals = row["decision"]["moa"]["proposals"]
     assert [p["model"] for p in proposals] == list(LOCAL) and all(p["ok"] and p["text"] for p in proposals)
     calls = row["decision"]["calls"]
-    assert sorted(c["model"] for c in calls) == sorted([*LOCAL, "smollm2-135m-instruct"])
+    assert sorted(c["model"] for c in calls) == sorted([*LOCAL, AGGREGATOR])
     aggregator = calls[-1]   # accounted last: it starts once every proposer is done
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == \
         (aggregator["prompt_tokens"], aggregator["completion_tokens"]) and answer.usage.completion_tokens <= 24
     assert answer.usage.link_billed["completion_tokens"] == sum(c["completion_tokens"] for c in calls)
-    assert answer.usage.link_billed["cost_usd"] == pytest.approx(row["cost_usd"]) and answer.usage.link_billed["calls"] == 3
+    assert answer.usage.link_billed["cost_usd"] == pytest.approx(row["cost_usd"]) and answer.usage.link_billed["calls"] == 4
     assert row["cost_usd"] == pytest.approx(nominal_cost(calls)) and row["cost_usd"] > 0
     assert float(raw.headers["x-link-cost-usd"]) == pytest.approx(row["cost_usd"], abs=1e-9)
 
@@ -90,9 +93,9 @@ def test_streamed_moa_keeps_alive_drops_the_broken_proposer_and_logs_every_outpu
     row = logged_request(gateway, request_id)
     assert row["status"] == "ok" and row["ttft_ms"] > 3000
     proposals = {p["model"]: p for p in row["decision"]["moa"]["proposals"]}
-    assert set(proposals) == {*LOCAL, "slow", "broken"} and row["decision"]["moa"]["num_dropped"] == 1
+    assert set(proposals) == {*FAULTS, "slow", "broken"} and row["decision"]["moa"]["num_dropped"] == 1
     assert not proposals["broken"]["ok"] and "BackendUnavailable" in proposals["broken"]["error"]
-    for name in (*LOCAL, "slow"):
+    for name in (*FAULTS, "slow"):
         assert proposals[name]["ok"] and proposals[name]["text"]
     assert row["cost_usd"] == pytest.approx(nominal_cost(row["decision"]["calls"]))
 
@@ -101,7 +104,7 @@ def test_streamed_and_whole_default_moa_through_the_openai_client(gateway, clien
     chunks = list(client.chat.completions.create(model="link/moa", messages=QUESTION, max_tokens=24, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text and {c.model for c in chunks} == {"smollm2-135m-instruct"}
+    assert text and {c.model for c in chunks} == {AGGREGATOR}
     assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].usage.prompt_tokens > 0
 
 
@@ -109,11 +112,11 @@ def test_link_auto_routes_a_gsm8k_question_whole_and_streamed_with_the_decision_
     raw = client.chat.completions.with_raw_response.create(model="link/auto", messages=QUESTION, max_tokens=16, temperature=0)
     answer = raw.parse()
     chosen = raw.headers["x-link-model"]
-    assert raw.headers["x-link-policy"] == "link/auto" and chosen in LOCAL and answer.model == chosen
+    assert raw.headers["x-link-policy"] == "link/auto" and chosen in AUTO and answer.model == chosen
     decision = logged_request(gateway, raw.headers["x-link-request-id"])["decision"]
-    assert decision["type"] == "router" and decision["chosen"] == chosen and set(decision["scores"]) == set(LOCAL)
+    assert decision["type"] == "router" and decision["chosen"] == chosen and set(decision["scores"]) == set(AUTO)
     # the rule: argmax of predicted quality - lambda * expected cost, lambda the file's calibrated one
-    objective = {m: decision["scores"][m] - decision["cost_penalty"] * decision["expected_cost_usd"][m] for m in LOCAL}
+    objective = {m: decision["scores"][m] - decision["cost_penalty"] * decision["expected_cost_usd"][m] for m in AUTO}
     assert decision["objective"] == pytest.approx(objective) and chosen == max(objective, key=objective.get)
     assert decision["cost_penalty"] > 0 and all(0 <= q <= 1 for q in decision["scores"].values())
     with client.chat.completions.with_streaming_response.create(

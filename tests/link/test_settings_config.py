@@ -77,21 +77,24 @@ def test_a_real_master_key_is_accepted_in_production_and_never_printed(clean_env
     assert key not in repr(s) and key not in str(s.model_dump())
 
 
-def test_embedded_default_serves_the_two_local_models():
+def test_embedded_default_serves_the_three_local_chat_models():
     config = load_config(None)
-    assert config.model_names == ["smollm2-135m-instruct", "gemma-3-270m"]
+    assert config.model_names == ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
     smol = config.deployments("smollm2-135m-instruct")
     assert len(smol) == 1 and smol[0].kind == "local" and smol[0].local == "smollm2-135m-instruct"
     assert smol[0].deployment_id == "smollm2-135m-instruct#0" and smol[0].provider_model == "smollm2-135m-instruct"
-    assert config.deployments("gemma-3-270m")[0].context_length == 32768
-    assert config.deployments("nope") == []
-    # Nominal prices (USD per million tokens): local compute is not free, and routing trades quality against cost.
-    assert (smol[0].input_cost_per_million, smol[0].output_cost_per_million) == (0.02, 0.02)
-    gemma = config.deployments("gemma-3-270m")[0]
-    assert (gemma.input_cost_per_million, gemma.output_cost_per_million) == (0.04, 0.04)
+    assert config.deployments("qwen2.5-coder-1.5b-instruct")[0].context_length == 32768
+    assert config.deployments("gemma-3-270m") == [] and config.deployments("nope") == []
+    # Nominal prices (USD per million tokens, input = output): local compute is not free, and routing trades
+    # quality against cost; they grow with the parameter count.
+    prices = {m.name: (m.input_cost_per_million, m.output_cost_per_million) for m in config.models}
+    assert prices == {"smollm2-135m-instruct": (0.02, 0.02), "qwen2.5-coder-0.5b-instruct": (0.08, 0.08),
+                      "qwen2.5-coder-1.5b-instruct": (0.24, 0.24)}
+    # A KV cache that holds an 8,000-token prompt for either Qwen model in float32 (57,344 B a token for the 1.5B).
+    assert all(m.engine.kv_cache_mb * 2**20 // (28 * 2 * 2 * 128 * 4) >= 8192 for m in config.models[1:])
     moa = config.policy("link/moa")
-    assert moa.type == "moa" and moa.models == ["smollm2-135m-instruct", "gemma-3-270m"]
-    assert moa.options["aggregator"] == "smollm2-135m-instruct"
+    assert moa.type == "moa" and moa.models == config.model_names
+    assert moa.options["aggregator"] == "qwen2.5-coder-0.5b-instruct"
 
 
 def test_embedded_default_serves_link_auto_only_with_its_router_file(monkeypatch, tmp_path, caplog):
@@ -103,10 +106,17 @@ def test_embedded_default_serves_link_auto_only_with_its_router_file(monkeypatch
     assert config.policy("link/auto") is None and [p.name for p in config.policies] == ["link/moa"]
     (line,) = [r.getMessage() for r in caplog.records if "link/auto" in r.getMessage()]
     assert str(tmp_path / "link-auto.safetensors") in line and "link router train" in line
-    (tmp_path / "link-auto.safetensors").write_bytes(b"")  # only its existence is checked here
+    header = {"models": ["smollm2-135m-instruct", "gemma-3-270m"]}  # a router trained on the earlier pool
+    monkeypatch.setattr("routers.base.read_header", lambda path: header)
+    (tmp_path / "link-auto.safetensors").write_bytes(b"")
     auto = load_config(None).policy("link/auto")
     assert auto.type == "router" and auto.options == {"path": str(tmp_path / "link-auto.safetensors")}
-    assert auto.models == ["smollm2-135m-instruct", "gemma-3-270m"]
+    assert auto.models == ["smollm2-135m-instruct"]  # its models that the default serves
+    header["models"] = ["gemma-3-270m"]  # none served: link/auto is left out, with a line saying why
+    caplog.clear()
+    with caplog.at_level("INFO", logger="link.config"):
+        assert load_config(None).policy("link/auto") is None
+    assert any("knows none of the default models" in r.getMessage() for r in caplog.records)
 
 
 def test_example_config_parses_and_equals_the_default_models():
