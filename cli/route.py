@@ -31,6 +31,7 @@ from rich.table import Table
 
 from cli.errors import fail
 from cli.progress import status
+from cli.tables import print_table
 from link.money import format_usd
 
 
@@ -176,7 +177,7 @@ def _render(result: dict[str, Any], console: Console) -> None:
             mark = "chosen" if name == decision.get("chosen") else ("excluded" if name in decision.get("excluded", []) else "")
             table.add_row(name, f"{scores[name]:.4f}", format_usd((costs or {}).get(name)),
                           f"{objective[name]:.4f}" if name in objective else "-", mark)
-        console.print(table)
+        print_table(table, console)
         knob = (f"lambda (cost penalty) = {decision['cost_penalty']:g} quality points per USD" if "cost_penalty" in decision
                 else f"threshold = {decision.get('threshold')}")
         console.print(f"{knob}; routing took {decision.get('routing_ms', 0):.1f} ms (loading the router not counted)")
