@@ -7,9 +7,9 @@ The master key (`LINK_MASTER_KEY`) always works and is the admin (management API
 Open mode, for trying the gateway out: when `LINK_ENVIRONMENT=development` (the default), no master key
 is set and the database holds no API key at all, every request is let in as the anonymous admin,
 whatever key it sends (the `openai` client insists on one). Creating the first key, or setting a master
-key, ends open mode; in production it never applies. That is by design for a local trial, and also means the
-management API (`/api/*`, the request log `/api/requests` with its prompts among it) and the console answer
-anyone who can reach the gateway: `warn_if_open` logs it once at start.
+key, ends open mode; in production it never applies. That is by design for a local trial, and also means that
+the management API (`/api/*`: keys, policies, the request log `/api/requests`, tool-call traces `/api/traces`)
+and the console answer anyone who can reach the gateway: `warn_if_open` logs it once at start.
 """
 
 from __future__ import annotations
@@ -120,7 +120,8 @@ async def warn_if_open(auth: Authenticator) -> bool:
         return False
     settings = auth.settings
     logger.warning("open mode: no master key (LINK_MASTER_KEY) and no API key stored, so every request is let in as "
-                   "the admin: the OpenAI API, the management API (/api/*, the request log /api/requests with its "
-                   "prompts among it) and the console are unauthenticated for anyone who can reach %s:%d. Set "
-                   "LINK_MASTER_KEY or create a key (`link keys create NAME`) to end it", settings.host, settings.port)
+                   "the admin: the OpenAI API, the management API (/api/*: keys, policies, the request log "
+                   "/api/requests, tool-call traces /api/traces) and the console are unauthenticated for anyone who "
+                   "can reach %s:%d. Set LINK_MASTER_KEY or create a key (`link keys create NAME`) to end it",
+                   settings.host, settings.port)
     return True
