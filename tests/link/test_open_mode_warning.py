@@ -1,5 +1,5 @@
 """Open mode (development, no master key, no stored key: link/auth.py) lets anyone in as the admin, by design for a
-local trial: `/api/requests` (the request log, prompts among it) answers a caller with no key at all. The start-up log
+local trial: `/api/requests` (the request log) answers a caller with no key at all. The start-up log
 says so once; with a master key there is no warning and the request log needs the key. Through the real gateway and
 a mock provider, on SQLite.
 
