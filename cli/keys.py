@@ -8,14 +8,15 @@
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from cli.errors import fail
+from cli.tables import print_table
 from link.money import format_usd
 
 keys_app = typer.Typer(help="API keys of the gateway (stored hashed in the database).", no_args_is_help=True)
@@ -104,7 +105,8 @@ def keys_list(
 
     with _keys_session(database_url) as session:
         keys = list_keys(session, include_revoked=include_revoked)
-    table = Table(title="API keys")
+    # light rules and two spaces between columns: eleven columns fit at 80 (folding cells), see cli/tables.py
+    table = Table(title="API keys", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     for column in ("id", "name", "key", "created", "revoked", "budget", "spend", "reserved", "rpm", "tpm", "traces"):
         table.add_column(column, no_wrap=column in ("key", "created", "budget", "spend", "reserved"))
     for key in keys:
@@ -113,7 +115,7 @@ def keys_list(
                       "-" if key.budget_usd is None else format_usd(key.budget_usd), format_usd(key.spend_usd),
                       format_usd(key.reserved_usd), str(key.rpm_limit or "-"), str(key.tpm_limit or "-"),
                       "on" if key.capture_traces else "-")
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    print_table(table)
 
 
 @keys_app.command("revoke")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from cli.tables import print_table
+
 console = Console()
 
 
@@ -18,4 +20,4 @@ def models() -> None:
         table.add_column(column)
     for spec in default_registry():
         table.add_row(spec.name, spec.architecture, str(spec.context_length), spec.chat_format, spec.description)
-    console.print(table)
+    print_table(table, console)

@@ -19,7 +19,6 @@ Bad input (a missing or malformed tools file, tools with --completion, an unknow
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from pathlib import Path
@@ -31,7 +30,9 @@ from rich.table import Table
 
 from cli.errors import fail
 from cli.progress import status
+from cli.tables import print_table
 from link.money import format_usd
+from evals.event_loop import run_sync
 
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict]:
@@ -152,7 +153,8 @@ def explain_route(prompt: str, policy_name: str, config_path: str | None = None,
     else:
         available = [*names, *(p.name for p in config.policies)]
         raise LookupError(f"no policy or model named {policy_name!r}; the config has {', '.join(available)}")
-    plan = asyncio.run(policy.plan(PolicyRequest(endpoint, body, names)))  # type: ignore[arg-type]
+    # asyncio.run, in a worker thread when called inside a running loop (a notebook): evals/event_loop.py
+    plan = run_sync(policy.plan(PolicyRequest(endpoint, body, names)))  # type: ignore[arg-type]
     result = {"policy": plan.policy, "type": policy.type, "models": plan.models, "decision": plan.decision,
               "executed": plan.executor is not None, "tools": [t["function"]["name"] for t in tools or []]}
     steps = predicted_steps(plan.executor, body)
@@ -176,7 +178,7 @@ def _render(result: dict[str, Any], console: Console) -> None:
             mark = "chosen" if name == decision.get("chosen") else ("excluded" if name in decision.get("excluded", []) else "")
             table.add_row(name, f"{scores[name]:.4f}", format_usd((costs or {}).get(name)),
                           f"{objective[name]:.4f}" if name in objective else "-", mark)
-        console.print(table)
+        print_table(table, console)
         knob = (f"lambda (cost penalty) = {decision['cost_penalty']:g} quality points per USD" if "cost_penalty" in decision
                 else f"threshold = {decision.get('threshold')}")
         console.print(f"{knob}; routing took {decision.get('routing_ms', 0):.1f} ms (loading the router not counted)")

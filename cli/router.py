@@ -35,12 +35,11 @@ from rich.table import Table
 
 from cli.errors import fail
 from cli.progress import progress_bar
+from cli.tables import print_table
 
 router_app = typer.Typer(help="Learned routers: train on outcome tables, calibrate the cost knob, evaluate offline.",
                          no_args_is_help=True)
 console = Console()
-# metric tables are wide: when piped (no terminal width), do not squeeze them into 80 columns
-wide_console = console if console.is_terminal else Console(width=170)
 DATA_HELP = ("Recorded sets (routerbench[:train|test], routellm-mmlu, routellm-gsm8k, alpaca-eval[:baseline]) "
              "or outcome files (.jsonl/.csv, optionally gzipped); repeat to merge.")
 
@@ -299,9 +298,9 @@ def _print_report(report: dict[str, Any]) -> None:
         split = report["split"]
         ref = split["reference"]
         k = keys + (pair_keys if split["pair"] else [])
-        wide_console.print(_metrics_table(f"{split['num_test']} test prompts; best single model {ref['model']}: "
-                                     f"accuracy {ref['accuracy']:.3f} at {ref['cost_usd']:.6f} USD/request; "
-                                     f"zero router AIQ {split['zero_router']['aiq']:.3f}", split["routers"], k))
+        print_table(_metrics_table(f"{split['num_test']} test prompts; best single model {ref['model']}: "
+                                   f"accuracy {ref['accuracy']:.3f} at {ref['cost_usd']:.6f} USD/request; "
+                                   f"zero router AIQ {split['zero_router']['aiq']:.3f}", split["routers"], k))
         steps = next((m["steps"] for n, m in split["routers"].items() if n.startswith("cascade:")), None)
         if steps:
             console.print(f"cascade:<router> escalates {' -> '.join(steps)} while the router's predicted quality of the "
@@ -313,7 +312,7 @@ def _print_report(report: dict[str, Any]) -> None:
         if key in report:
             summary = {n: m for n, m in report[key]["summary"].items() if n != "reference"}
             total = len(report[key][runs])
-            wide_console.print(_metrics_table(f"{title} over {total}", summary, keys + pair_keys, total))
+            print_table(_metrics_table(f"{title} over {total}", summary, keys + pair_keys, total))
     for type_, result in report.get("add_model", {}).items():
         console.print(f"add {result['new_model']} to {type_} from {result['num_labelled']} prompts: AIQ "
                       f"{result['added']['aiq']:.4f} vs full retrain {result['full']['aiq']:.4f} "

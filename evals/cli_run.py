@@ -14,7 +14,6 @@ command; `RunSpec` checks the options (messages name the flags).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -25,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from evals.event_loop import run_sync
 
 console = Console()
 err_console = Console(stderr=True)
@@ -301,7 +302,7 @@ def run(
         # run is recorded as interrupted, and a rerun resumes from the cache.
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
-            result = asyncio.run(execute(spec))
+            result = run_sync(execute(spec))  # asyncio.run, in a worker thread inside a running loop
         finally:
             signal.signal(signal.SIGTERM, previous)
     except (ValueError, FileNotFoundError, ConfigError, ValidationError, TargetError) as exc:

@@ -28,6 +28,7 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from evals.event_loop import run_sync
 from evals.outcomes import Outcome, OutcomeTable
 from evals.policy_spec import build_policy  # noqa: F401  (re-exported: replay(build_policy(spec, ...), table))
 from link.policies.base import Plan, Policy, PolicyRequest
@@ -147,9 +148,10 @@ def replay(policy: Policy, table: OutcomeTable, *, concurrency: int = DEFAULT_CO
     Raises:
         ValueError: concurrency < 1. ReplayError: a multi-call plan the table cannot price (the module
             docstring). A policy's own errors propagate.
-    Runs its own event loop (`asyncio.run`); inside a running loop, await `areplay` instead.
+    Runs its own event loop (`asyncio.run`), in a worker thread when called inside a running loop (a notebook:
+    evals/event_loop.py); a coroutine can await `areplay` instead.
     """
-    return asyncio.run(areplay(policy, table, concurrency=concurrency))
+    return run_sync(areplay(policy, table, concurrency=concurrency))
 
 
 def oracle(table: OutcomeTable, name: str = "oracle") -> PolicyReplay:

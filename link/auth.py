@@ -7,12 +7,15 @@ The master key (`LINK_MASTER_KEY`) always works and is the admin (management API
 Open mode, for trying the gateway out: when `LINK_ENVIRONMENT=development` (the default), no master key
 is set and the database holds no API key at all, every request is let in as the anonymous admin,
 whatever key it sends (the `openai` client insists on one). Creating the first key, or setting a master
-key, ends open mode; in production it never applies.
+key, ends open mode; in production it never applies. That is by design for a local trial, and also means that
+the management API (`/api/*`: keys, policies, the request log `/api/requests`, tool-call traces `/api/traces`)
+and the console answer anyone who can reach the gateway: `warn_if_open` logs it once at start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from sqlalchemy import Engine, select
@@ -23,6 +26,7 @@ from link.keys import KeyIdentity, hash_key, verify_key
 from link.schemas import OpenAIError
 from link.settings import Settings
 
+logger = logging.getLogger(__name__)
 ANONYMOUS = KeyIdentity(key_id=None, name="anonymous")  # open mode's caller (compared by identity: `is ANONYMOUS`)
 
 
@@ -108,3 +112,16 @@ class Authenticator:
             raise OpenAIError(403, "This route needs the master key (LINK_MASTER_KEY).", type_="permission_error",
                               code="master_key_required", log_status="unauthorized")
         return identity
+
+
+async def warn_if_open(auth: Authenticator) -> bool:
+    """Log one WARNING when the gateway starts in open mode (see the module docstring); True if it did."""
+    if not await auth.is_open_mode():
+        return False
+    settings = auth.settings
+    logger.warning("open mode: no master key (LINK_MASTER_KEY) and no API key stored, so every request is let in as "
+                   "the admin: the OpenAI API, the management API (/api/*: keys, policies, the request log "
+                   "/api/requests, tool-call traces /api/traces) and the console are unauthenticated for anyone who "
+                   "can reach %s:%d. Set LINK_MASTER_KEY or create a key (`link keys create NAME`) to end it",
+                   settings.host, settings.port)
+    return True

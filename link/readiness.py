@@ -3,6 +3,7 @@
     problems = readiness_problems(config)        # [] when every deployment has what it needs
     log_problems(problems)                       # one WARNING line per problem, saying what to set
     problems[0].to_dict()                        # {"model": "gpt", "deployment_id": "gpt#0", "problem": "..."}
+    with_readiness(pool.status(), problems)      # replica rows: an unready one "healthy": false, with its "problem"
 
 A provider model whose key variable is unset, or a local model whose file is missing, would otherwise start
 silently and fail its first request with a 500. The gateway computes these once in its lifespan
@@ -77,6 +78,15 @@ def unready_models(config: LinkConfig, problems: list[ReadinessProblem]) -> list
     """The model names none of whose deployments can serve, in config order."""
     broken = {p.deployment_id for p in problems}
     return [name for name in config.model_names if all(d.deployment_id in broken for d in config.deployments(name))]
+
+
+def with_readiness(replicas: list[dict], problems: list[ReadinessProblem]) -> list[dict]:
+    """`replicas` (rows of `DeploymentPool.status()`, each with "deployment_id" and "healthy") as `/health` and
+    `/api/models` report them: a deployment with a problem is not healthy, whatever its rotation says, and its row
+    carries the problem's sentence under "problem"."""
+    found = {p.deployment_id: p.problem for p in problems}
+    return [{**r, "healthy": False, "problem": found[r["deployment_id"]]} if r["deployment_id"] in found else r
+            for r in replicas]
 
 
 def _key_problem(deployment: ModelDeployment) -> str | None:

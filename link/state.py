@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 
 from link.accounting import Accounting
-from link.auth import Authenticator
+from link.auth import Authenticator, warn_if_open
 from link.backends import make_backend
 from link.budgets import BudgetLedger, keep_lease
 from link.config import LinkConfig
@@ -128,12 +128,14 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
         registry = engine_pool.registry if engine_pool is not None else None
         readiness = await asyncio.to_thread(readiness_problems, config, registry)
         log_problems(readiness)
+        auth = Authenticator(db, settings)
+        await warn_if_open(auth)
     except BaseException:
         await _close_parts(pools, engine_pool, limiter, log_writer, db)
         raise
     metrics = GatewayMetrics(policies.is_served)  # labels: served names only, any other under "unknown"
     heartbeat = asyncio.create_task(keep_lease(ledger, ledger.lease_s / 3)) if ledger is not None else None
-    return GatewayState(settings=settings, config=config, db=db, auth=Authenticator(db, settings), policies=policies,
+    return GatewayState(settings=settings, config=config, db=db, auth=auth, policies=policies,
                         pools=pools, metrics=metrics,
                         accounting=Accounting(metrics, log_writer, ledger, limiter, redactor=redactor),
                         limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),

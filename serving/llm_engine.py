@@ -39,7 +39,7 @@ from serving.sampling_params import SEED_MIN, SamplingParams
 from serving.scheduler import Scheduler, SchedulerConfig
 from serving.sequence import Sequence
 from serving.sliding_block_manager import SlidingBlockManager
-from serving.stop import StopResult, check_stop
+from serving.stop import StopResult, check_stop, refuses_eos
 
 
 class LLMEngine:
@@ -246,7 +246,9 @@ class LLMEngine:
         detokenizer = IncrementalDetokenizer(self.loaded.tokenizer, params.skip_special_tokens)
         request.seqs.append(seq)
         guide = self._guide(params, sampler)
-        spec = self.speculator.policy.new_state() if self.speculator is not None and guide is None else None
+        # no drafts where a token may be chosen again (`refuses_eos`): a replaced token would void the ones after it
+        spec = (self.speculator.policy.new_state() if self.speculator is not None and guide is None
+                and not params.echo_markers else None)
         request.states[seq.seq_id] = SeqState(index, sampler, detokenizer, logprobs=[] if params.logprobs is not None else None,
                                               guide=guide, spec=spec)
         self._seq_to_request[seq.seq_id] = request
@@ -265,12 +267,18 @@ class LLMEngine:
         if request.error is not None:
             return  # stopped by another of its samples in this step
         state, params, tokenizer = request.states[seq.seq_id], request.params, self.loaded.tokenizer
-        if token is None:
-            try:
-                token = choose_token(state, seq, logits, self.config.sample_timeout_s)
-            except SamplingTimeoutError as exc:
-                self._stop(request, exc)
-                return
+        for _ in range(2):
+            if token is None:
+                try:
+                    token = choose_token(state, seq, logits, self.config.sample_timeout_s)
+                except SamplingTimeoutError as exc:
+                    self._stop(request, exc)
+                    return
+            if token not in tokenizer.eos_token_ids or not refuses_eos(params, state.detokenizer.text):
+                break
+            # only an echoed tool result block so far (serving/stop.py): chosen again without EOS, the model answers
+            logits, token = logits.clone(), None
+            logits[list(tokenizer.eos_token_ids)] = float("-inf")
         request.last_token_time = time.monotonic()
         if state.first_token_time is None:
             state.first_token_time = request.last_token_time

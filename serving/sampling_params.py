@@ -128,6 +128,10 @@ class SamplingParams:
             `guided_json` and `structural_tag`.
         strip_leading_space: Drop one space at the start of the output text (the token ids keep it).
             Set by the in-context chat format, whose replies follow "Assistant:" and open with a space.
+        echo_markers: () or the (opening, closing) markers of a tool result block (set after a tool result;
+            `serving.stop.answer_start`): blocks the model writes before any answer text echo the harness's
+            rendering: EOS (unless `ignore_eos`) is refused while the output is only such blocks, so the model
+            goes on to answer; the opening marker after answer text stops it, like a stop string.
     """
 
     n: int = 1
@@ -151,6 +155,7 @@ class SamplingParams:
     guided_json: str | None = None
     structural_tag: str | None = None
     strip_leading_space: bool = False
+    echo_markers: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         # Normalize `stop` / `stop_token_ids` (str / int / list / None -> tuple) so the object is
@@ -247,6 +252,9 @@ class SamplingParams:
             raise _fail("guided_json", self.guided_json, "None or a JSON Schema as JSON text")
         if self.structural_tag is not None and (not isinstance(self.structural_tag, str) or self.guided_json is not None):
             raise _fail("structural_tag", self.structural_tag, "None or a structural tag as JSON text, without guided_json")
+        if self.echo_markers != () and not (len(self.echo_markers) == 2 and all(isinstance(m, str) for m in self.echo_markers)
+                                           and self.echo_markers[0]):
+            raise _fail("echo_markers", self.echo_markers, "() or (opening, closing) strings, the opening one non-empty")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "strip_leading_space"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "a bool")

@@ -15,8 +15,9 @@ as `fmt=`):
   "refuse" refuses such parameters up front, for harnesses whose values are only plain text).
 - `response_template`: one tool result, placeholders `{name}`, `{id}`, `{content}` (required); results go
   back in a user turn (`serving.toolcalls.render_messages`). Its literal ends are the result markers
-  (`result_open`, `result_close`): after a tool result generation stops at `result_open`, and a result
-  block the model still writes is cut from its answer (`serving.toolcalls.strip_tool_results`).
+  (`result_open`, `result_close`): after a tool result, blocks the model writes before its answer are an
+  echo it goes on past, `result_open` after answer text stops it (`SamplingParams.echo_markers`), and every
+  result block is cut from its answer (`serving.toolcalls.strip_tool_results`).
 
 Built-in formats (`FORMATS`):
 
@@ -160,7 +161,7 @@ class ToolCallFormat:
         """The text that starts a tool result block: `response_template`'s literal text before its first
         placeholder, a tag cut to its name (`<tool_response`, so a bare `<tool_response>` matches too);
         "" when the template starts with a placeholder. A model writing it after a tool result is echoing
-        the harness, not answering: it is a stop string of such requests (`serving.frontend.chat_tools`)."""
+        the harness, not answering (`SamplingParams.echo_markers`, `serving.frontend.chat_tools`)."""
         head = self.response_template[:_PLACEHOLDER.search(self.response_template).start()].strip()
         tag = re.match(r"<[^\s<>]+", head)
         return tag.group(0) if tag else head

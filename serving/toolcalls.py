@@ -12,8 +12,8 @@ several blocks; "no call" is plain text with no block. Results come back in a us
 `<tool_response name="..." tool_call_id="...">...</tool_response>` block per result. A user turn
 (not a "tool" role) is used because many chat templates reject unknown roles or demand that user and
 assistant alternate. A model that goes on to write such a block itself is echoing the harness: after a
-tool result generation stops at the block's opening marker, and `parse_tool_calls` cuts any result block
-from the answer (`strip_tool_results`).
+tool result generation goes on past such blocks written first and stops at one written after answer text
+(`serving.stop`), and `parse_tool_calls` cuts any result block from the answer (`strip_tool_results`).
 
     messages = render_messages(body["messages"], tools, tool_choice, fmt=fmt)   # -> the chat template
     parsed = parse_tool_calls(model_text, tools, fmt=fmt)                      # -> content, OpenAI tool_calls
@@ -258,11 +258,12 @@ def _without_cut_close(body: str, closer: str = CALL_CLOSE) -> str:
 
 def strip_tool_results(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> str:
     """`text` less every tool result block in it (`fmt.result_open` ... `fmt.result_close`, an unclosed one to the
-    end): a model that writes one after a tool result is echoing the harness's rendering, not answering. The
-    text before a block is kept, whitespace next to a block trimmed, pieces joined by newlines; `text` is
-    returned unchanged when it holds no block (or the format's results have no opening marker)."""
+    end, and any stray closing marker): a model that writes one after a tool result is echoing the harness's
+    rendering, not answering. The text before a block is kept, whitespace next to a block trimmed, pieces joined
+    by newlines; `text` is returned unchanged when it holds no marker (or the format's results have no opening
+    marker)."""
     opener, closer = fmt.result_open, fmt.result_close
-    if not opener or opener not in text:
+    if not opener or (opener not in text and not (closer and closer in text)):
         return text
     pieces, pos = [], 0
     while (start := text.find(opener, pos)) >= 0:
@@ -270,6 +271,7 @@ def strip_tool_results(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> str:
         end = text.find(closer, start + len(opener)) if closer else -1
         pos = len(text) if end < 0 else end + len(closer)
     pieces.append(text[pos:])
+    pieces = [p.replace(closer, "") for p in pieces] if closer else pieces  # a stray closing marker: echoed too
     pieces = [p.rstrip() if i == 0 else p.lstrip() if i == len(pieces) - 1 else p.strip() for i, p in enumerate(pieces)]
     return "\n".join(p for p in pieces if p)
 
@@ -278,7 +280,8 @@ def streamable_length(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> int:
     """How many leading characters of a growing output are surely content: everything before a call block's
     or a tool result block's open tag (or a suffix that could start one), less the whitespace that would be
     trimmed."""
-    return min(len(text[:_held_from(text, opener)].rstrip()) for opener in (fmt.block_open, fmt.result_open) if opener)
+    return min(len(text[:_held_from(text, opener)].rstrip())
+               for opener in (fmt.block_open, fmt.result_open, fmt.result_close) if opener)
 
 
 def _held_from(text: str, opener: str) -> int:

@@ -9,6 +9,7 @@ and `show_and_save`, which every benchmark (CLI and scripts) ends with.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -17,10 +18,12 @@ from benchmarks.link_bench.timing import TimedRequest, percentile
 
 
 def show_and_save(renderable, data, json_path: str | Path | None = None) -> None:
-    """Print `renderable` (Rich) to stdout, 160 columns when not a terminal; write `data` as JSON to `json_path`."""
+    """Print `renderable` (Rich) to stdout at the terminal's width, else at `$COLUMNS`, else (piped, `$COLUMNS`
+    unset) 160 columns; write `data` as JSON to `json_path`."""
     from rich.console import Console
 
-    Console(width=None if sys.stdout.isatty() else 160).print(renderable)
+    is_sized = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
+    Console(width=None if is_sized else 160).print(renderable)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(data, indent=2) + "\n")
 

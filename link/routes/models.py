@@ -4,7 +4,8 @@
                        "output_cost_per_million", "context_length", "deployments": [...], "engine": {...} | None}]}
 A model's `status`: "error" when a local model failed to load or every replica is out of rotation, "loaded"
 when a local engine is running, "healthy" otherwise (a remote model in rotation, or a local model not loaded
-yet: it loads on its first request); `errors` says what is wrong (a load error, each replica out of rotation).
+yet: it loads on its first request); `errors` says what is wrong (a load error, each replica out of rotation, each
+deployment that cannot serve: its key variable unset, its model file missing; link/readiness.py).
 `engine` (loaded local models): running and waiting
 sequences, KV cache blocks used / total and their ratio, and generated tokens per second over the last
 60 s of the request log. A deployment's `api_base` is shown without its credentials ("http://[redacted]@host").
@@ -20,6 +21,7 @@ from sqlmodel import select
 
 from link.db.models import RequestLog, utcnow
 from link.deps import AdminDep, SessionDep, StateDep
+from link.readiness import with_readiness
 from link.routes.openai import context_length
 from link.state import GatewayState
 
@@ -49,11 +51,12 @@ def list_models(state: StateDep, session: SessionDep, _: AdminDep) -> dict:
     data = []
     for name in state.model_names:
         deployments = state.config.deployments(name)
-        replicas = {r["deployment_id"]: r for r in state.pools[name].status()}
+        replicas = {r["deployment_id"]: r for r in with_readiness(state.pools[name].status(), state.readiness)}
         first = deployments[0]
         load_errors = getattr(state.engine_pool, "load_errors", {})
         errors = [load_errors[d.local] for d in deployments if d.kind == "local" and d.local in load_errors]
-        errors += [f"{r['deployment_id']} is out of rotation after failed health checks or requests; probed again in "
+        errors += [f"{r['deployment_id']} cannot serve: {r['problem']}" if "problem" in r else
+                   f"{r['deployment_id']} is out of rotation after failed health checks or requests; probed again in "
                    f"{r['ejected_for_s']:.1f} s" for r in replicas.values() if not r["healthy"]]
         engines = [e for d in deployments if d.kind == "local" and (e := _engine_state(state, d.local)) is not None]
         if errors or not any(r["healthy"] for r in replicas.values()):

@@ -1,6 +1,7 @@
 """`/health` (the gateway and each model's replicas) and `/metrics` (Prometheus text format).
 
-    GET /health    200 {"status": "ok", "models": {name: [replica status, ...]}}
+    GET /health    200 {"status": "ok", "models": {name: [replica status, ...]}}: a replica's "healthy" is false while
+                   it is out of rotation or cannot serve at all (then its "problem" says why, as under "problems")
                    503 {"status": "degraded", "unavailable_models": [...], "models": {...}} while some model has
                    no replica in rotation (each one ejected after failures or a failed health check: a local
                    model's engine loop that died or stalled, `link.backends.local.EnginePool.is_healthy`); a
@@ -19,15 +20,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from link.deps import StateDep
-from link.readiness import unready_models
+from link.readiness import unready_models, with_readiness
 
 router = APIRouter(tags=["system"])
 
 
 @router.get("/health")
 async def health(state: StateDep) -> JSONResponse:
-    """See the module docstring; a replica's status is {deployment_id, healthy, outstanding, served, ejected_for_s}."""
-    models = {name: pool.status() for name, pool in state.pools.items()}
+    """See the module docstring; a replica's status is {deployment_id, healthy, outstanding, served, ejected_for_s}
+    and, for a deployment that cannot serve, its "problem"."""
+    models = {name: with_readiness(pool.status(), state.readiness) for name, pool in state.pools.items()}
     unavailable = [name for name, pool in state.pools.items() if not pool.healthy_replicas]
     body: dict = {"status": "degraded" if unavailable or state.readiness else "ok"}
     if unavailable:

@@ -11,8 +11,9 @@
   after a whole call, inside its `</tool_call>`, is that call too (finish_reason stays "length"); any
   other unclosed or malformed block stays content.
 - After a tool result (a "tool" message), the model writing a result block of its own is echoing the
-  harness: the block's opening marker is a stop string (`ChatSetup.stop`) and the output is parsed (with
-  no tools offered: `tools` []), which cuts any such block (`serving.toolcalls.strip_tool_results`).
+  harness: blocks before any answer text are skipped (EOS refused until the model answers) and the opening
+  marker after answer text stops the output (`ChatSetup.echo_markers`, `serving.stop`); the output is parsed
+  (with no tools offered: `tools` []), which cuts any such block (`serving.toolcalls.strip_tool_results`).
 - `ToolStream`: the streamed form: content is held back from where a `<tool_call>` tag may start (a
   forced output sends none), and the calls are sent at the end as `delta.tool_calls` chunks, parsed as
   the whole response parses them, so streamed equals whole.
@@ -45,7 +46,7 @@ class ChatSetup:
     whose calls are parsed from the output (None: no parsing; a named tool_choice: that tool); parallel:
     several calls allowed; structural_tag: the forced tool calls (`SamplingParams.structural_tag`) or None;
     forced: the output is forced calls; tool_format: the harness format that rendered and parses the calls;
-    stop: stop strings the request adds (the format's tool result opening marker, after a tool result)."""
+    echo_markers: after a tool result, the format's result markers (`SamplingParams.echo_markers`), else ()."""
 
     messages: list[dict]
     guided_json: str | None
@@ -54,7 +55,7 @@ class ChatSetup:
     structural_tag: str | None = None
     forced: bool = False
     tool_format: ToolCallFormat = DEFAULT_FORMAT
-    stop: tuple[str, ...] = ()
+    echo_markers: tuple[str, ...] = ()
 
 
 def unservable_fields(body: ChatCompletionRequest) -> None:
@@ -126,11 +127,11 @@ def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORM
         messages = with_system_text(messages, hint)
     parsed_tools = forced if forced is not None else list(tools) if active else None
     has_results = any(m.get("role") == "tool" for m in body.messages if isinstance(m, dict))
-    stop = (fmt.result_open,) if has_results and fmt.result_open else ()
+    echo_markers = (fmt.result_open, fmt.result_close) if has_results and fmt.result_open else ()
     if has_results and parsed_tools is None:
         parsed_tools = []  # parsed for the echoed result blocks only: no call is accepted
     return ChatSetup(messages, None if schema is None else json.dumps(schema), parsed_tools, parallel, tag, tag is not None,
-                     fmt, stop)
+                     fmt, echo_markers)
 
 
 def _parse(text: str, finish: str | None, tools: list[dict], parallel: bool, forced: bool, fmt: ToolCallFormat) -> ParsedOutput:

@@ -116,9 +116,9 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int,
                              prompt_param="messages", budget_param=budget_param)
     top = (body.top_logprobs or 0) if body.logprobs else None
     stops = _stops(body)
-    stops += tuple(s for s in setup.stop if s not in stops)  # after a tool result: where an echoed result block opens
+    # after a tool result: an echoed result block is skipped before the answer, and stops the output after it
     params = dataclasses.replace(_sampling(body, max_tokens, stops, top), guided_json=setup.guided_json,
-                                 structural_tag=setup.structural_tag)
+                                 structural_tag=setup.structural_tag, echo_markers=setup.echo_markers)
     params = fmt.reply_params(params)  # the format's turn markers as stop strings, after the client's; its reply's opening space
     return RequestPlan("chat", body.model, params, [ids], [prompt], body.stream,
                        bool(body.stream_options and body.stream_options.include_usage), top,

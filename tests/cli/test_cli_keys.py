@@ -63,7 +63,7 @@ def test_cli_uses_link_database_url(db_url, monkeypatch, session):
     assert session.exec(select(ApiKey).where(ApiKey.name == "from-env")).first() is not None
 
 
-def test_cli_list_writes_money_with_four_significant_digits(db_url, session):
+def test_cli_list_writes_money_with_four_significant_digits(db_url, session, monkeypatch):
     # A budget of $0.00001 and a spend of 12,345 nano-dollars ($0.000012345): "0.0000" would hide both.
     runner = CliRunner()
     created = runner.invoke(app, ["keys", "create", "tiny", "--budget-usd", "0.00001", "--database-url", db_url])
@@ -73,10 +73,46 @@ def test_cli_list_writes_money_with_four_significant_digits(db_url, session):
     session.add(row)
     session.commit()
 
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped with no width: one line per row, however wide
     listed = runner.invoke(app, ["keys", "list", "--database-url", db_url])
     assert listed.exit_code == 0, listed.output
-    rows = [[cell.strip() for cell in re.split("[│┃]", line)[1:-1]] for line in listed.stdout.splitlines()
-            if line.startswith(("│", "┃"))]
-    columns, cells = rows[0], next(row for row in rows if row[1] == "tiny")
+    columns, rows = _rows(listed.stdout)
+    cells = next(row for row in rows if row[1] == "tiny")
     money = {name: cells[columns.index(name)] for name in ("budget", "spend", "reserved")}
     assert money == {"budget": "$0.00001", "spend": "$0.00001234", "reserved": "$0"}
+
+
+HEADERS = ["id", "name", "key", "created", "revoked", "budget", "spend", "reserved", "rpm", "tpm", "traces"]
+
+
+def _rows(stdout: str) -> tuple[list[str], list[list[str]]]:
+    """The header and the rows of `link keys list`'s table, each row cut at its header's start column."""
+    lines = stdout.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("id "))
+    starts = [re.search(rf"(?<!\S){name}(?!\S)", header).start() for name in HEADERS]
+    body = lines[lines.index(header) + 2:]  # below the rule
+    cut = lambda line: [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]  # noqa: E731
+    return cut(header), [cut(line) for line in body if line.strip()]
+
+
+def test_cli_list_at_80_columns_keeps_headers_whole(db_url, monkeypatch):
+    # Piped with COLUMNS=80 (a pager, `| less`): Rich's own squeeze cut headers to "creat…" and hid whole
+    # columns; the table must fit in 80 columns, fold long cells onto more lines and keep every header whole.
+    runner = CliRunner()
+    name = "a-rather-long-key-name-for-the-platform-team"
+    for args in ([name, "--budget-usd", "0.00001", "--rpm", "600", "--tpm", "100000"], ["bob"]):
+        assert runner.invoke(app, ["keys", "create", *args, "--database-url", db_url]).exit_code == 0
+    monkeypatch.setenv("COLUMNS", "80")
+    listed = runner.invoke(app, ["keys", "list", "--database-url", db_url])
+    assert listed.exit_code == 0, listed.output
+    lines = listed.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, listed.stdout
+    assert "…" not in listed.stdout
+    columns, rows = _rows(listed.stdout)
+    assert columns == HEADERS
+    # the folded name reads whole again down its column
+    assert name in "".join(row[1] for row in rows)
+
+    monkeypatch.setenv("COLUMNS", "200")  # a wide $COLUMNS is honoured too: one line per key
+    wide = runner.invoke(app, ["keys", "list", "--database-url", db_url])
+    assert any(name in line for line in wide.stdout.splitlines())

@@ -144,3 +144,15 @@ def test_each_bad_tools_file_says_what_to_fix(config, tmp_path, case):
 def test_a_missing_tools_file(config, tmp_path):
     result = route(config, "--tools", str(tmp_path / "none.json"))
     assert result.exit_code == 2 and result.output == f"error: {tmp_path / 'none.json'}: no such tools file\n"
+
+
+def test_route_inside_a_running_event_loop(config):
+    # a notebook cell, or a test beside Playwright's sync API, runs `link route` inside a running loop
+    import asyncio
+
+    async def cell():
+        return route(config, "--json")
+
+    result = asyncio.run(cell())
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["decision"]["chosen"] == "small"

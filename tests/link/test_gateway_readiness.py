@@ -10,7 +10,7 @@ import httpx
 
 from link.config import parse_config
 from link.readiness import readiness_problems
-from tests.link.gateway_launch import gateway_settings, mock_deployment, start_gateway_thread
+from tests.link.gateway_launch import MASTER_KEY, gateway_settings, mock_deployment, start_gateway_thread
 
 KEY_ENV = "LINK_TEST_READINESS_KEY"
 KEY_PROBLEM = (f"its API key variable {KEY_ENV} is not set; set it in the gateway's environment "
@@ -23,21 +23,34 @@ def keyed_config(mock, *, only_keyed: bool = False):
 
 
 def health(mock, new_database_url, tmp_path, **kwargs) -> httpx.Response:
+    return health_and_models(mock, new_database_url, tmp_path, **kwargs)[0]
+
+
+def health_and_models(mock, new_database_url, tmp_path, **kwargs) -> tuple[httpx.Response, httpx.Response]:
+    """`/health` and `/api/models` (as the master key) of a gateway over `keyed_config`."""
     settings = gateway_settings(new_database_url("sqlite"), tmp_path)
     with start_gateway_thread(settings, keyed_config(mock, **kwargs)) as gateway:
-        return httpx.get(gateway.url + "/health")
+        return (httpx.get(gateway.url + "/health"),
+                httpx.get(gateway.url + "/api/models", headers={"Authorization": f"Bearer {MASTER_KEY}"}))
 
 
 def test_an_unset_key_variable_is_logged_and_degrades_health(mock, new_database_url, tmp_path, monkeypatch, caplog):
     monkeypatch.delenv(KEY_ENV, raising=False)
     with caplog.at_level(logging.WARNING, logger="link.readiness"):
-        response = health(mock, new_database_url, tmp_path)
+        response, listed = health_and_models(mock, new_database_url, tmp_path)
     lines = [r.getMessage() for r in caplog.records if r.name == "link.readiness"]
     assert lines == [f"model 'keyed' (keyed#0) cannot serve: {KEY_PROBLEM}"]
     body = response.json()
     assert response.status_code == 200 and body["status"] == "degraded"  # "up" still serves
     assert body["problems"] == [{"model": "keyed", "deployment_id": "keyed#0", "problem": KEY_PROBLEM}]
     assert body["unready_models"] == ["keyed"] and set(body["models"]) == {"up", "keyed"}
+    # each replica says the same: the unready one is not healthy, and says why; the other is
+    (keyed,), (up,) = body["models"]["keyed"], body["models"]["up"]
+    assert keyed["healthy"] is False and keyed["problem"] == KEY_PROBLEM
+    assert up["healthy"] is True and "problem" not in up
+    # and so does /api/models (the console's models page)
+    status = {m["name"]: (m["status"], m["errors"]) for m in listed.json()["data"]}
+    assert status == {"up": ("healthy", []), "keyed": ("error", [f"keyed#0 cannot serve: {KEY_PROBLEM}"])}
 
 
 def test_health_is_503_when_no_model_can_serve(mock, new_database_url, tmp_path, monkeypatch):

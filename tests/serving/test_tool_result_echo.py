@@ -1,6 +1,6 @@
 """After a tool result, the model's answer must not echo the harness's result block (`<tool_response>...`):
-each harness format knows its result markers, generation stops at the opening one, and a block that still
-appears is cut where the calls are parsed. Hand-written model outputs for every harness format (json, xml,
+each harness format knows its result markers; blocks the model writes before its answer are skipped (EOS is
+refused until it answers), one after answer text stops it, and every block is cut where the calls are parsed. Hand-written model outputs for every harness format (json, xml,
 xml-wrapped) under SmolLM2's chat template and Gemma's in-context format, then the real SmolLM2 through the
 engine server.
 
@@ -9,6 +9,7 @@ engine server.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from serving.frontend.chat_tools import ToolStream, tool_message
 from protocol.openai import ChatCompletionRequest
 from serving.frontend.responses import plan_chat
 from serving.chat_format import InContextChatFormat, TemplateChatFormat
-from serving.stop import check_stop
+from serving.stop import answer_start, check_stop, refuses_eos
 from serving.tool_formats import FORMATS, tool_format_from_config
 from serving.toolcalls import parse_tool_calls
 
@@ -118,29 +119,61 @@ def _generate(params, output: str):
 
 @pytest.mark.parametrize("kind", ["smollm2", "in-context"])
 @pytest.mark.parametrize("name", FORMAT_NAMES)
-def test_after_a_tool_result_generation_stops_where_an_echoed_result_opens(kind, name, request):
+def test_after_a_tool_result_an_echo_is_skipped_before_the_answer_and_stops_after_it(kind, name, request):
     lm, fmt = _model(kind, request), FORMATS[name]
     plan = plan_chat(ChatCompletionRequest(model="m", messages=HISTORY, tools=TOOLS, stop=["END"]), lm, 8192, fmt)
-    assert plan.params.stop[:2] == ("END", "<tool_response")  # the client's stop first
+    assert plan.params.echo_markers == ("<tool_response", "</tool_response>")
+    assert plan.params.stop[0] == "END" and "<tool_response" not in plan.params.stop  # no stop at the answer's start
     assert _echo(fmt) in plan.prompt_texts[0]  # the block the model has just read
+    # the echo after answer text stops the output there
     stopped = _generate(plan.params, f"{ANSWER}\n{_echo(fmt)}\nIt is sunny.")
     assert (stopped.finish_reason, stopped.stop_reason, stopped.text) == ("stop", "<tool_response", f"{ANSWER}\n")
     message, finish = tool_message(stopped.text, "stop", plan.tools, plan.parallel_tool_calls, plan.forced_tool_calls,
                                    plan.tool_format)
     assert message == {"role": "assistant", "content": f"{ANSWER}\n"} and finish == "stop"
-    # before any tool result there is nothing to echo: no extra stop string
+    # an echo first (SmolLM2 repeats the block it read): no stop, EOS refused until the answer, which is kept
+    echoed = f"{_echo(fmt)}\n\n{ANSWER}"
+    assert _generate(plan.params, echoed) is None
+    assert [refuses_eos(plan.params, text) for text in (_echo(fmt)[:20], _echo(fmt), _echo(fmt) + "\n", echoed)] == [
+        True, True, True, False]
+    assert tool_message(echoed, "stop", plan.tools, fmt=plan.tool_format)[0] == {"role": "assistant", "content": ANSWER}
+    # no echo, or a model repeating the closing marker instead of answering: EOS ends it as usual
+    assert not refuses_eos(plan.params, ANSWER) and not refuses_eos(plan.params, "")
+    assert not refuses_eos(plan.params, f"{_echo(fmt)}\n</tool_response>")
+    assert not refuses_eos(dataclasses.replace(plan.params, ignore_eos=True), _echo(fmt))
+    # before any tool result there is nothing to echo
     first = plan_chat(ChatCompletionRequest(model="m", messages=HISTORY[:1], tools=TOOLS), lm, 8192, fmt)
-    assert "<tool_response" not in first.params.stop
-    # tool results in the history but no tools offered: still stopped and parsed for echoes only
+    assert first.params.echo_markers == () and not refuses_eos(first.params, _echo(fmt))
+    # tool results in the history but no tools offered: the same rules, parsed for echoes only
     bare = plan_chat(ChatCompletionRequest(model="m", messages=HISTORY), lm, 8192, fmt)
-    assert "<tool_response" in bare.params.stop and bare.tools == []
+    assert bare.params.echo_markers == ("<tool_response", "</tool_response>") and bare.tools == []
+
+
+@pytest.mark.parametrize("text, start", [
+    ("", 0), ("  Hi", 2), ("<tool_resp", None), ("<tool_response>\n{}", None), ("<tool_response>{}</tool_response>", 33),
+    ("<tool_response>1</tool_response>\n<tool_response>2</tool_response>\n Hi", 67),  # two blocks, then the answer
+    ("<tool_response>1</tool_response>\n</tool_response>Hi", 49),  # a stray closing marker is echo too
+    ("<tool_response>1</tool_response></tool_re", None), ("Hi <tool_response>", 0)])
+def test_answer_start_skips_leading_result_blocks(text, start):
+    assert answer_start(text, ("<tool_response", "</tool_response>")) == start
+    if start is not None and start < len(text):
+        assert text[start:].lstrip() == text[start:]  # the answer's first character is not whitespace
+
+
+def test_a_stray_closing_marker_is_cut_from_the_answer():
+    from serving.toolcalls import strip_tool_results
+
+    fmt = FORMATS["json"]
+    assert strip_tool_results(f"{_echo(fmt)}\n</tool_response>\n{ANSWER}", fmt) == ANSWER
+    assert strip_tool_results("</tool_response>", fmt) == ""
 
 
 @pytest.mark.slow
 def test_real_smollm2_answer_after_a_tool_result_has_no_result_block(server):
-    """The engine server with the real SmolLM2, greedy: after this tool result it repeats the result block
-    verbatim as its whole answer (`<tool_response>\n{...}\n</tool_response>`); whole and streamed, none of it
-    may reach the client."""
+    """The engine server with the real SmolLM2, greedy: after this tool result it first repeats the result block
+    verbatim (`<tool_response>\n{...}\n</tool_response>`) and would end its turn there; whole and streamed, none
+    of the block may reach the client, and the answer it writes after it must (stopping at the block's marker
+    left it empty)."""
     import httpx
 
     body = {"model": "smollm2-135m-instruct", "messages": HISTORY, "tools": TOOLS, "temperature": 0, "max_tokens": 96}
@@ -154,3 +187,5 @@ def test_real_smollm2_answer_after_a_tool_result_has_no_result_block(server):
         else:
             content = response.json()["choices"][0]["message"]["content"] or ""
         assert "<tool_response" not in content and "</tool_response>" not in content
+        # it answers: greedy, it repeats the block, is refused EOS there and writes a sentence after it
+        assert content.strip() and content == content.strip(), content

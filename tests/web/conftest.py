@@ -99,8 +99,11 @@ def chromium_path() -> str:
     return CHROMIUM
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path):
+    """Chromium under Playwright's sync API, for one test module: that API runs an event loop in the main thread
+    until it stops, so a session-wide browser made every later `asyncio.run` of the session fail ("cannot be called
+    from a running event loop")."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
