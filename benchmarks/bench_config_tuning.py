@@ -64,8 +64,8 @@ async def _serve_bursts(engine, bursts: list[list[list[int]]], max_tokens: int) 
 
 def record(loaded, serve) -> list:
     """Run `serve(engine)` on a fresh AsyncLLMEngine with a TrafficRecorder; the recorded shapes."""
-    from serving.async_engine import AsyncLLMEngine
-    from serving.llm_engine import EngineConfig, LLMEngine
+    from serving.engine.async_engine import AsyncLLMEngine
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
     from serving.traffic import TrafficRecorder
 
     async def main():

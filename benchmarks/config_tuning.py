@@ -72,7 +72,7 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
         UnknownModelError, ServingError: the model cannot be loaded.
     """
     from serving.config_search import describe, search, to_json
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     if not mix:
         raise ValueError("the mix is empty")
@@ -104,7 +104,7 @@ def stored_config(model: str, mix: list[RequestShape], base=None, table: ConfigW
     """The `EngineConfig` tuned for `mix`'s fingerprint in this environment (`base` with its overrides),
     or None when that mix was never tuned here."""
     from serving.config_search import apply, from_json
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     row = (table or ConfigWinnerTable()).get(Environment.current(model), mix_fingerprint(mix))
     return None if row is None else apply(base or EngineConfig(), from_json(row.config))

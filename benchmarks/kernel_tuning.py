@@ -82,7 +82,7 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
     """
     from kernels.candidates import DEFAULT_PROVIDERS, register_candidates
     from kernels.tuner import Tuner
-    from serving.llm_engine import EngineConfig, LLMEngine
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
     from serving.model_loader import load_model
     from serving.registry import default_registry
 

@@ -34,7 +34,7 @@ class ConfigError(ValueError):
 
 
 class EngineOptions(BaseModel):
-    """Engine settings of one local deployment (`serving.llm_engine.EngineConfig`); unset fields keep its defaults.
+    """Engine settings of one local deployment (`serving.engine.llm_engine.EngineConfig`); unset fields keep its defaults.
 
     Attributes:
         kv_cache_mb: KV cache memory in MiB.
@@ -74,8 +74,8 @@ class EngineOptions(BaseModel):
         return value
 
     def engine_config(self):
-        """The `serving.llm_engine.EngineConfig` these options give."""
-        from serving.llm_engine import EngineConfig
+        """The `serving.engine.llm_engine.EngineConfig` these options give."""
+        from serving.engine.llm_engine import EngineConfig
 
         values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype"})
         if "kv_cache_mb" in values:

@@ -310,7 +310,7 @@ class ToolCallScorer:
         tool_format: the harness format (a registered name, a dict of fields or a `ToolCallFormat`; None = default).
         max_tokens: reply budget per item (capped by the context left after the prompt).
         dtype: the engine's dtype ("float32" or "bfloat16").
-        engine_config: `serving.llm_engine.EngineConfig` (default: a 1 GiB KV cache, 32 sequences per batch).
+        engine_config: `serving.engine.llm_engine.EngineConfig` (default: a 1 GiB KV cache, 32 sequences per batch).
     Raises:
         ModelNotLocalError: `model` is not local (before anything is loaded); PosttrainDataError: a bad format;
         serving errors of the load.
@@ -320,7 +320,7 @@ class ToolCallScorer:
                  dtype: str = "float32", engine_config: Any = None, registry: Any = None):
         from posttrain.local_models import local_model_spec
         from serving.llm import LLM
-        from serving.llm_engine import EngineConfig
+        from serving.engine.llm_engine import EngineConfig
         from serving.registry import ModelRegistry
 
         if max_tokens < 1:

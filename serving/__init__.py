@@ -29,7 +29,7 @@ def __getattr__(name: str):
 
         return LLM
     if name in ("RequestOutput", "CompletionOutput"):
-        from serving import outputs
+        from serving.engine import outputs
 
         return getattr(outputs, name)
     if name in ("ModelRegistry", "ModelSpec", "default_registry"):

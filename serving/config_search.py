@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from serving.llm_engine import EngineConfig
+from serving.engine.llm_engine import EngineConfig
 from serving.spec_decode.config import SpeculativeConfig
 
 Candidate = dict  # EngineConfig field -> value; "speculative" holds a SpeculativeConfig or None

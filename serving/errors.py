@@ -39,7 +39,7 @@ class SamplingTimeoutError(ServingError):
     the work (`response_format`, `tools`), or None.
 
     Raised inside guided decoding as the deadline passes (`serving.guided_json.JsonAutomaton.feed`), then by
-    the engine with the message the client gets (`serving.sample_budget.choose_token`).
+    the engine with the message the client gets (`serving.engine.sample_budget.choose_token`).
     """
 
     def __init__(self, message: str, param: str | None = None):

@@ -16,7 +16,7 @@ with the forced character are ranked (`TokenTable.starting_with`), so forcing te
 expect costs no walk down a 262k-token vocabulary.
 
 The walk stops at a deadline (`sample(..., deadline=)`; the engine gives `EngineConfig.sample_timeout_s`,
-`serving.sample_budget`): a schema whose branches multiply could otherwise hold the engine's step for
+`serving.engine.sample_budget`): a schema whose branches multiply could otherwise hold the engine's step for
 minutes, and every other request with it.
 
 End-of-sequence tokens are valid only once the document is complete, so a finished output always

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from serving.llm_engine import EngineConfig, LLMEngine
-from serving.sequence import SequenceStatus
+from serving.engine.llm_engine import EngineConfig, LLMEngine
+from serving.engine.sequence import SequenceStatus
 
 # The engine's per-request state: kept across a swap. Everything else in the engine is rebuilt.
 _REQUEST_STATE = ("_requests", "_seq_to_request", "_seq_ids", "_token_table")

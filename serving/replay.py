@@ -24,7 +24,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from serving.llm_engine import EngineConfig, LLMEngine
+from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel
 from serving.sampling_params import SamplingParams
 from serving.traffic import RequestShape

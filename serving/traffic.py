@@ -85,7 +85,7 @@ class TrafficRecorder:
             self.num_recorded += 1
 
     def observe(self, output, params) -> None:
-        """Record a finished `serving.outputs.RequestOutput` of a request with `SamplingParams` `params`.
+        """Record a finished `serving.engine.outputs.RequestOutput` of a request with `SamplingParams` `params`.
 
         Requests that produced no token (aborted before their first) are skipped.
         """

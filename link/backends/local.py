@@ -44,7 +44,7 @@ class EnginePool:
     Args:
         registry: where registry names resolve (default: `serving.registry.default_registry()`).
         dtype: weights dtype, "float32" or "bfloat16".
-        engine_config: `serving.llm_engine.EngineConfig` for every engine whose deployment sets no `engine`
+        engine_config: `serving.engine.llm_engine.EngineConfig` for every engine whose deployment sets no `engine`
             options (default: its defaults).
     """
 
@@ -78,9 +78,9 @@ class EnginePool:
         self._states[key] = self._make_state(key, loaded)
 
     def _make_state(self, key: str, loaded, deployment: ModelDeployment | None = None):
-        from serving.async_engine import AsyncLLMEngine
+        from serving.engine.async_engine import AsyncLLMEngine
         from serving.frontend.state import EngineState
-        from serving.llm_engine import EngineConfig, LLMEngine
+        from serving.engine.llm_engine import EngineConfig, LLMEngine
 
         if deployment is not None and deployment.engine is not None:
             config = deployment.engine.engine_config()

@@ -36,7 +36,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from serving.outputs import SpeculativeStats
+from serving.engine.outputs import SpeculativeStats
 from serving.spec_decode.config import SpeculativeConfig
 
 

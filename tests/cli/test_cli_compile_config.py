@@ -50,7 +50,7 @@ def test_tune_config_refuses_a_bad_mix(table, tmp_path):
 
 def test_apply_winner_reconfigures_an_engine_with_the_stored_config(table, smollm2_fp32):
     from benchmarks.config_tuning import apply_winner, stored_config
-    from serving.llm_engine import EngineConfig, LLMEngine
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
 
     mix = [RequestShape(50, 8, 0.0)] * 4
     assert stored_config(MODEL, mix, table=table) is None

@@ -113,7 +113,7 @@ def test_requests_past_the_kv_cache_get_a_400_and_the_engine_survives(smollm2):
     """A KV cache smaller than the model's context caps max_model_len; nothing past it reaches the engine."""
     from fastapi.testclient import TestClient
 
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     app = create_engine_app(MODEL, loaded=smollm2.loaded, engine_config=EngineConfig(num_blocks=20))  # 320 tokens
     with TestClient(app) as http:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from serving.config_search import Measurement, apply, canonical, describe, from_json, search, to_json
-from serving.llm_engine import EngineConfig
+from serving.engine.llm_engine import EngineConfig
 from serving.spec_decode.config import SpeculativeConfig
 
 SPACE = {"max_num_batched_tokens": (256, 512, 2048), "max_num_seqs": (8, 32), "block_size": (16, 32)}

@@ -12,7 +12,7 @@ from serving.errors import InvalidSamplingParamsError
 from serving.logits_processors import apply_logit_bias, mask_stop_tokens
 from serving.sampler import Sampler
 from serving.sampling_params import SamplingParams
-from serving.stop import check_stop
+from serving.engine.stop import check_stop
 
 INF = float("inf")
 

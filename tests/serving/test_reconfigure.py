@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from serving.llm_engine import EngineConfig, LLMEngine
+from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.reconfigure import reconfigure
 from serving.sampling_params import SamplingParams
 from serving.traffic import TrafficRecorder
@@ -76,7 +76,7 @@ def test_a_configuration_too_small_for_the_live_requests_changes_nothing(loaded,
 
 
 def test_async_engine_reconfigures_between_steps_and_records_traffic(loaded, prompts, reference):
-    from serving.async_engine import AsyncLLMEngine
+    from serving.engine.async_engine import AsyncLLMEngine
 
     async def main():
         engine = AsyncLLMEngine(LLMEngine(loaded, EngineConfig(tuned_kernels=False)))

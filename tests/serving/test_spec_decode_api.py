@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from serving.api.server import create_engine_app
-from serving.llm_engine import EngineConfig
+from serving.engine.llm_engine import EngineConfig
 from serving.spec_decode import SpeculativeConfig
 from tests.serving.loopback import serve_on_loopback
 

@@ -3,7 +3,7 @@
 import pytest
 
 from link.config import EngineOptions
-from serving.llm_engine import EngineConfig
+from serving.engine.llm_engine import EngineConfig
 from serving.spec_decode import SpeculativeConfig
 
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from serving.llm_engine import EngineConfig, LLMEngine
+from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.sampling_params import SamplingParams
 from serving.spec_decode import SpeculativeConfig
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from serving.sequence import Sequence
+from serving.engine.sequence import Sequence
 from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.ngram import propose_ngram
 from serving.sampler import Sampler

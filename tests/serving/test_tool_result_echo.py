@@ -18,7 +18,7 @@ from serving.frontend.chat_tools import ToolStream, tool_message
 from protocol.openai import ChatCompletionRequest
 from serving.frontend.responses import plan_chat
 from serving.chat_format import InContextChatFormat, TemplateChatFormat
-from serving.stop import check_stop
+from serving.engine.stop import check_stop
 from serving.tool_formats import FORMATS, tool_format_from_config
 from serving.toolcalls import parse_tool_calls
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.outputs import CompletionOutput, RequestOutput
+from serving.engine.outputs import CompletionOutput, RequestOutput
 from serving.sampling_params import SamplingParams
 from serving.traffic import (RequestShape, TrafficRecorder, burst_sizes, load_mix, mix_fingerprint, mix_signature,
                              save_mix, traffic_path)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from serving.llm_engine import EngineConfig
+from serving.engine.llm_engine import EngineConfig
 from serving.replay import pooled_prompt, replay, synthetic_prompt
 from serving.traffic import RequestShape
 

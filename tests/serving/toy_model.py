@@ -14,7 +14,7 @@ import torch
 
 from serving.chat_format import TemplateChatFormat
 from serving.config import ModelConfig
-from serving.llm_engine import EngineConfig
+from serving.engine.llm_engine import EngineConfig
 from serving.model_loader import LoadedModel
 from serving.models import build_model
 from tests.serving.guided_cases import CharTokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from serving import SamplingParams
-from serving.llm_engine import EngineConfig, LLMEngine
+from serving.engine.llm_engine import EngineConfig, LLMEngine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 TOP2_TOLERANCE = 1e-4

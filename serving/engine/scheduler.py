@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.block_manager import BlockManager
-from serving.sequence import Sequence, SequenceStatus
-from serving.sliding_block_manager import SlidingBlockManager, max_blocks_per_seq
+from serving.engine.block_manager import BlockManager
+from serving.engine.sequence import Sequence, SequenceStatus
+from serving.engine.sliding_block_manager import SlidingBlockManager, max_blocks_per_seq
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ wait and no step has finished for `EngineConfig.stall_timeout_s`. Both /health r
 server's, the gateway's through `link.backends.local.EnginePool.is_healthy`) answer 503 with it. A stall
 is seen only while the event loop runs, so with steps on the loop a step that never returns leaves /health
 unanswered (a probe's timeout); in a worker thread /health names it. The engine itself bounds the work
-a request adds to a step (`EngineConfig.sample_timeout_s`, `serving.sample_budget`), and a request it
+a request adds to a step (`EngineConfig.sample_timeout_s`, `serving.engine.sample_budget`), and a request it
 stops raises its `SamplingTimeoutError` from `generate`.
 """
 
@@ -34,8 +34,8 @@ import logging
 import time
 from typing import AsyncIterator
 
-from serving.llm_engine import LLMEngine
-from serving.outputs import RequestOutput
+from serving.engine.llm_engine import LLMEngine
+from serving.engine.outputs import RequestOutput
 from serving.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """One sequence of the batching engine: its tokens, its state and its block table.
 
 A request with `n` samples becomes `n` sequences; they share the prompt's KV blocks through
-`serving.block_manager.BlockManager.fork`. The block manager fills `block_table`,
+`serving.engine.block_manager.BlockManager.fork`. The block manager fills `block_table`,
 `num_cached_tokens` and `num_computed_tokens`; the scheduler moves `status`.
 """
 
@@ -34,7 +34,7 @@ class Sequence:
         block_table: physical KV block ids in logical order; block i holds positions
             [i * block_size, (i + 1) * block_size). Empty while the sequence holds no blocks.
         sliding_block_table: the same for the sliding-window layers' own pool, when the engine has one
-            (`serving.sliding_block_manager`): it covers the positions computed or scheduled so far,
+            (`serving.engine.sliding_block_manager`): it covers the positions computed or scheduled so far,
             and entries no future query can read point to the pool's null block.
         num_cached_tokens: leading tokens whose KV came from the prefix cache at allocation
             (a multiple of the block size, always below `num_tokens`). After a preemption by

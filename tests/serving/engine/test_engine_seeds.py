@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from serving import SamplingParams
-from serving.llm_engine import EngineConfig, LLMEngine
-from tests.serving.test_sliding_window import _tiny_llama
+from serving.engine.llm_engine import EngineConfig, LLMEngine
+from tests.serving.engine.test_sliding_window import _tiny_llama
 
 PROMPT = [5, 17, 42, 8, 61, 3]
 

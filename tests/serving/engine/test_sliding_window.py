@@ -1,4 +1,4 @@
-"""Sliding-window layers keep only the KV blocks their window needs (`serving.sliding_block_manager`).
+"""Sliding-window layers keep only the KV blocks their window needs (`serving.engine.sliding_block_manager`).
 
 Most tests use a tiny random Gemma-3-shaped model (window W = 8, block size 4, a global layer after
 each sliding one), so the window slides many times within ~50 tokens; one test checks the real
@@ -17,10 +17,10 @@ import torch
 from kernels import register, registered
 from serving import SamplingParams
 from serving.config import ModelConfig
-from serving.llm_engine import EngineConfig, LLMEngine
+from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel
 from serving.models import build_model
-from serving.sliding_block_manager import NULL_BLOCK, max_blocks_per_seq
+from serving.engine.sliding_block_manager import NULL_BLOCK, max_blocks_per_seq
 
 W, BS, CHUNK = 8, 4, 12
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=0)

@@ -1,4 +1,4 @@
-"""Tests for `serving.sequence` and `serving.block_manager` (pure Python, CPU only): sequences, allocation,
+"""Tests for `serving.engine.sequence` and `serving.engine.block_manager` (pure Python, CPU only): sequences, allocation,
 appending, fork and copy-on-write, free. Prefix caching and the random-operations property test are in
 test_prefix_cache.py.
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from serving.block_manager import BlockManager
-from serving.sequence import Sequence, SequenceStatus
+from serving.engine.block_manager import BlockManager
+from serving.engine.sequence import Sequence, SequenceStatus
 from tests.serving.block_cases import BS, allocate_prefilled, append, seq
 
 

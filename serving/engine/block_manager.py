@@ -13,10 +13,10 @@ map lets a new sequence reuse the blocks of any earlier one with the same prefix
 keeps its hash and stays findable until it is reused for other content (lazy eviction).
 
 This pool holds every block of a sequence. Gemma 3's sliding-window layers keep their KV in a second
-pool that releases the blocks outside the window (`serving.sliding_block_manager`); an engine with
+pool that releases the blocks outside the window (`serving.engine.sliding_block_manager`); an engine with
 that pool runs without prefix caching, since a cached prefix's sliding KV is released.
 
-How to run its tests: `python -m pytest tests/serving/test_block_manager.py -q`.
+How to run its tests: `python -m pytest tests/serving/engine/test_block_manager.py -q`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from serving.sequence import Sequence
+from serving.engine.sequence import Sequence
 
 
 def hash_block(prev_hash: int | None, token_ids: list[int]) -> int:

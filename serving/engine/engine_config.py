@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serving.model_loader import LoadedModel
-from serving.paged_cache import PagedKVCache
-from serving.sliding_block_manager import max_batch_blocks, plan_pool_sizes
+from serving.engine.paged_cache import PagedKVCache
+from serving.engine.sliding_block_manager import max_batch_blocks, plan_pool_sizes
 from serving.spec_decode.config import SpeculativeConfig
 
 
@@ -37,10 +37,10 @@ class EngineConfig:
             per step.
         sample_timeout_s: seconds one sequence may take to choose one token (guided decoding's walk of the
             vocabulary, logits processing); a request over it is stopped with `SamplingTimeoutError` so that
-            no request holds a step (`serving.sample_budget`). SmolLM2's whole 49k-token vocabulary walks in
+            no request holds a step (`serving.engine.sample_budget`). SmolLM2's whole 49k-token vocabulary walks in
             about 0.3 s on a busy 2-core CPU; Gemma 3's is 5 times larger.
         stall_timeout_s: seconds without a finished step, while requests wait, after which
-            `serving.async_engine.AsyncLLMEngine` calls its loop stalled and /health answers 503.
+            `serving.engine.async_engine.AsyncLLMEngine` calls its loop stalled and /health answers 503.
     Raises:
         ValueError: a timeout that is not positive.
     """

@@ -14,7 +14,7 @@ first get draft tokens that the same forward pass verifies (`serving.spec_decode
 emits its accepted drafts and one more token per step. A request with n > 1 prefills its prompt once and
 forks n sequences that share the prompt's KV blocks (copy-on-write on the partial last block). A request
 whose next token takes longer than `EngineConfig.sample_timeout_s` to choose is stopped within that step
-(`serving.sample_budget`): its last output carries the `SamplingTimeoutError`, the others go on.
+(`serving.engine.sample_budget`): its last output carries the `SamplingTimeoutError`, the others go on.
 """
 
 from __future__ import annotations
@@ -25,21 +25,21 @@ import time
 
 import torch
 
-from serving.block_manager import BlockManager
+from serving.engine.block_manager import BlockManager
 from serving.detokenizer import IncrementalDetokenizer
-from serving.engine_config import EngineConfig, pool_sizes  # EngineConfig is imported from here too
+from serving.engine.engine_config import EngineConfig, pool_sizes  # EngineConfig is imported from here too
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.model_loader import LoadedModel
-from serving.model_runner import ModelRunner
-from serving.outputs import Logprob, RequestOutput
-from serving.request_state import RequestState, SeqState
+from serving.engine.model_runner import ModelRunner
+from serving.engine.outputs import Logprob, RequestOutput
+from serving.engine.request_state import RequestState, SeqState
 from serving.sampler import Sampler, batched_argmax, compute_logprobs
-from serving.sample_budget import choose_token
+from serving.engine.sample_budget import choose_token
 from serving.sampling_params import SEED_MIN, SamplingParams
-from serving.scheduler import Scheduler, SchedulerConfig
-from serving.sequence import Sequence
-from serving.sliding_block_manager import SlidingBlockManager
-from serving.stop import StopResult, check_stop
+from serving.engine.scheduler import Scheduler, SchedulerConfig
+from serving.engine.sequence import Sequence
+from serving.engine.sliding_block_manager import SlidingBlockManager
+from serving.engine.stop import StopResult, check_stop
 
 
 class LLMEngine:

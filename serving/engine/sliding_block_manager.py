@@ -22,7 +22,7 @@ Forks (n > 1) share blocks by reference count, with copy-on-write of a shared pa
 as in the global pool. Prefix caching is not offered here: the sliding KV of a cached prefix is
 released when its first owner moves on, so an engine with this pool turns prefix caching off.
 
-How to run its tests: `python -m pytest tests/serving/test_sliding_window.py -q`.
+How to run its tests: `python -m pytest tests/serving/engine/test_sliding_window.py -q`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
-from serving.sequence import Sequence
+from serving.engine.sequence import Sequence
 
 NULL_BLOCK = 0  # row of every sliding-pool tensor that released table entries point to
 

@@ -11,8 +11,8 @@ import torch
 
 import kernels
 from serving.models.base import CausalLM
-from serving.paged_cache import BatchMetadata, PagedKVCache
-from serving.sequence import Sequence
+from serving.engine.paged_cache import BatchMetadata, PagedKVCache
+from serving.engine.sequence import Sequence
 
 
 class ModelRunner:

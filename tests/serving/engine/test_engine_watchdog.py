@@ -8,7 +8,7 @@ the real engine, and the engine server over loopback HTTP with the official `ope
   caught once it returns.
 - A step loop that makes no progress turns /health into a 503 naming the model, and back once it moves.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_engine_watchdog.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/engine/test_engine_watchdog.py
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import torch
 from serving import guided_json
 from serving.api.server import create_engine_app
 from serving.errors import SamplingTimeoutError
-from serving.llm_engine import LLMEngine
-from serving.sample_budget import choose_token
+from serving.engine.llm_engine import LLMEngine
+from serving.engine.sample_budget import choose_token
 from serving.sampling_params import SamplingParams
-from serving.sequence import Sequence
+from serving.engine.sequence import Sequence
 from tests.serving.guided_cases import INDIRECT, SELF, nested, slowed
 from tests.serving.loopback import serve_on_loopback
 from tests.serving.toy_model import TOY_ENGINE, toy_chat_model

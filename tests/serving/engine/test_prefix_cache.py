@@ -1,4 +1,4 @@
-"""Tests for the prefix cache of `serving.block_manager` (hash chain over full blocks, hits, revival,
+"""Tests for the prefix cache of `serving.engine.block_manager` (hash chain over full blocks, hits, revival,
 eviction order) and a property test: random allocate / append / fork / free / preempt sequences with
 every invariant checked after each step.
 
@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from serving.block_manager import BlockManager, hash_block
-from serving.sequence import Sequence
+from serving.engine.block_manager import BlockManager, hash_block
+from serving.engine.sequence import Sequence
 from tests.serving.block_cases import BS, allocate_prefilled, append, seq
 
 

@@ -17,8 +17,8 @@ import time
 import torch
 
 from serving.errors import SamplingTimeoutError
-from serving.request_state import SeqState
-from serving.sequence import Sequence
+from serving.engine.request_state import SeqState
+from serving.engine.sequence import Sequence
 
 
 def choose_token(state: SeqState, seq: Sequence, logits: torch.Tensor, budget_s: float) -> int:

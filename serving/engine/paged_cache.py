@@ -7,7 +7,7 @@ model runner describes the batch in a `BatchMetadata`: where every new token's K
 
 A model with sliding-window layers may keep their KV in a second pool (`sliding_layers`): those
 layers' tensors have num_sliding_blocks + 1 rows, row 0 being the null block (zeros, never written)
-that released entries of a sliding block table point to (`serving.sliding_block_manager`). Such a
+that released entries of a sliding block table point to (`serving.engine.sliding_block_manager`). Such a
 layer reads and writes through `BatchMetadata.sliding_slot_mapping` and `sliding_block_tables`.
 """
 
