@@ -38,7 +38,7 @@ MODEL = "smollm2-135m-instruct"
 
 async def _serve(engine, schedule: list[tuple[float, list[int], int]]) -> None:
     """Send each (arrival s, prompt ids, output tokens) at its time; wait for every answer."""
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     t0 = time.perf_counter()
 
@@ -51,7 +51,7 @@ async def _serve(engine, schedule: list[tuple[float, list[int], int]]) -> None:
 
 
 async def _serve_bursts(engine, bursts: list[list[list[int]]], max_tokens: int) -> None:
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for b, burst in enumerate(bursts):

@@ -46,7 +46,7 @@ def record_workload(engine, prompts: Sequence[list[int]], concurrencies: Sequenc
     Returns the recorder's counts per bucket.
     """
     import kernels
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     recorder = recorder or ShapeRecorder()
     previous = kernels.attach_recorder(recorder)

@@ -347,7 +347,7 @@ class ToolCallScorer:
         Raises:
             PosttrainDataError: no traces, or a trace without a final assistant turn (before generating).
         """
-        from serving.sampling_params import SamplingParams
+        from serving.sampling.params import SamplingParams
 
         if not traces:
             raise PosttrainDataError("no traces to score")

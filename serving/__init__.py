@@ -14,7 +14,7 @@ from serving.errors import (
     UnsupportedArchitectureError,
     UnsupportedTensorTypeError,
 )
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 __all__ = [
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ModelRegistry", "ModelSpec", "default_registry",

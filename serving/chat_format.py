@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from serving.errors import ServingError
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 

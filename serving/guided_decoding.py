@@ -36,8 +36,8 @@ import torch
 
 from serving.errors import SamplingTimeoutError
 from serving.guided_json import JsonAutomaton, State
-from serving.logits_processors import apply_logit_bias, apply_penalties, mask_stop_tokens
-from serving.sampler import Sampler
+from serving.sampling.logits_processors import apply_logit_bias, apply_penalties, mask_stop_tokens
+from serving.sampling.sampler import Sampler
 
 EPSILON = 1e-4
 MAX_EXTRA_CANDIDATES = 256

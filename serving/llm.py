@@ -20,7 +20,7 @@ from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
 from serving.engine.outputs import RequestOutput
 from serving.registry import ModelRegistry, default_registry
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 PromptType = Union[str, dict]  # text, or {"prompt_token_ids": [...]} as in vLLM's TokensPrompt
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 from serving.traffic import RequestShape
 
 _SPECIAL_MARGIN = 256  # token ids kept out of synthetic prompts at both ends of the vocabulary

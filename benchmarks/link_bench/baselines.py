@@ -93,7 +93,7 @@ def engine_worker(model: str, dtype: str, warmup: list[int], prompts: list[list[
     from serving.engine.llm_engine import EngineConfig, LLMEngine
     from serving.model_loader import load_model
     from serving.registry import default_registry
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     engine = LLMEngine(load_model(default_registry().get(model), dtype), EngineConfig(tuned_kernels=True))
 

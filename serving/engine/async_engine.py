@@ -36,7 +36,7 @@ from typing import AsyncIterator
 
 from serving.engine.llm_engine import LLMEngine
 from serving.engine.outputs import RequestOutput
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

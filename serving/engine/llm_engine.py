@@ -33,9 +33,9 @@ from serving.model_loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
 from serving.engine.outputs import Logprob, RequestOutput
 from serving.engine.request_state import RequestState, SeqState
-from serving.sampler import Sampler, batched_argmax, compute_logprobs
+from serving.sampling.sampler import Sampler, batched_argmax, compute_logprobs
 from serving.engine.sample_budget import choose_token
-from serving.sampling_params import SEED_MIN, SamplingParams
+from serving.sampling.params import SEED_MIN, SamplingParams
 from serving.engine.scheduler import Scheduler, SchedulerConfig
 from serving.engine.sequence import Sequence
 from serving.engine.sliding_block_manager import SlidingBlockManager

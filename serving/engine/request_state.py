@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from serving.detokenizer import IncrementalDetokenizer
 from serving.errors import ServingError
 from serving.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from serving.sampler import Sampler
-from serving.sampling_params import SamplingParams
+from serving.sampling.sampler import Sampler
+from serving.sampling.params import SamplingParams
 from serving.engine.sequence import Sequence
 from serving.spec_decode.policy import AcceptanceState, summarize
 

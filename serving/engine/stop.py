@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 
 @dataclass

@@ -20,7 +20,7 @@ from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.frontend.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from serving.model_loader import LoadedModel
 from serving.engine.outputs import RequestOutput
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 from serving.tool_formats import DEFAULT_FORMAT, ToolCallFormat
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from serving.sampler import Sampler
+from serving.sampling.sampler import Sampler
 from serving.engine.sequence import Sequence
 from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.drafter import Drafter, NgramDrafter

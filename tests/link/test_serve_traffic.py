@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from link.backends.local import EnginePool
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 from serving.traffic import RequestShape, load_mix, traffic_path
 
 

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from serving.detokenizer import TokenBytes
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

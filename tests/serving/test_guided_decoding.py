@@ -14,8 +14,8 @@ import torch
 
 from serving.guided_decoding import JsonGuide, TokenTable
 from serving.guided_json import JsonAutomaton
-from serving.sampler import Sampler
-from serving.sampling_params import SamplingParams
+from serving.sampling.sampler import Sampler
+from serving.sampling.params import SamplingParams
 from serving.toolcalls import parse_tool_calls
 from tests.serving.guided_cases import PERSON, TREE, CharTokenizer, valid
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from serving.chat_format import IN_CONTEXT_PREAMBLE, InContextChatFormat, TemplateChatFormat
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 FORMAT = InContextChatFormat()
 MARKERS = ("\nUser:", "\nAssistant:", "\nTool result:", "\n\nUser")

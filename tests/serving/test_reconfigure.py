@@ -11,7 +11,7 @@ import pytest
 
 from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.reconfigure import reconfigure
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 from serving.traffic import TrafficRecorder
 
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from serving.engine.llm_engine import EngineConfig, LLMEngine
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 from serving.spec_decode import SpeculativeConfig
 
 ADAPTIVE = SpeculativeConfig()

@@ -14,8 +14,8 @@ from scipy.stats import chisquare
 from serving.engine.sequence import Sequence
 from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.ngram import propose_ngram
-from serving.sampler import Sampler
-from serving.sampling_params import SamplingParams
+from serving.sampling.sampler import Sampler
+from serving.sampling.params import SamplingParams
 from serving.spec_decode.policy import PRIOR_ALPHA, AcceptanceState, LookaheadPolicy, summarize
 from serving.spec_decode.rejection import num_greedy_accepted, rejection_sample
 from serving.spec_decode.speculator import Speculator

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from serving.engine.outputs import CompletionOutput, RequestOutput
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 from serving.traffic import (RequestShape, TrafficRecorder, burst_sizes, load_mix, mix_fingerprint, mix_signature,
                              save_mix, traffic_path)
 

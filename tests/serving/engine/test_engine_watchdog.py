@@ -29,7 +29,7 @@ from serving.api.server import create_engine_app
 from serving.errors import SamplingTimeoutError
 from serving.engine.llm_engine import LLMEngine
 from serving.engine.sample_budget import choose_token
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 from serving.engine.sequence import Sequence
 from tests.serving.guided_cases import INDIRECT, SELF, nested, slowed
 from tests.serving.loopback import serve_on_loopback

@@ -1,4 +1,4 @@
-"""Tests for `serving.sampler`: the draws' empirical distributions, greedy ties, seeds and RNG isolation,
+"""Tests for `serving.sampling.sampler`: the draws' empirical distributions, greedy ties, seeds and RNG isolation,
 and logprobs.
 
 Expected values are computed independently (by hand or with numpy). Statistical tests use fixed seeds, so
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from serving.sampler import Sampler, compute_logprobs
-from serving.sampling_params import SamplingParams
+from serving.sampling.sampler import Sampler, compute_logprobs
+from serving.sampling.params import SamplingParams
 
 # A 5-token distribution with distinct, hand-friendly probabilities.
 PROBS5 = [0.4, 0.25, 0.2, 0.1, 0.05]

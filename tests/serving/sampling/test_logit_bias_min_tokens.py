@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from serving.errors import InvalidSamplingParamsError
-from serving.logits_processors import apply_logit_bias, mask_stop_tokens
-from serving.sampler import Sampler
-from serving.sampling_params import SamplingParams
+from serving.sampling.logits_processors import apply_logit_bias, mask_stop_tokens
+from serving.sampling.sampler import Sampler
+from serving.sampling.params import SamplingParams
 from serving.engine.stop import check_stop
 
 INF = float("inf")

@@ -1,7 +1,7 @@
 """Choosing the next token from a model's logits, one sequence at a time.
 
 Pipeline of `Sampler.sample` (the order vLLM and Hugging Face use; steps 0, 1 and 3 are the logits
-processors of `serving.logits_processors`):
+processors of `serving.sampling.logits_processors`):
 
 0. logit bias and the `min_tokens` mask of EOS and stop token ids.
 1. penalties: repetition (prompt + output), then frequency and presence (output only).
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import torch
 
-from serving.logits_processors import apply_logit_bias, apply_penalties, apply_temperature_and_truncation, check_logits, mask_stop_tokens
-from serving.sampling_params import SamplingParams
+from serving.sampling.logits_processors import apply_logit_bias, apply_penalties, apply_temperature_and_truncation, check_logits, mask_stop_tokens
+from serving.sampling.params import SamplingParams
 
 __all__ = ["Sampler", "batched_argmax", "compute_logprobs"]
 

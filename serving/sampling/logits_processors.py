@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 __all__ = ["apply_logit_bias", "apply_penalties", "apply_temperature_and_truncation", "check_logits", "mask_stop_tokens"]
 

@@ -7,7 +7,7 @@ return it verbatim as an OpenAI-style 400 error.
 
 Which layer consumes which field:
 
-* `serving.sampler` (per decoding step): `temperature`, `top_p`, `top_k`, `min_p`, `seed`,
+* `serving.sampling.sampler` (per decoding step): `temperature`, `top_p`, `top_k`, `min_p`, `seed`,
   `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logprobs`, `logit_bias`,
   `min_tokens` (with `stop_token_ids` and the model's EOS ids).
 * The engine / scheduler: `n`, `max_tokens`, `min_tokens`, `stop_token_ids`, `ignore_eos`.

@@ -1,4 +1,4 @@
-"""Tests for `serving.logits_processors`: penalties, temperature and truncation masks.
+"""Tests for `serving.sampling.logits_processors`: penalties, temperature and truncation masks.
 
 Expected values are computed independently: by hand on small vocabularies, or with numpy references.
 (Logit bias and the `min_tokens` mask: test_logit_bias_min_tokens.py.)
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from serving.logits_processors import apply_penalties, apply_temperature_and_truncation
-from serving.sampling_params import SamplingParams
+from serving.sampling.logits_processors import apply_penalties, apply_temperature_and_truncation
+from serving.sampling.params import SamplingParams
 
 # A 5-token distribution with distinct, hand-friendly probabilities.
 PROBS5 = [0.4, 0.25, 0.2, 0.1, 0.05]

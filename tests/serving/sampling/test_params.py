@@ -1,4 +1,4 @@
-"""Tests for `serving.sampling_params`: defaults, normalization, properties and validation (the
+"""Tests for `serving.sampling.params`: defaults, normalization, properties and validation (the
 messages name the field, the value and the valid range).
 """
 
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from serving.errors import InvalidSamplingParamsError, ServingError
-from serving.sampling_params import SamplingParams, SamplingType
+from serving.sampling.params import SamplingParams, SamplingType
 
 
 # ---------------------------------------------------------------------------------------------
