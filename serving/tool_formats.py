@@ -174,7 +174,7 @@ class ToolCallFormat:
 
     @property
     def can_force(self) -> bool:
-        """Whether a forcing tool_choice is enforced by constrained decoding (`serving.guided_tools`: style json)."""
+        """Whether a forcing tool_choice is enforced by constrained decoding (`serving.guided.tool_choice`: style json)."""
         return self.style == "json"
 
     def render_system_prompt(self, functions: Sequence[dict], choice_rule: str, parallel_rule: str) -> str:

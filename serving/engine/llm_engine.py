@@ -60,7 +60,7 @@ class LLMEngine:
         self._requests: dict[str, RequestState] = {}
         self._seq_to_request: dict[int, RequestState] = {}
         self._seq_ids = itertools.count()
-        self._token_table = None  # serving.guided_decoding.TokenTable, built by the first guided_json request
+        self._token_table = None  # serving.guided.decoding.TokenTable, built by the first guided_json request
         self.speculator = None
         if config.speculative is not None:
             from serving.spec_decode.speculator import Speculator
@@ -92,7 +92,7 @@ class LLMEngine:
                 "shorten the prompt"
             )
         if params.guided_json is not None or params.structural_tag is not None:
-            from serving.guided_json import automaton_for
+            from serving.guided.automaton import automaton_for
 
             automaton_for(params.guided_json, params.structural_tag)  # UnsupportedSchemaError now, not mid-step
         vocab = self.loaded.config.vocab_size
@@ -308,8 +308,8 @@ class LLMEngine:
         table is built once)."""
         if params.guided_json is None and params.structural_tag is None:
             return None
-        from serving.guided_decoding import JsonGuide, TokenTable
-        from serving.guided_json import automaton_for
+        from serving.guided.decoding import JsonGuide, TokenTable
+        from serving.guided.automaton import automaton_for
 
         if self._token_table is None:
             self._token_table = TokenTable(self.loaded.tokenizer)

@@ -30,7 +30,7 @@ class SeqState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     first_token_time: float | None = None
-    guide: object | None = None  # serving.guided_decoding.JsonGuide for guided_json / structural_tag
+    guide: object | None = None  # serving.guided.decoding.JsonGuide for guided_json / structural_tag
     spec: AcceptanceState | None = None  # speculative decoding record; None = this sequence never drafts
 
 

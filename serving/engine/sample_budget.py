@@ -3,7 +3,7 @@
     token = choose_token(state, seq, logits, config.sample_timeout_s)   # SamplingTimeoutError when over
 
 A step samples its sequences one after another, so one slow choice delays every request in the batch. Guided
-decoding (`serving.guided_decoding.JsonGuide.sample`: a walk down the vocabulary, feeding each candidate to
+decoding (`serving.guided.decoding.JsonGuide.sample`: a walk down the vocabulary, feeding each candidate to
 the JSON automaton) checks a deadline as it goes, so a schema whose branches multiply costs at most
 `sample_timeout_s` of one step; any other sampling work (logits processors, penalties, the sampler) is
 measured once it returns. Either way the engine ends the request with `SamplingTimeoutError`

@@ -2,12 +2,12 @@
 
 - `prepare_chat`: refuses what a local text model cannot honour (`unservable_fields`), renders `tools`
   into the messages (`serving.toolcalls`), turns a forcing `tool_choice` ("required", a named function)
-  into the structural tag the engine enforces (`serving.guided_tools`) and `response_format` into the
-  JSON Schema it enforces (`serving.guided_json`), with 400s naming the field.
+  into the structural tag the engine enforces (`serving.guided.tool_choice`) and `response_format` into the
+  JSON Schema it enforces (`serving.guided.automaton`), with 400s naming the field.
 - `tool_message`: a finished output -> the OpenAI assistant message and finish reason
   (`tool_calls` and finish_reason "tool_calls" when the model called functions). A forced output is
   always calls, content null, even when max_tokens cut it (arguments as far as they got, finish_reason
-  "length"; `serving.guided_tools.parse_forced_calls`). In "auto" mode an output cut by max_tokens right
+  "length"; `serving.guided.tool_choice.parse_forced_calls`). In "auto" mode an output cut by max_tokens right
   after a whole call, inside its `</tool_call>`, is that call too (finish_reason stays "length"); any
   other unclosed or malformed block stays content.
 - After a tool result (a "tool" message), the model writing a result block of its own is echoing the
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest
-from serving.guided_json import UnsupportedSchemaError, response_format_schema
-from serving.guided_schema import InvalidSchemaError
-from serving.guided_tools import forced_tool_tag, forced_tools, parse_forced_calls
+from serving.guided.automaton import UnsupportedSchemaError, response_format_schema
+from serving.guided.schema import InvalidSchemaError
+from serving.guided.tool_choice import forced_tool_tag, forced_tools, parse_forced_calls
 from serving.toolcalls import (
     DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, parse_tool_calls, render_messages, streamable_length,
     with_system_text,

@@ -13,7 +13,7 @@ Which layer consumes which field:
 * The engine / scheduler: `n`, `max_tokens`, `min_tokens`, `stop_token_ids`, `ignore_eos`.
 * The detokenizer / output processor: `stop`, `include_stop_str_in_output`, `skip_special_tokens`,
   `strip_leading_space`.
-* Guided decoding (`serving.guided_decoding`): `guided_json`, `structural_tag`.
+* Guided decoding (`serving.guided.decoding`): `guided_json`, `structural_tag`.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ class SamplingParams:
             forces it. A mapping token id -> bias is accepted and stored as a tuple of (id, bias)
             pairs sorted by id; ids must be >= 0 (the sampler checks them against the vocabulary).
         guided_json: A JSON Schema, as JSON text, that the output must follow (`response_format`),
-            or None. Consumed by the engine, which samples through `serving.guided_decoding.JsonGuide`;
-            the schema subset is `serving.guided_json`'s.
+            or None. Consumed by the engine, which samples through `serving.guided.decoding.JsonGuide`;
+            the schema subset is `serving.guided.automaton`'s.
         structural_tag: Tagged JSON blocks the output must be, as JSON text, or None (vLLM's structural
             tag; forced tool calls): {"structures": [{"begin": str, "schema": JSON Schema, "end": str}],
             "max_blocks": int >= 1 (default 1), "separator": str (default "\\n")}; the output is 1 to

@@ -15,7 +15,7 @@ import pytest
 from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest
 from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
-from serving.guided_tools import forced_tool_tag, parse_forced_calls
+from serving.guided.tool_choice import forced_tool_tag, parse_forced_calls
 from serving.tool_formats import (
     DEFAULT_FORMAT, FORMATS, XML_FORMAT, XML_WRAPPED_FORMAT, ToolCallFormat, register_format, tool_format_from_config,
 )

@@ -24,7 +24,7 @@ import openai
 import pytest
 import torch
 
-from serving import guided_json
+from serving.guided import automaton
 from serving.api.server import create_engine_app
 from serving.errors import SamplingTimeoutError
 from serving.engine.llm_engine import LLMEngine
@@ -56,7 +56,7 @@ def server(toy):
 @pytest.fixture
 def slow_guided_steps(monkeypatch):
     """Each character the JSON automaton steps costs BUDGET / 4: one guided token takes seconds to choose."""
-    monkeypatch.setattr(guided_json, "step", slowed(guided_json.step, BUDGET / 4))
+    monkeypatch.setattr(automaton, "step", slowed(automaton.step, BUDGET / 4))
 
 
 def _json_schema(schema: dict) -> dict:

@@ -1,5 +1,5 @@
 """Constrained sampling: choose each token so the output stays a prefix of a valid JSON document (or of
-tagged blocks, see `serving.guided_json`).
+tagged blocks, see `serving.guided.automaton`).
 
 Lazy masking: rather than testing all V tokens every step, the guide walks the tokens in descending
 (penalized) logit order and feeds each token's text to a copy of the `JsonAutomaton` state:
@@ -35,7 +35,7 @@ from typing import Iterator, Sequence
 import torch
 
 from serving.errors import SamplingTimeoutError
-from serving.guided_json import JsonAutomaton, State
+from serving.guided.automaton import JsonAutomaton, State
 from serving.sampling.logits_processors import apply_logit_bias, apply_penalties, mask_stop_tokens
 from serving.sampling.sampler import Sampler
 

@@ -2,10 +2,10 @@
 
     check_json_depth(schema)    # the raw JSON: InvalidSchemaError past MAX_JSON_DEPTH levels
     check_decodable(root)       # the compiled tree: $ref cycles that write nothing; every node's height
-    compile_schema(schema)      # both around `guided_schema.build_nodes`: the entry point of every schema
+    compile_schema(schema)      # both around `schema.build_nodes`: the entry point of every schema
     response_format_schema(rf)  # the schema an OpenAI `response_format` asks for, compiled to check it
 
-`serving.guided_steps` starts a value by following `$ref`s and `anyOf` options until it reaches a node
+`serving.guided.steps` starts a value by following `$ref`s and `anyOf` options until it reaches a node
 that takes the character, so a cycle among those alone (a `$ref` to itself, a -> anyOf -> b -> a) would
 never return: `check_decodable` refuses it, naming the chain. Recursion through an object or array
 writes a `{` or `[` on every turn, so it is allowed, within the depth bound: each node's `height` is the
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.guided_schema import (MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH, InvalidSchemaError, Node, UnsupportedSchemaError,
+from serving.guided.schema import (MAX_JSON_DEPTH, MAX_SCHEMA_DEPTH, InvalidSchemaError, Node, UnsupportedSchemaError,
                                    build_nodes, shown)
 
 _LEAVES = ("any", "string", "number", "integer", "literals")
@@ -131,7 +131,7 @@ def _measure(nodes: list[Node]) -> None:
     parents: dict[int, list[Node]] = {}  # id(child) -> the nodes whose height waits on it, once per edge
     waiting: dict[int, int] = {}  # id(object or array) -> its needed children not settled yet
     for node in nodes:
-        if node.height is not None:  # shared and measured once (serving.guided_schema.ANY_OBJECT, ...)
+        if node.height is not None:  # shared and measured once (serving.guided.schema.ANY_OBJECT, ...)
             buckets[node.height].append(node)
             continue
         if node.kind in _LEAVES:

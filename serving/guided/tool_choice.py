@@ -19,14 +19,14 @@ tokens of pretty-printing (SmolLM2 wrote `{\\n    "city": ...` unconstrained).
 An object schema that lists `properties` and leaves `additionalProperties` unsaid is closed
 (additionalProperties false, OpenAI strict mode's rule): every output still validates against the
 given schema, and a small model cannot invent properties until max_tokens (SmolLM2 did). A
-`parameters` schema outside the automaton's subset (`serving.guided_schema`) is enforced as any JSON
+`parameters` schema outside the automaton's subset (`serving.guided.schema`) is enforced as any JSON
 object, as OpenAI's non-strict function calling promises no more; with `"strict": true` it is refused.
 
     tag = forced_tool_tag(tools, tool_choice, parallel_tool_calls)   # JSON text or None
     params = dataclasses.replace(params, structural_tag=tag)
     parsed = parse_forced_calls(output_text, forced_tools(tools, tool_choice))   # content None, the calls
 
-A `parameters` schema no automaton can decode (nested deeper than `serving.guided_schema.MAX_SCHEMA_DEPTH`,
+A `parameters` schema no automaton can decode (nested deeper than `serving.guided.schema.MAX_SCHEMA_DEPTH`,
 a `$ref` cycle that writes nothing, no finite document) is refused strict or not (`ToolSchemaError`,
 naming `tools[i].function.parameters`): it is malformed, not merely beyond the subset.
 
@@ -40,9 +40,9 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from serving.guided_checks import check_json_depth
-from serving.guided_json import JsonAutomaton, UnsupportedSchemaError
-from serving.guided_schema import InvalidSchemaError
+from serving.guided.checks import check_json_depth
+from serving.guided.automaton import JsonAutomaton, UnsupportedSchemaError
+from serving.guided.schema import InvalidSchemaError
 from serving.toolcalls import (
     DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, forced_tool_name, parse_tool_calls, tool_call,
     tool_functions,
@@ -65,7 +65,7 @@ def call_structure(function: dict, fmt: ToolCallFormat = DEFAULT_FORMAT, param: 
     Args:
         param: where the request holds `function`'s parameters, for errors (`tools[2].function.parameters`).
     Raises:
-        ToolSchemaError: parameters no automaton can decode (`serving.guided_schema.InvalidSchemaError`).
+        ToolSchemaError: parameters no automaton can decode (`serving.guided.schema.InvalidSchemaError`).
         ToolFormatError: a strict function whose parameters schema the automaton cannot enforce.
     """
     schema = function.get("parameters")

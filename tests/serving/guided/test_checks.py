@@ -1,9 +1,9 @@
-"""Schemas the JSON automaton must refuse before any engine work (`serving.guided_checks`): `$ref` cycles that
+"""Schemas the JSON automaton must refuse before any engine work (`serving.guided.checks`): `$ref` cycles that
 write nothing, schemas nested past MAX_SCHEMA_DEPTH, recursion with no finite document; the recursion it
 decodes within the bound; and the deadline that stops a schema whose parses multiply. The same refusals over
 HTTP, and the engine answering afterwards, are in test_engine_watchdog.py and tests/link/test_gateway_local_guards.py.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_guided_checks.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/guided/test_checks.py
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest
 from serving.errors import SamplingTimeoutError
 from serving.frontend.chat_tools import prepare_chat
-from serving.guided_json import JsonAutomaton, response_format_schema
-from serving.guided_schema import MAX_SCHEMA_DEPTH, InvalidSchemaError
+from serving.guided.automaton import JsonAutomaton, response_format_schema
+from serving.guided.schema import MAX_SCHEMA_DEPTH, InvalidSchemaError
 from tests.serving.guided_cases import INDIRECT, SELF, TREE, nested, valid
 
 THROUGH_ANYOF = {"$defs": {"a": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/b"}]}, "b": {"$ref": "#/$defs/a"}},

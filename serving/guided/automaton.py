@@ -5,7 +5,7 @@
     automaton.is_complete(state)                # True when the text is one whole document
 
 The automaton is a pushdown machine over characters (its transition function and frames are in
-`serving.guided_steps`). A state is a tuple of configurations, because `anyOf` (and a type list, and
+`serving.guided.steps`). A state is a tuple of configurations, because `anyOf` (and a type list, and
 a choice of tags) is followed on every branch at once until the text rules branches out. Numbers and
 literals (`true`, enum values) end only when a character arrives that cannot extend them; that
 character is then fed to the enclosing frame ("re-feed").
@@ -13,7 +13,7 @@ character is then fed to the enclosing frame ("re-feed").
 Tagged blocks (`JsonAutomaton.tagged`, vLLM's "structural tag"): the output is one to `max_blocks`
 blocks, each a structure's `begin` text, a JSON document that follows its schema and its `end` text,
 joined by `separator`, optionally with compact whitespace (a run is one space). Forced tool calls use it
-(`serving.guided_tools`): begin `<tool_call>\\n{"name": "f", "arguments": `, the parameters schema, end
+(`serving.guided.tool_choice`): begin `<tool_call>\\n{"name": "f", "arguments": `, the parameters schema, end
 `}\\n</tool_call>`, compact.
 
 Bounds, so that a constrained model always heads for the end of the document (a small model left free
@@ -33,7 +33,7 @@ the schema does not describe: everything under `json_object`, and undeclared mem
 
 A schema's own nesting, arrays and strings are bounded by the schema alone (a schema string can still
 run to `max_tokens`). No bound can dead-end: each leaves a way to close the value. The schema subset is
-`serving.guided_schema`'s; `{"type": "json_object"}` is the schema `{"type": "object"}`.
+`serving.guided.schema`'s; `{"type": "json_object"}` is the schema `{"type": "object"}`.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ import json
 import time
 
 from serving.errors import SamplingTimeoutError
-from serving.guided_checks import compile_schema, response_format_schema
-from serving.guided_schema import UnsupportedSchemaError
-from serving.guided_steps import (
+from serving.guided.checks import compile_schema, response_format_schema
+from serving.guided.schema import UnsupportedSchemaError
+from serving.guided.steps import (
     MAX_DEPTH, MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_KEY_CHARS, MAX_MEMBERS, MAX_STRING_CHARS,
     MAX_WHITESPACE, can_end, open_block, step,
 )
@@ -53,7 +53,7 @@ __all__ = ["JsonAutomaton", "State", "UnsupportedSchemaError", "automaton_for", 
            "MAX_EXP_DIGITS", "MAX_FRAC_DIGITS", "MAX_INT_DIGITS", "MAX_KEY_CHARS", "MAX_MEMBERS", "MAX_STRING_CHARS",
            "MAX_WHITESPACE"]
 
-State = tuple  # of configurations ((frame, parent), whitespace run length); see serving.guided_steps
+State = tuple  # of configurations ((frame, parent), whitespace run length); see serving.guided.steps
 CHECK_EVERY = 256  # configurations stepped between two deadline checks in `JsonAutomaton.feed`
 
 

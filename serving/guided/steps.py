@@ -14,12 +14,12 @@ whitespace run that ends at this point. Frames (the first element names the kind
     ("done", blocks left, reopen)            after a whole block; `reopen` = ((separator + begin, node, end), ...)
     ("root", end, blocks left, reopen)       the bottom of a block's stack (never on top)
 
-The bounds (see `serving.guided_json`) live here as constants.
+The bounds (see `serving.guided.automaton`) live here as constants.
 """
 
 from __future__ import annotations
 
-from serving.guided_schema import ANY, ANY_ARRAY, ANY_OBJECT, MAX_SCHEMA_DEPTH, Node, literals
+from serving.guided.schema import ANY, ANY_ARRAY, ANY_OBJECT, MAX_SCHEMA_DEPTH, Node, literals
 
 MAX_INT_DIGITS, MAX_FRAC_DIGITS, MAX_EXP_DIGITS = 15, 20, 3  # 20: every Python repr of a float in [1e-4, 1)
 MAX_DEPTH = 8
@@ -100,7 +100,7 @@ def _depth(parent: tuple | None) -> int:
 
 
 def _start(node: Node, parent: tuple, c: str) -> list:
-    while node.kind == "ref":  # ends: serving.guided_checks refused $ref cycles that write nothing
+    while node.kind == "ref":  # ends: serving.guided.checks refused $ref cycles that write nothing
         node = node.target
     kind = node.kind
     if kind == "anyof":
@@ -114,7 +114,7 @@ def _start(node: Node, parent: tuple, c: str) -> list:
         return _start(node, parent, c)
     if kind in ("object", "array"):
         # Only a container whose shortest document still fits under MAX_SCHEMA_DEPTH here opens: a recursive
-        # schema cannot nest without end, and never into a branch it could not close (serving.guided_checks).
+        # schema cannot nest without end, and never into a branch it could not close (serving.guided.checks).
         if c != ("{" if kind == "object" else "[") or node.height is None or _depth(parent) + node.height > MAX_SCHEMA_DEPTH:
             return []
         return [((("obj", node, "first", frozenset()) if kind == "object" else ("arr", node, "first", 0), parent), 0)]

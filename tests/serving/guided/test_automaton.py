@@ -2,7 +2,7 @@
 the schema subset, each bound at its limit, no dead ends, and tagged blocks. The guide that samples
 through it, and the real models, are in test_guided_decoding.py.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_guided_json.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/guided/test_automaton.py
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from serving import guided_steps
-from serving.guided_json import (
+from serving.guided import steps
+from serving.guided.automaton import (
     MAX_DEPTH, MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_KEY_CHARS, MAX_MEMBERS, MAX_STRING_CHARS, MAX_WHITESPACE,
     JsonAutomaton, UnsupportedSchemaError, automaton_for, response_format_schema,
 )
@@ -67,7 +67,7 @@ def _strict_loads(text: str):
 
 
 def _within_bounds(text: str) -> bool:
-    """The whitespace and number bounds of serving.guided_json, checked on the text with its strings emptied."""
+    """The whitespace and number bounds of serving.guided.automaton, checked on the text with its strings emptied."""
     outside = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
     if outside != outside.strip():
         return False
@@ -248,9 +248,9 @@ def test_no_reachable_state_is_a_dead_end_with_tiny_bounds(schema, monkeypatch):
     nesting against MAX_SCHEMA_DEPTH)."""
     for name, value in [("MAX_MEMBERS", 3), ("MAX_KEY_CHARS", 1), ("MAX_STRING_CHARS", 2), ("MAX_DEPTH", 3), ("MAX_WHITESPACE", 2),
                         ("MAX_SCHEMA_DEPTH", 5)]:
-        monkeypatch.setattr(guided_steps, name, value)
+        monkeypatch.setattr(steps, name, value)
     for part in ("int", "frac", "exp"):
-        monkeypatch.setitem(guided_steps._NUM_DIGITS, part, 2)
+        monkeypatch.setitem(steps._NUM_DIGITS, part, 2)
     auto, rng = JsonAutomaton(schema), random.Random(5)
     alphabet = sorted(set(ALPHABET) | set(json.dumps(schema)))  # and the letters of its names and enum values
     num_steps = 0

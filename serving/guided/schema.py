@@ -1,4 +1,4 @@
-"""JSON Schema (the subset `serving.guided_json` enforces) -> a tree of `Node`s; `response_format` -> schema.
+"""JSON Schema (the subset `serving.guided.automaton` enforces) -> a tree of `Node`s; `response_format` -> schema.
 
 Supported: `type` (object, array, string, number, integer, boolean, null, or a list of these),
 `properties`, `required`, `additionalProperties` (true, false or a schema), `items`, `minItems`,
@@ -13,7 +13,7 @@ values included, nests at most `MAX_JSON_DEPTH` (128) levels. Deeper ones are re
 them could exhaust the stack.
 
 Recursion through `$ref` is allowed where it writes something: a tree node whose `children` are items of
-its own schema is fine, since every turn opens an array or object. `serving.guided_checks` refuses the
+its own schema is fine, since every turn opens an array or object. `serving.guided.checks` refuses the
 rest once the tree is built: a `$ref` chain that reaches itself without writing a character
 (`{"$defs": {"a": {"$ref": "#/$defs/a"}}}`, or a -> anyOf -> b -> a), and a schema with no document at
 most `MAX_SCHEMA_DEPTH` objects and arrays deep (recursion through a required property has no finite
@@ -62,7 +62,7 @@ class Node:
     """One compiled schema: `kind` is any, object, array, string, number, integer, literals, anyof or ref.
 
     `path` is where it was compiled (a ref's is the `$ref` text, `#/$defs/NAME`); `height` is the fewest
-    nested objects and arrays a document of it needs, set by `serving.guided_checks` (None: more than
+    nested objects and arrays a document of it needs, set by `serving.guided.checks` (None: more than
     MAX_SCHEMA_DEPTH, or no finite document at all).
     """
 
@@ -162,7 +162,7 @@ class _Compiler:
 
 
 def build_nodes(schema: dict) -> Node:
-    """The root `Node` of `schema`, unchecked: `serving.guided_checks.compile_schema` is the entry point, which
+    """The root `Node` of `schema`, unchecked: `serving.guided.checks.compile_schema` is the entry point, which
     bounds the depth first and measures every node's `height` after.
 
     Raises:

@@ -1,8 +1,8 @@
 """Forced tool calls (`tool_choice` "required" or a named function) by constrained decoding: the structural
-tag `serving.guided_tools` builds, then the real SmolLM2 behind the engine server and the gateway's local
+tag `serving.guided.tool_choice` builds, then the real SmolLM2 behind the engine server and the gateway's local
 backend, whole and streamed.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_forced_tools.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/guided/test_tool_choice.py
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest
 from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
-from serving.guided_json import automaton_for
-from serving.guided_tools import MAX_PARALLEL_CALLS, forced_tool_tag, forced_tools
+from serving.guided.automaton import automaton_for
+from serving.guided.tool_choice import MAX_PARALLEL_CALLS, forced_tool_tag, forced_tools
 from serving.toolcalls import ToolFormatError, parse_tool_calls, render_tool_call
 
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},

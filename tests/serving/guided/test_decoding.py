@@ -2,7 +2,7 @@
 logits, forced end, forced text, the in-context format's opening space), then the real models: SmolLM2
 documents that parse and Gemma's free-form json_object reply closing well before max_tokens.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_guided_decoding.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/guided/test_decoding.py
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from serving.guided_decoding import JsonGuide, TokenTable
-from serving.guided_json import JsonAutomaton
+from serving.guided.decoding import JsonGuide, TokenTable
+from serving.guided.automaton import JsonAutomaton
 from serving.sampling.sampler import Sampler
 from serving.sampling.params import SamplingParams
 from serving.toolcalls import parse_tool_calls
