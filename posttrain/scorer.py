@@ -5,7 +5,7 @@ as the gateway renders a chat request with `tools` to a local model (`serving.fr
 harness format writes the tools into the system turn (`posttrain.dataset.harness_messages`, the rendering the
 dataset trains on), the model's chat template turns the messages into text and our tokenizer into ids. Our
 engine answers all prompts in one `generate` call (continuous batching), greedily, up to `max_tokens` tokens or
-the end of the turn; the reply is parsed as the gateway parses it (`serving.toolcalls.parse_tool_calls`, `cut`
+the end of the turn; the reply is parsed as the gateway parses it (`serving.tools.harness.parse_tool_calls`, `cut`
 when the reply hit max_tokens) and graded against the final assistant turn:
 
 - BFCL traces (`posttrain.traces_bfcl.read_bfcl`: meta "functions", "ground_truth"): the calls, their OpenAI
@@ -204,7 +204,7 @@ def render_table(result: ScoreResult, title: str | None = None):
 
 
 def _format(tool_format: Any):
-    """`tool_format` as a `serving.tool_formats.ToolCallFormat` (None = the default JSON format)."""
+    """`tool_format` as a `serving.tools.formats.ToolCallFormat` (None = the default JSON format)."""
     from posttrain.dataset import resolve_tool_format
 
     return resolve_tool_format(tool_format)
@@ -270,7 +270,7 @@ def grade_output(trace: Trace, text: str, finish_reason: str | None = None, tool
     """
     from evals.bfcl_match import match_calls
     from evals.bfcl_schema import decode_tool_calls, to_openai_tools
-    from serving.toolcalls import parse_tool_calls
+    from serving.tools.harness import parse_tool_calls
 
     fmt = _format(tool_format)
     gold = trace.messages[-1] if trace.messages else {}

@@ -5,7 +5,7 @@ starts one `AsyncLLMEngine` for it and shares it between every deployment naming
 request path is the standalone server's (`serving/frontend/responses.py`: `plan_chat`/`plan_completion`,
 `whole_response`, `stream_events`), so a local answer through the gateway equals `link engine serve`'s.
 The first-chunk and whole-request timeouts start once the model is loaded. Requests with `tools` use
-the deployment's harness format (link.yaml `tool_format:`, `serving.tool_formats`). A request the engine
+the deployment's harness format (link.yaml `tool_format:`, `serving.tools.formats`). A request the engine
 stops (`SamplingTimeoutError`) is a 400 that leaves the replica in rotation; an engine whose loop failed
 or stalled (`AsyncLLMEngine.problem`) fails its health check, so the gateway's /health lists the model.
 

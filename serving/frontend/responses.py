@@ -21,7 +21,7 @@ from serving.frontend.logprobs import TextOffsets, chat_logprobs, completion_log
 from serving.model_loader import LoadedModel
 from serving.engine.outputs import RequestOutput
 from serving.sampling.params import SamplingParams
-from serving.tool_formats import DEFAULT_FORMAT, ToolCallFormat
+from serving.tools.formats import DEFAULT_FORMAT, ToolCallFormat
 
 
 @dataclass

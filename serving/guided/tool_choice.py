@@ -1,6 +1,6 @@
 """Forced tool calls by constrained decoding: `tool_choice` "required" or a named function -> a structural tag.
 
-The output is then exactly the harness's blocks (`serving.toolcalls`), one per call:
+The output is then exactly the harness's blocks (`serving.tools.harness`), one per call:
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}
@@ -31,7 +31,7 @@ a `$ref` cycle that writes nothing, no finite document) is refused strict or not
 naming `tools[i].function.parameters`): it is malformed, not merely beyond the subset.
 
 A forced output always comes back as `tool_calls`, even when max_tokens cut it (`parse_forced_calls`).
-Each function takes the harness format (`fmt`, a json-style `serving.tool_formats.ToolCallFormat`: its
+Each function takes the harness format (`fmt`, a json-style `serving.tools.formats.ToolCallFormat`: its
 block tags and keys); an xml-style format cannot be forced this way (`ToolCallFormat.can_force`).
 """
 
@@ -43,7 +43,7 @@ from typing import Any, Sequence
 from serving.guided.checks import check_json_depth
 from serving.guided.automaton import JsonAutomaton, UnsupportedSchemaError
 from serving.guided.schema import InvalidSchemaError
-from serving.toolcalls import (
+from serving.tools.harness import (
     DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, forced_tool_name, parse_tool_calls, tool_call,
     tool_functions,
 )

@@ -83,7 +83,7 @@ def test_unsupported_fields_are_clear_400s(client):
         client.completions.create(model=MODEL, prompt="Hi", best_of=3, max_tokens=2)
     assert info.value.body["param"] == "best_of" and "not supported" in info.value.body["message"]
     assert "engine server" not in info.value.body["message"]  # the gateway sends the same message
-    # tools are served (serving/toolcalls.py, tests/serving/test_toolcalls.py); a malformed tool is a 400 naming it
+    # tools are served (serving/tools/harness.py, tests/serving/tools/test_harness.py); a malformed tool is a 400 naming it
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[{"type": "function", "function": {}}])
     assert info.value.body["param"] == "tools[0].function.name" and "tools[0].function.name" in info.value.body["message"]

@@ -16,7 +16,7 @@ from serving.guided.decoding import JsonGuide, TokenTable
 from serving.guided.automaton import JsonAutomaton
 from serving.sampling.sampler import Sampler
 from serving.sampling.params import SamplingParams
-from serving.toolcalls import parse_tool_calls
+from serving.tools.harness import parse_tool_calls
 from tests.serving.guided_cases import PERSON, TREE, CharTokenizer, valid
 
 

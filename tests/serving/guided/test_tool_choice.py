@@ -19,7 +19,7 @@ from protocol.openai import ChatCompletionRequest
 from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.guided.automaton import automaton_for
 from serving.guided.tool_choice import MAX_PARALLEL_CALLS, forced_tool_tag, forced_tools
-from serving.toolcalls import ToolFormatError, parse_tool_calls, render_tool_call
+from serving.tools.harness import ToolFormatError, parse_tool_calls, render_tool_call
 
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
                   "required": ["city", "unit"]}

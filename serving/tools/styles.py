@@ -1,4 +1,4 @@
-"""The call styles of the tool-call harness formats: how one call is written and read back (issue 8).
+"""The call styles of the tool-call harness formats: how one call is written and read back.
 
 - "json" (Hermes-like, the default): one JSON object `{"name": "f", "arguments": {...}}` (the keys are
   configurable) per block; a block may also hold a JSON list of such objects.
@@ -20,7 +20,7 @@
   back a string). Names must fit the tag syntax: no whitespace, `<`, `>`, `=` or `/` (`check_xml_tools`).
 
 Both readers return OpenAI tool calls (`tool_call`) or None for text that is not a well-formed call of an
-offered function; neither raises on model text. `serving.tool_formats.ToolCallFormat` picks the style.
+offered function; neither raises on model text. `serving.tools.formats.ToolCallFormat` picks the style.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The tool-call harness format (serving/toolcalls.py): parsing hand-written outputs, rendering, the
+"""The tool-call harness format (serving/tools/harness.py): parsing hand-written outputs, rendering, the
 streamed hold-back, and the standalone server with tools on the real SmolLM2-135M-Instruct.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_toolcalls.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/tools/test_harness.py
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from serving.frontend.chat_tools import ToolStream, tool_message
-from serving.toolcalls import (
+from serving.tools.harness import (
     ToolFormatError, parse_tool_calls, render_messages, render_tools_system_prompt, streamable_length,
 )
 

@@ -1,8 +1,8 @@
-"""The tool-call harness for local models (which have no native one), issues 4 and 8.
+"""The tool-call harness for local models (which have no native one).
 
-Everything model-visible goes through a `serving.tool_formats.ToolCallFormat` (`fmt`, default
-`DEFAULT_FORMAT`, the format below, bit-for-bit that of issue 4); a link.yaml local model may name
-another (`tool_format: xml`). Post-training (issue 8) renders traces with the same functions, so a
+Everything model-visible goes through a `serving.tools.formats.ToolCallFormat` (`fmt`, default
+`DEFAULT_FORMAT`, the format below, unchanged since the harness began); a link.yaml local model may name
+another (`tool_format: xml`). Post-training renders traces with the same functions, so a
 fine-tuned model sees at serving exactly what it was trained on.
 
 The default: the offered tools go into the system turn (merged after an existing system message), one
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from serving.chat_format import message_text
-from serving.tool_formats import DEFAULT_FORMAT, ToolCallFormat
-from serving.tool_styles import ToolFormatError, tool_call, tool_functions  # re-exported: callers import them from here
+from serving.tools.formats import DEFAULT_FORMAT, ToolCallFormat
+from serving.tools.styles import ToolFormatError, tool_call, tool_functions  # re-exported: callers import them from here
 
 __all__ = ["CALL_OPEN", "CALL_CLOSE", "DEFAULT_FORMAT", "ParsedOutput", "ToolCallFormat", "ToolFormatError",
            "forced_tool_name", "parse_tool_calls", "render_messages", "render_tool_call", "render_tools_system_prompt",

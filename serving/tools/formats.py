@@ -1,7 +1,7 @@
-"""Tool-call harness formats: how offered tools, calls and results are written for a local model (issue 8).
+"""Tool-call harness formats: how offered tools, calls and results are written for a local model.
 
 A `ToolCallFormat` (frozen) fixes everything model-visible about tools, so one object renders training
-traces (`posttrain`) and serving prompts and parses the model's replies (`serving.toolcalls` takes it
+traces (`posttrain`) and serving prompts and parses the model's replies (`serving.tools.harness` takes it
 as `fmt=`):
 
 - `system_template`: the text appended to the system turn. Placeholders: `{tools}` (required: one JSON
@@ -9,19 +9,19 @@ as `fmt=`):
   the style), `{block}` (the block's name, e.g. "tool_call"), `{parallel_rule}` and `{choice_rule}` (the
   parallel_tool_calls / tool_choice sentences). A line holding only a placeholder that is empty is dropped;
   other braces are literal text.
-- `style` "json" or "xml" (`serving.tool_styles`) with the block tags `call_open`/`call_close` around each
+- `style` "json" or "xml" (`serving.tools.styles`) with the block tags `call_open`/`call_close` around each
   call (style xml only: both empty, and the `<function=...>` element is the block itself), `name_key` /
   `arguments_key` (style json), `nested_values` (style xml: "json" writes object/array values as JSON text,
   "refuse" refuses such parameters up front, for harnesses whose values are only plain text).
 - `response_template`: one tool result, placeholders `{name}`, `{id}`, `{content}` (required); results go
-  back in a user turn (`serving.toolcalls.render_messages`). Its literal ends are the result markers
+  back in a user turn (`serving.tools.harness.render_messages`). Its literal ends are the result markers
   (`result_open`, `result_close`): after a tool result generation stops at `result_open`, and a result
-  block the model still writes is cut from its answer (`serving.toolcalls.strip_tool_results`).
+  block the model still writes is cut from its answer (`serving.tools.harness.strip_tool_results`).
 
 Built-in formats (`FORMATS`):
 
     "json" = "default"  <tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>
-                        (bit-for-bit the format of issue 4; the only one forced tool_choice can enforce)
+                        (bit-for-bit the first harness format; the only one forced tool_choice can enforce)
     "xml"               <function=get_weather>\\n<parameter=city>\\nParis\\n</parameter>\\n</function>
     "xml-wrapped"       the same inside <tool_call></tool_call> (Qwen3-Coder's call syntax)
 
@@ -44,7 +44,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from serving.tool_styles import (
+from serving.tools.styles import (
     ToolFormatError, check_xml_tools, json_calls, parameter_schemas, tool_call, tool_functions, xml_call, xml_calls,
 )
 

@@ -1,8 +1,8 @@
-"""Configurable tool-call harness formats (serving/tool_formats.py, serving/tool_styles.py): for every built-in
+"""Configurable tool-call harness formats (serving/tools/formats.py, serving/tools/styles.py): for every built-in
 and a custom format, parse(render(calls)) == calls on generated calls; hand-checked XML renderings; refusals
 of what a format cannot carry; the streamed hold-back; config errors; the serving-side wiring.
 
-    LINK_HOME=.link .venv/bin/python -m pytest -q tests/serving/test_tool_formats.py
+    LINK_HOME=.link .venv/bin/python -m pytest -q tests/serving/tools/test_formats.py
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest
 from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.guided.tool_choice import forced_tool_tag, parse_forced_calls
-from serving.tool_formats import (
+from serving.tools.formats import (
     DEFAULT_FORMAT, FORMATS, XML_FORMAT, XML_WRAPPED_FORMAT, ToolCallFormat, register_format, tool_format_from_config,
 )
-from serving.toolcalls import ToolFormatError, parse_tool_calls, render_messages, render_tools_system_prompt
+from serving.tools.harness import ToolFormatError, parse_tool_calls, render_messages, render_tools_system_prompt
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",

@@ -4,7 +4,7 @@ appears is cut where the calls are parsed. Hand-written model outputs for every 
 xml-wrapped) under SmolLM2's chat template and Gemma's in-context format, then the real SmolLM2 through the
 engine server.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_tool_result_echo.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/tools/test_tool_result_echo.py
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from protocol.openai import ChatCompletionRequest
 from serving.frontend.responses import plan_chat
 from serving.chat_format import InContextChatFormat, TemplateChatFormat
 from serving.engine.stop import check_stop
-from serving.tool_formats import FORMATS, tool_format_from_config
-from serving.toolcalls import parse_tool_calls
+from serving.tools.formats import FORMATS, tool_format_from_config
+from serving.tools.harness import parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -50,7 +50,7 @@ def test_each_format_knows_its_result_markers(name):
 
 
 def test_a_custom_result_template_has_its_own_markers_or_none():
-    from serving.toolcalls import strip_tool_results
+    from serving.tools.harness import strip_tool_results
 
     fmt = tool_format_from_config({"response_template": "<result of={name}>\n{content}\n</result>"})
     assert (fmt.result_open, fmt.result_close) == ("<result", "</result>")
