@@ -2,8 +2,8 @@
 
 A trace is rendered exactly as the engine renders a chat request to a local model (`serving.frontend.responses.
 plan_chat`): `serving.tools.harness.render_messages` writes the tools into the system turn and the calls and results
-as text in the harness format, the model's chat template (`serving.chat_format.TemplateChatFormat`) turns the
-messages into text, and our tokenizer (`serving.tokenizer.Tokenizer`) into ids. So the tokens before each
+as text in the harness format, the model's chat template (`serving.text.chat_format.TemplateChatFormat`) turns the
+messages into text, and our tokenizer (`serving.text.tokenizer.Tokenizer`) into ids. So the tokens before each
 assistant turn are, token for token, the prompt the engine builds when a client sends that conversation.
 The harness format (`serving.tools.formats.ToolCallFormat`, `tool_format=`) must be the deployment's
 (link.yaml `tool_format:`); traces are rendered strictly: a schema the format cannot express, or a call that
@@ -83,16 +83,16 @@ def load_chat_tokenizer(model: Any, registry: Any = None) -> tuple[Any, Any]:
         model: a registered model name or a `serving.registry.ModelSpec`.
         registry: a `ModelRegistry` (default: `serving.registry.default_registry()`).
     Returns:
-        (serving.tokenizer.Tokenizer, serving.chat_format.TemplateChatFormat).
+        (serving.text.tokenizer.Tokenizer, serving.text.chat_format.TemplateChatFormat).
     Raises:
         PosttrainDataError: the model has no chat template (a base model with the in-context format: training
             needs a template that marks where the assistant's turn ends). UnknownModelError, ModelFileError:
             from the registry.
     """
-    from serving.chat_format import TemplateChatFormat
+    from serving.text.chat_format import TemplateChatFormat
     from serving.loader.gguf_loader import open_gguf
     from serving.registry import ModelSpec, default_registry
-    from serving.tokenizer import Tokenizer
+    from serving.text.tokenizer import Tokenizer
 
     spec = model if isinstance(model, ModelSpec) else (registry or default_registry()).get(model)
     if spec.chat_format != "template":
@@ -114,7 +114,7 @@ def render_conversation(chat_format: Any, messages: Sequence[dict], add_generati
     """`messages` through the chat template; `add_generation_prompt=True` is exactly `chat_format.render`."""
     if add_generation_prompt:
         return chat_format.render(messages)
-    from serving.chat_format import normalize_messages
+    from serving.text.chat_format import normalize_messages
 
     # TemplateChatFormat.render always adds the generation prompt; the same compiled template without it.
     return chat_format._compiled.render(messages=normalize_messages(messages), add_generation_prompt=False,

@@ -26,7 +26,7 @@ import time
 import torch
 
 from serving.engine.block_manager import BlockManager
-from serving.detokenizer import IncrementalDetokenizer
+from serving.text.detokenizer import IncrementalDetokenizer
 from serving.engine.engine_config import EngineConfig, pool_sizes  # EngineConfig is imported from here too
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.model_loader import LoadedModel

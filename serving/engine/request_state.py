@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.detokenizer import IncrementalDetokenizer
+from serving.text.detokenizer import IncrementalDetokenizer
 from serving.errors import ServingError
 from serving.engine.outputs import CompletionOutput, Logprob, RequestOutput
 from serving.sampling.sampler import Sampler

@@ -2,7 +2,7 @@
 
 Stop strings are matched on the detokenized text, so a stop string split across two or more tokens is
 caught (the text of all output tokens is searched, starting a stop string's length before the newly
-added characters). The text holds complete characters only (`serving.detokenizer`), so a stop string
+added characters). The text holds complete characters only (`serving.text.detokenizer`), so a stop string
 ending in a multi-byte character (an emoji spread over several tokens) matches once its last byte
 arrives. The matched string, and the text of a stop token (EOS or `stop_token_ids`), is cut from the
 text (vLLM's `include_stop_str_in_output` keeps it). Before `min_tokens` output tokens nothing but the

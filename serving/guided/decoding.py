@@ -52,7 +52,7 @@ class TokenTable:
     from the first token of a text (SentencePiece's Metaspace) give the text it has mid-output.
 
     Args:
-        tokenizer: a `serving.tokenizer.Tokenizer` (needs `encode`, `decode`, `vocab_size`, `eos_token_ids`).
+        tokenizer: a `serving.text.tokenizer.Tokenizer` (needs `encode`, `decode`, `vocab_size`, `eos_token_ids`).
     """
 
     def __init__(self, tokenizer):

@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from serving.chat_format import message_text
+from serving.text.chat_format import message_text
 from serving.tools.formats import DEFAULT_FORMAT, ToolCallFormat
 from serving.tools.styles import ToolFormatError, tool_call, tool_functions  # re-exported: callers import them from here
 

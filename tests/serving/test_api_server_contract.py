@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from serving.detokenizer import TokenBytes
+from serving.text.detokenizer import TokenBytes
 from serving.sampling.params import SamplingParams
 
 MODEL = "smollm2-135m-instruct"

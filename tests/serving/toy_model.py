@@ -12,7 +12,7 @@ import types
 
 import torch
 
-from serving.chat_format import TemplateChatFormat
+from serving.text.chat_format import TemplateChatFormat
 from serving.config import ModelConfig
 from serving.engine.llm_engine import EngineConfig
 from serving.model_loader import LoadedModel

@@ -17,7 +17,7 @@ import pytest
 from serving.frontend.chat_tools import ToolStream, tool_message
 from protocol.openai import ChatCompletionRequest
 from serving.frontend.responses import plan_chat
-from serving.chat_format import InContextChatFormat, TemplateChatFormat
+from serving.text.chat_format import InContextChatFormat, TemplateChatFormat
 from serving.engine.stop import check_stop
 from serving.tools.formats import FORMATS, tool_format_from_config
 from serving.tools.harness import parse_tool_calls
@@ -94,7 +94,7 @@ class _ByteTokenizer:
 def smollm2_text(smollm2_gguf_path):
     """SmolLM2's tokenizer and chat template (ChatML) from its GGUF file, without its weights."""
     from serving.loader.gguf_loader import open_gguf
-    from serving.tokenizer import Tokenizer
+    from serving.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_gguf(smollm2_gguf_path, open_gguf(smollm2_gguf_path).metadata)
     return SimpleNamespace(tokenizer=tokenizer,

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from serving.detokenizer import IncrementalDetokenizer, TokenBytes
+from serving.text.detokenizer import IncrementalDetokenizer, TokenBytes
 from serving.sampling.params import SamplingParams
 
 EMOJI_CHAT = [{"role": "user", "content": "Reply with five party emojis like 🎉🥳🎂 and the Chinese word 你好."}]

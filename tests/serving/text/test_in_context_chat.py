@@ -2,14 +2,14 @@
 the text (whole and streamed alike), and the turn markers that end a reply as stop strings next to the
 client's own.
 
-    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/test_in_context_chat.py
+    LINK_HOME=.link LINK_DATASETS_DIR=../shared/data .venv/bin/python -m pytest -q tests/serving/text/test_in_context_chat.py
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from serving.chat_format import IN_CONTEXT_PREAMBLE, InContextChatFormat, TemplateChatFormat
+from serving.text.chat_format import IN_CONTEXT_PREAMBLE, InContextChatFormat, TemplateChatFormat
 from serving.sampling.params import SamplingParams
 
 FORMAT = InContextChatFormat()

@@ -27,7 +27,7 @@ class IncrementalDetokenizer:
     """Committed text of one sequence's output and the window offsets (indices into the output ids).
 
     Attributes:
-        tokenizer: a `serving.tokenizer.Tokenizer` (anything with `decode(ids, skip_special_tokens)`).
+        tokenizer: a `serving.text.tokenizer.Tokenizer` (anything with `decode(ids, skip_special_tokens)`).
         skip_special_tokens: passed to every decode.
         text: the output decoded so far, complete characters only.
         prefix_offset: first id of the window; its text is context, already in `text`.
