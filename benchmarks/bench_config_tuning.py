@@ -66,7 +66,7 @@ def record(loaded, serve) -> list:
     """Run `serve(engine)` on a fresh AsyncLLMEngine with a TrafficRecorder; the recorded shapes."""
     from serving.engine.async_engine import AsyncLLMEngine
     from serving.engine.llm_engine import EngineConfig, LLMEngine
-    from serving.traffic import TrafficRecorder
+    from serving.tuning.traffic import TrafficRecorder
 
     async def main():
         engine = AsyncLLMEngine(LLMEngine(loaded, EngineConfig(tuned_kernels=False)))
@@ -101,11 +101,11 @@ def main() -> None:
     from benchmarks.link_bench.workloads import load_repetitive
     from benchmarks.config_tuning import tune_config
     from kernels.config_winners import ConfigWinnerTable
-    from serving.config_search import describe, from_json
+    from serving.tuning.config_search import describe, from_json
     from serving.model_loader import load_model
     from serving.registry import default_registry
     from serving.spec_decode.config import SpeculativeConfig
-    from serving.traffic import save_mix
+    from serving.tuning.traffic import save_mix
 
     load_before = os.getloadavg()
     data_dir = default_data_dir()

@@ -30,7 +30,7 @@ from protocol.openai import ChatCompletionRequest, CompletionRequest
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.registry import ModelRegistry, ModelSpec, default_registry
-from serving.traffic import TrafficRecorder, save_mix, traffic_path
+from serving.tuning.traffic import TrafficRecorder, save_mix, traffic_path
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class EnginePool:
 
     async def aclose(self) -> None:
         """Stop every engine loop and background tuner; save each model's recorded traffic mix to
-        $LINK_HOME/compile/traffic/<model>.jsonl (`serving.traffic.traffic_path`)."""
+        $LINK_HOME/compile/traffic/<model>.jsonl (`serving.tuning.traffic.traffic_path`)."""
         for tuner in self._tuners:
             tuner.stop()
         for state in self._states.values():

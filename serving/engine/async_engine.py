@@ -14,9 +14,9 @@ blocks are free within one engine step.
     async for output in engine.generate("r1", prompt_ids, SamplingParams(max_tokens=32)):
         print(output.outputs[0].text)
 
-With `traffic` set to a `serving.traffic.TrafficRecorder`, every finished request's shape is recorded
+With `traffic` set to a `serving.tuning.traffic.TrafficRecorder`, every finished request's shape is recorded
 (the configuration tuner's input); `reconfigure(config)` swaps the engine's `EngineConfig` between two
-steps without losing running requests (`serving/reconfigure.py`).
+steps without losing running requests (`serving/tuning/reconfigure.py`).
 
 Health: `problem` says what is wrong, or None. The loop failed (`errored`), or it is stalled: requests
 wait and no step has finished for `EngineConfig.stall_timeout_s`. Both /health routes (the engine
@@ -50,7 +50,7 @@ class AsyncLLMEngine:
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.errored: BaseException | None = None
-        self.traffic = None  # serving.traffic.TrafficRecorder: shapes of finished requests
+        self.traffic = None  # serving.tuning.traffic.TrafficRecorder: shapes of finished requests
         self._last_progress = time.monotonic()  # when a step last finished, or work arrived at an idle loop
 
     @property
@@ -135,7 +135,7 @@ class AsyncLLMEngine:
         self._enqueue(("abort", request_id))
 
     def reconfigure(self, config) -> None:
-        """Apply an `EngineConfig` before the next step (`serving.reconfigure.reconfigure`): running
+        """Apply an `EngineConfig` before the next step (`serving.tuning.reconfigure.reconfigure`): running
         requests are preempted by recomputation and continue under the new settings. A configuration
         the live requests do not fit in is logged and not applied."""
         self._enqueue(("reconfigure", config))
@@ -152,7 +152,7 @@ class AsyncLLMEngine:
         pending, self._pending = self._pending, []
         for kind, arg in pending:
             if kind == "reconfigure":
-                from serving.reconfigure import reconfigure
+                from serving.tuning.reconfigure import reconfigure
 
                 try:
                     reconfigure(self.engine, arg)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from cli.app import app
 from kernels.config_winners import ConfigWinner, ConfigWinnerTable
 from kernels.winners import Environment
-from serving.traffic import RequestShape, mix_fingerprint, save_mix
+from serving.tuning.traffic import RequestShape, mix_fingerprint, save_mix
 
 MODEL = "smollm2-135m-instruct"
 

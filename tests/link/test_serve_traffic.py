@@ -7,7 +7,7 @@ import asyncio
 
 from link.backends.local import EnginePool
 from serving.sampling.params import SamplingParams
-from serving.traffic import RequestShape, load_mix, traffic_path
+from serving.tuning.traffic import RequestShape, load_mix, traffic_path
 
 
 def test_the_pool_saves_the_recorded_mix_on_close(smollm2_fp32, tmp_path, monkeypatch):

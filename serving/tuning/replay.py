@@ -1,4 +1,4 @@
-"""Replay a recorded traffic mix against an in-process engine and measure it (issue 10).
+"""Replay a recorded traffic mix against an in-process engine and measure it.
 
     result = replay(loaded, EngineConfig(max_num_seqs=8), load_mix("mix.jsonl"), speedup=4.0)
     result.output_tokens_per_s, result.ttft_p99_s
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel
 from serving.sampling.params import SamplingParams
-from serving.traffic import RequestShape
+from serving.tuning.traffic import RequestShape
 
 _SPECIAL_MARGIN = 256  # token ids kept out of synthetic prompts at both ends of the vocabulary
 

@@ -1,4 +1,4 @@
-"""Swap a running `LLMEngine`'s `EngineConfig` between two steps, without losing a request (issue 10).
+"""Swap a running `LLMEngine`'s `EngineConfig` between two steps, without losing a request.
 
     reconfigure(engine, dataclasses.replace(engine.config, max_num_seqs=8, block_size=32))
 
@@ -9,7 +9,7 @@ the config (block managers, KV cache, scheduler, model runner, and whatever else
 derives from it) is rebuilt by constructing a fresh engine on the same loaded model, and the request
 state (requests, their sequences, samplers, detokenizers, stop state) moves over unchanged. Greedy
 requests therefore finish with the same tokens as without the swap, up to float rounding of the
-re-prefill (`tests/serving/test_reconfigure.py` checks it on SmolLM2).
+re-prefill (`tests/serving/tuning/test_reconfigure.py` checks it on SmolLM2).
 
 Call it only between steps: from the thread that steps the engine (`AsyncLLMEngine.reconfigure`
 queues it for its loop).

@@ -1,4 +1,4 @@
-"""The replay harness (serving/replay.py) on the real SmolLM2: every recorded shape is replayed with
+"""The replay harness (serving/tuning/replay.py) on the real SmolLM2: every recorded shape is replayed with
 its lengths, on the scaled schedule, and measured."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 
 from serving.engine.llm_engine import EngineConfig
-from serving.replay import pooled_prompt, replay, synthetic_prompt
-from serving.traffic import RequestShape
+from serving.tuning.replay import pooled_prompt, replay, synthetic_prompt
+from serving.tuning.traffic import RequestShape
 
 
 def test_synthetic_prompts_are_seeded_and_avoid_the_special_ids():

@@ -1,4 +1,4 @@
-"""Swapping the engine configuration between steps (serving/reconfigure.py) on the real SmolLM2 in
+"""Swapping the engine configuration between steps (serving/tuning/reconfigure.py) on the real SmolLM2 in
 float32: requests in flight finish with exactly the greedy tokens they get without the swap; the
 AsyncLLMEngine applies a swap between steps and records the shapes of finished requests."""
 
@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 
 from serving.engine.llm_engine import EngineConfig, LLMEngine
-from serving.reconfigure import reconfigure
+from serving.tuning.reconfigure import reconfigure
 from serving.sampling.params import SamplingParams
-from serving.traffic import TrafficRecorder
+from serving.tuning.traffic import TrafficRecorder
 
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
          "Write a short poem about the sea. " * 14]

@@ -1,4 +1,4 @@
-"""The engine-configuration search of the tuner (issue 10): which `EngineConfig` serves a traffic mix best.
+"""The engine-configuration search of the tuner: which `EngineConfig` serves a traffic mix best.
 
 Objective: the highest output throughput (tokens/s) among the candidates whose p99 time to first
 token is at most the default configuration's (times `1 + ttft_slack`, 0 by default), both measured
@@ -12,7 +12,7 @@ Coordinate descent under a budget of measurements: starting from the default, ea
 tries its values with the others held at the best so far and keeps the best feasible one. Then the
 default and the winner are measured `confirm` more times, alternately, and each is summarized by the
 median of all its measurements; a winner that no longer beats the default there is dropped (the
-default wins). `measure(candidate)` is a replay of the mix (`serving.replay`) in production, a fake in
+default wins). `measure(candidate)` is a replay of the mix (`serving.tuning.replay`) in production, a fake in
 the tests.
 
     outcome = search(lambda c: measure_replay(loaded, base, c, mix), budget=10)

@@ -1,11 +1,11 @@
-"""The configuration search (serving/config_search.py) with fake measurements whose best candidate is
+"""The configuration search (serving/tuning/config_search.py) with fake measurements whose best candidate is
 worked out by hand, the p99 TTFT constraint included."""
 
 from __future__ import annotations
 
 import pytest
 
-from serving.config_search import Measurement, apply, canonical, describe, from_json, search, to_json
+from serving.tuning.config_search import Measurement, apply, canonical, describe, from_json, search, to_json
 from serving.engine.llm_engine import EngineConfig
 from serving.spec_decode.config import SpeculativeConfig
 

@@ -1,4 +1,4 @@
-"""Request shapes of served traffic: a bounded recorder, JSONL mixes and a fingerprint of a mix (issue 10).
+"""Request shapes of served traffic: a bounded recorder, JSONL mixes and a fingerprint of a mix.
 
 A *request shape* is what the configuration tuner needs to replay a request against the engine: its
 prompt length and output length (tokens), its arrival time (seconds, relative to the mix's first
@@ -11,7 +11,7 @@ request) and its sampling kind ("greedy" or "sampled"); never its text. A *mix* 
 
 `link serve` writes each local model's recorded mix under `$LINK_HOME/compile/traffic/<model>.jsonl`
 when it stops; `link bench serving --save-mix` writes a benchmark workload's; `link compile tune-config
---mix FILE` replays one (`serving/replay.py`, `serving/config_search.py`).
+--mix FILE` replays one (`serving/tuning/replay.py`, `serving/tuning/config_search.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The traffic recorder (serving/traffic.py): its ring buffer, the JSONL round trip, what it records
+"""The traffic recorder (serving/tuning/traffic.py): its ring buffer, the JSONL round trip, what it records
 from a finished request, and the mix fingerprint."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from serving.engine.outputs import CompletionOutput, RequestOutput
 from serving.sampling.params import SamplingParams
-from serving.traffic import (RequestShape, TrafficRecorder, burst_sizes, load_mix, mix_fingerprint, mix_signature,
+from serving.tuning.traffic import (RequestShape, TrafficRecorder, burst_sizes, load_mix, mix_fingerprint, mix_signature,
                              save_mix, traffic_path)
 
 
