@@ -118,7 +118,7 @@ def apply_winner(engine, model: str, mix: list[RequestShape], table: ConfigWinne
     Raises:
         ValueError: (an `LLMEngine`) the live requests do not fit the winner's KV cache.
     """
-    from serving.tuning.reconfigure import reconfigure
+    from serving.tuning.reconfigure import reconfigure, reconfigure_between_steps
 
     inner = getattr(engine, "engine", engine)
     config = stored_config(model, mix, base=inner.config, table=table)
@@ -127,7 +127,7 @@ def apply_winner(engine, model: str, mix: list[RequestShape], table: ConfigWinne
     if inner is engine:
         reconfigure(engine, config)
     else:
-        engine.reconfigure(config)
+        reconfigure_between_steps(engine, config)
     return True
 
 

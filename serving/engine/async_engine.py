@@ -15,8 +15,9 @@ blocks are free within one engine step.
         print(output.outputs[0].text)
 
 With `traffic` set to a `serving.tuning.traffic.TrafficRecorder`, every finished request's shape is recorded
-(the configuration tuner's input); `reconfigure(config)` swaps the engine's `EngineConfig` between two
-steps without losing running requests (`serving/tuning/reconfigure.py`).
+(the configuration tuner's input); `call_between_steps(fn)` runs `fn(engine)` before the next step, which
+is how `serving.tuning.reconfigure.reconfigure_between_steps` swaps the engine's `EngineConfig` without
+losing running requests.
 
 Health: `problem` says what is wrong, or None. The loop failed (`errored`), or it is stalled: requests
 wait and no step has finished for `EngineConfig.stall_timeout_s`. Both /health routes (the engine
@@ -32,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from serving.engine.llm_engine import LLMEngine
 from serving.engine.outputs import RequestOutput
@@ -134,11 +135,11 @@ class AsyncLLMEngine:
         """Abort a request before the next step (safe from any coroutine)."""
         self._enqueue(("abort", request_id))
 
-    def reconfigure(self, config) -> None:
-        """Apply an `EngineConfig` before the next step (`serving.tuning.reconfigure.reconfigure`): running
-        requests are preempted by recomputation and continue under the new settings. A configuration
-        the live requests do not fit in is logged and not applied."""
-        self._enqueue(("reconfigure", config))
+    def call_between_steps(self, fn: Callable[[LLMEngine], None]) -> None:
+        """Run `fn(engine)` before the next step (safe from any coroutine): a change to the `LLMEngine` that
+        must not land mid-step, e.g. a new `EngineConfig` (`serving.tuning.reconfigure.reconfigure_between_steps`).
+        An exception `fn` raises ends the loop as a failed step does (`errored`)."""
+        self._enqueue(("call", fn))
 
     def _enqueue(self, item: tuple) -> None:
         """Queue `item` for the loop and wake it; work reaching an idle loop restarts the stall clock."""
@@ -151,13 +152,8 @@ class AsyncLLMEngine:
     def _apply_pending(self) -> None:
         pending, self._pending = self._pending, []
         for kind, arg in pending:
-            if kind == "reconfigure":
-                from serving.tuning.reconfigure import reconfigure
-
-                try:
-                    reconfigure(self.engine, arg)
-                except ValueError as exc:
-                    logger.warning("engine configuration not applied: %s", exc)
+            if kind == "call":
+                arg(self.engine)
             elif kind == "add":
                 request_id = arg[0]
                 if request_id not in self._queues:  # its consumer already left

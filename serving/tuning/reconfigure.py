@@ -11,16 +11,20 @@ state (requests, their sequences, samplers, detokenizers, stop state) moves over
 requests therefore finish with the same tokens as without the swap, up to float rounding of the
 re-prefill (`tests/serving/tuning/test_reconfigure.py` checks it on SmolLM2).
 
-Call it only between steps: from the thread that steps the engine (`AsyncLLMEngine.reconfigure`
-queues it for its loop).
+Call it only between steps: from the thread that steps the engine (`reconfigure_between_steps` queues
+it for an `AsyncLLMEngine`'s loop).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
+from serving.engine.async_engine import AsyncLLMEngine
 from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.engine.sequence import SequenceStatus
+
+logger = logging.getLogger(__name__)
 
 # The engine's per-request state: kept across a swap. Everything else in the engine is rebuilt.
 _REQUEST_STATE = ("_requests", "_seq_to_request", "_seq_ids", "_token_table")
@@ -60,3 +64,17 @@ def reconfigure(engine: LLMEngine, config: EngineConfig) -> int:
         engine.scheduler.waiting.append(seq)  # priority and arrival time unchanged: the order holds
     engine.scheduler.num_preemptions = old.num_preemptions + len(ordered)
     return len(ordered)
+
+
+def reconfigure_between_steps(engine: AsyncLLMEngine, config: EngineConfig) -> None:
+    """`reconfigure` a running `AsyncLLMEngine`'s `LLMEngine` before its next step: running requests are
+    preempted by recomputation and continue under `config`. A configuration the live requests do not fit
+    in is logged (a warning) and not applied; the engine goes on under its old one."""
+
+    def apply(inner: LLMEngine) -> None:
+        try:
+            reconfigure(inner, config)
+        except ValueError as exc:
+            logger.warning("engine configuration not applied: %s", exc)
+
+    engine.call_between_steps(apply)

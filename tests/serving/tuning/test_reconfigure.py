@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from serving.engine.llm_engine import EngineConfig, LLMEngine
-from serving.tuning.reconfigure import reconfigure
+from serving.tuning.reconfigure import reconfigure, reconfigure_between_steps
 from serving.sampling.params import SamplingParams
 from serving.tuning.traffic import TrafficRecorder
 
@@ -87,7 +87,7 @@ def test_async_engine_reconfigures_between_steps_and_records_traffic(loaded, pro
             async for out in engine.generate(f"r{i}", prompts[i], PARAMS):
                 tokens = out.outputs[0].token_ids
                 if i == 0 and len(tokens) == 4:
-                    engine.reconfigure(SMALL)
+                    reconfigure_between_steps(engine, SMALL)
             return tokens
 
         try:
