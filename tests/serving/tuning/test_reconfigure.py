@@ -118,3 +118,40 @@ def test_speculation_switched_on_then_off_mid_flight_keeps_the_greedy_tokens(loa
         tokens.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
         steps += 1
     assert tokens == reference
+
+
+def test_a_swap_the_live_requests_do_not_fit_is_logged_and_they_finish_unchanged(caplog):
+    # the toy model (milliseconds): the refused swap leaves the config and the greedy tokens as they were,
+    # and `call_between_steps` hands its function the engine between two steps, in the order queued
+    from serving.engine.async_engine import AsyncLLMEngine
+    from tests.serving.toy_model import TOY_ENGINE, toy_chat_model
+
+    loaded = toy_chat_model()
+    prompt = loaded.tokenizer.encode("a prompt longer than one KV block of sixteen tokens")
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    plain = LLMEngine(loaded, TOY_ENGINE)
+    plain.add_request("r0", prompt, params)
+    expected = []
+    while plain.has_unfinished_requests:
+        expected += [o.outputs[0].token_ids for o in plain.step() if o.finished]
+    seen: list[tuple[str, int]] = []
+
+    async def main():
+        engine = AsyncLLMEngine(LLMEngine(loaded, TOY_ENGINE))
+        tokens = []
+        async for out in engine.generate("r0", prompt, params):
+            tokens = out.outputs[0].token_ids
+            if len(tokens) == 2:
+                engine.call_between_steps(lambda inner: seen.append(("before", len(inner.scheduler.running))))
+                reconfigure_between_steps(engine, dataclasses.replace(TOY_ENGINE, num_blocks=1))
+                engine.call_between_steps(lambda inner: seen.append(("after", inner.config.num_blocks)))
+        await engine.shutdown()
+        return engine, tokens
+
+    with caplog.at_level("WARNING", logger="serving.tuning.reconfigure"):
+        engine, tokens = asyncio.run(main())
+    assert len(prompt) > TOY_ENGINE.block_size
+    assert [tokens] == expected and len(tokens) == 6
+    assert engine.engine.config == TOY_ENGINE and seen == [("before", 1), ("after", TOY_ENGINE.num_blocks)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "engine configuration not applied: sequences [0] do not fit in the 1 KV blocks of the new configuration"]
