@@ -97,14 +97,14 @@ def main() -> None:
 
     import random
 
+    from benchmarks.config_tuning import tune_config
     from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
     from benchmarks.link_bench.workloads import load_repetitive
-    from benchmarks.config_tuning import tune_config
     from kernels.config_winners import ConfigWinnerTable
-    from serving.tuning.config_search import describe, from_json
     from serving.model_loader import load_model
     from serving.registry import default_registry
     from serving.spec_decode.config import SpeculativeConfig
+    from serving.tuning.config_search import describe, from_json
     from serving.tuning.traffic import save_mix
 
     load_before = os.getloadavg()

@@ -71,8 +71,8 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
         ValueError: an empty mix, bad search arguments, or a request longer than the engine holds.
         UnknownModelError, ServingError: the model cannot be loaded.
     """
-    from serving.tuning.config_search import describe, search, to_json
     from serving.engine.llm_engine import EngineConfig
+    from serving.tuning.config_search import describe, search, to_json
 
     if not mix:
         raise ValueError("the mix is empty")
@@ -103,8 +103,8 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
 def stored_config(model: str, mix: list[RequestShape], base=None, table: ConfigWinnerTable | None = None):
     """The `EngineConfig` tuned for `mix`'s fingerprint in this environment (`base` with its overrides),
     or None when that mix was never tuned here."""
-    from serving.tuning.config_search import apply, from_json
     from serving.engine.llm_engine import EngineConfig
+    from serving.tuning.config_search import apply, from_json
 
     row = (table or ConfigWinnerTable()).get(Environment.current(model), mix_fingerprint(mix))
     return None if row is None else apply(base or EngineConfig(), from_json(row.config))

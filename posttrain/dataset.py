@@ -89,9 +89,9 @@ def load_chat_tokenizer(model: Any, registry: Any = None) -> tuple[Any, Any]:
             needs a template that marks where the assistant's turn ends). UnknownModelError, ModelFileError:
             from the registry.
     """
-    from serving.text.chat_format import TemplateChatFormat
     from serving.loader.gguf_loader import open_gguf
     from serving.registry import ModelSpec, default_registry
+    from serving.text.chat_format import TemplateChatFormat
     from serving.text.tokenizer import Tokenizer
 
     spec = model if isinstance(model, ModelSpec) else (registry or default_registry()).get(model)

@@ -319,8 +319,8 @@ class ToolCallScorer:
     def __init__(self, model: str | Path, *, tool_format: Any = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                  dtype: str = "float32", engine_config: Any = None, registry: Any = None):
         from posttrain.local_models import local_model_spec
-        from serving.llm import LLM
         from serving.engine.llm_engine import EngineConfig
+        from serving.llm import LLM
         from serving.registry import ModelRegistry
 
         if max_tokens < 1:

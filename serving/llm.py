@@ -15,10 +15,10 @@ from typing import Callable, Sequence, Union
 
 import torch
 
-from serving.errors import ServingError
 from serving.engine.llm_engine import EngineConfig, LLMEngine
-from serving.model_loader import LoadedModel, load_model
 from serving.engine.outputs import RequestOutput
+from serving.errors import ServingError
+from serving.model_loader import LoadedModel, load_model
 from serving.registry import ModelRegistry, default_registry
 from serving.sampling.params import SamplingParams
 

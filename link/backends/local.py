@@ -79,8 +79,8 @@ class EnginePool:
 
     def _make_state(self, key: str, loaded, deployment: ModelDeployment | None = None):
         from serving.engine.async_engine import AsyncLLMEngine
-        from serving.frontend.state import EngineState
         from serving.engine.llm_engine import EngineConfig, LLMEngine
+        from serving.frontend.state import EngineState
 
         if deployment is not None and deployment.engine is not None:
             config = deployment.engine.engine_config()

@@ -42,10 +42,10 @@ from protocol.openapi_body import json_body
 from protocol.strict_json import parse_json_object
 from protocol.url_params import check_url_params
 from serving.engine.async_engine import AsyncLLMEngine
+from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.frontend.state import EngineState
-from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
 from serving.registry import ModelRegistry, default_registry
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serving.model_loader import LoadedModel
 from serving.engine.paged_cache import PagedKVCache
 from serving.engine.sliding_block_manager import max_batch_blocks, plan_pool_sizes
+from serving.model_loader import LoadedModel
 from serving.spec_decode.config import SpeculativeConfig
 
 

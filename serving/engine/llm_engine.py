@@ -26,20 +26,20 @@ import time
 import torch
 
 from serving.engine.block_manager import BlockManager
-from serving.text.detokenizer import IncrementalDetokenizer
 from serving.engine.engine_config import EngineConfig, pool_sizes  # EngineConfig is imported from here too
-from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
-from serving.model_loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
 from serving.engine.outputs import Logprob, RequestOutput
 from serving.engine.request_state import RequestState, SeqState
-from serving.sampling.sampler import Sampler, batched_argmax, compute_logprobs
 from serving.engine.sample_budget import choose_token
-from serving.sampling.params import SEED_MIN, SamplingParams
 from serving.engine.scheduler import Scheduler, SchedulerConfig
 from serving.engine.sequence import Sequence
 from serving.engine.sliding_block_manager import SlidingBlockManager
 from serving.engine.stop import StopResult, check_stop
+from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
+from serving.model_loader import LoadedModel
+from serving.sampling.params import SEED_MIN, SamplingParams
+from serving.sampling.sampler import Sampler, batched_argmax, compute_logprobs
+from serving.text.detokenizer import IncrementalDetokenizer
 
 
 class LLMEngine:
@@ -308,8 +308,8 @@ class LLMEngine:
         table is built once)."""
         if params.guided_json is None and params.structural_tag is None:
             return None
-        from serving.guided.decoding import JsonGuide, TokenTable
         from serving.guided.automaton import automaton_for
+        from serving.guided.decoding import JsonGuide, TokenTable
 
         if self._token_table is None:
             self._token_table = TokenTable(self.loaded.tokenizer)

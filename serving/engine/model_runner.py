@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 import kernels
-from serving.models.base import CausalLM
 from serving.engine.paged_cache import BatchMetadata, PagedKVCache
 from serving.engine.sequence import Sequence
+from serving.models.base import CausalLM
 
 
 class ModelRunner:

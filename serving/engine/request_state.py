@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.text.detokenizer import IncrementalDetokenizer
-from serving.errors import ServingError
 from serving.engine.outputs import CompletionOutput, Logprob, RequestOutput
-from serving.sampling.sampler import Sampler
-from serving.sampling.params import SamplingParams
 from serving.engine.sequence import Sequence
+from serving.errors import ServingError
+from serving.sampling.params import SamplingParams
+from serving.sampling.sampler import Sampler
 from serving.spec_decode.policy import AcceptanceState, summarize
+from serving.text.detokenizer import IncrementalDetokenizer
 
 
 @dataclass

@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from serving.errors import SamplingTimeoutError
 from serving.engine.request_state import SeqState
 from serving.engine.sequence import Sequence
+from serving.errors import SamplingTimeoutError
 
 
 def choose_token(state: SeqState, seq: Sequence, logits: torch.Tensor, budget_s: float) -> int:

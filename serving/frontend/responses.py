@@ -16,10 +16,10 @@ from typing import AsyncIterator
 
 from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest, CompletionRequest, usage
+from serving.engine.outputs import RequestOutput
 from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.frontend.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from serving.model_loader import LoadedModel
-from serving.engine.outputs import RequestOutput
 from serving.sampling.params import SamplingParams
 from serving.tools.formats import DEFAULT_FORMAT, ToolCallFormat
 

@@ -40,8 +40,8 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from serving.guided.checks import check_json_depth
 from serving.guided.automaton import JsonAutomaton, UnsupportedSchemaError
+from serving.guided.checks import check_json_depth
 from serving.guided.schema import InvalidSchemaError
 from serving.tools.harness import (
     DEFAULT_FORMAT, ParsedOutput, ToolCallFormat, ToolFormatError, forced_tool_name, parse_tool_calls, tool_call,

@@ -9,8 +9,8 @@ from torch import nn
 
 from kernels import dispatch
 from serving.config import ModelConfig
-from serving.errors import ModelFileError
 from serving.engine.paged_cache import BatchMetadata, PagedKVCache
+from serving.errors import ModelFileError
 
 # Hugging Face projections that we store fused: target parameter suffix -> ordered source suffixes.
 _FUSED = {

@@ -20,10 +20,10 @@ from posttrain.errors import PosttrainDataError
 from posttrain.traces import Trace
 from posttrain.traces_bfcl import read_bfcl
 from protocol.openai import ChatCompletionRequest
-from serving.text.chat_format import TemplateChatFormat
 from serving.frontend.responses import plan_chat
 from serving.model_loader import LoadedModel
 from serving.registry import default_registry
+from serving.text.chat_format import TemplateChatFormat
 from serving.tools.harness import render_tools_system_prompt
 
 MODEL = "smollm2-135m-instruct"

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from serving.text.detokenizer import TokenBytes
 from serving.sampling.params import SamplingParams
+from serving.text.detokenizer import TokenBytes
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

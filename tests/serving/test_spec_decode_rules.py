@@ -12,10 +12,10 @@ import torch
 from scipy.stats import chisquare
 
 from serving.engine.sequence import Sequence
+from serving.sampling.params import SamplingParams
+from serving.sampling.sampler import Sampler
 from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.ngram import propose_ngram
-from serving.sampling.sampler import Sampler
-from serving.sampling.params import SamplingParams
 from serving.spec_decode.policy import PRIOR_ALPHA, AcceptanceState, LookaheadPolicy, summarize
 from serving.spec_decode.rejection import num_greedy_accepted, rejection_sample
 from serving.spec_decode.speculator import Speculator

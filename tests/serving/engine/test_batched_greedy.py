@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serving.sampling.sampler import Sampler, batched_argmax
 from serving.sampling.params import SamplingParams
+from serving.sampling.sampler import Sampler, batched_argmax
 
 
 def test_batched_argmax_equals_sample_row_by_row_including_ties():

@@ -24,13 +24,13 @@ import openai
 import pytest
 import torch
 
-from serving.guided import automaton
 from serving.api.server import create_engine_app
-from serving.errors import SamplingTimeoutError
 from serving.engine.llm_engine import LLMEngine
 from serving.engine.sample_budget import choose_token
-from serving.sampling.params import SamplingParams
 from serving.engine.sequence import Sequence
+from serving.errors import SamplingTimeoutError
+from serving.guided import automaton
+from serving.sampling.params import SamplingParams
 from tests.serving.guided_cases import INDIRECT, SELF, nested, slowed
 from tests.serving.loopback import serve_on_loopback
 from tests.serving.toy_model import TOY_ENGINE, toy_chat_model

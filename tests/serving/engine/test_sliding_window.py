@@ -18,9 +18,9 @@ from kernels import register, registered
 from serving import SamplingParams
 from serving.config import ModelConfig
 from serving.engine.llm_engine import EngineConfig, LLMEngine
+from serving.engine.sliding_block_manager import NULL_BLOCK, max_blocks_per_seq
 from serving.model_loader import LoadedModel
 from serving.models import build_model
-from serving.engine.sliding_block_manager import NULL_BLOCK, max_blocks_per_seq
 
 W, BS, CHUNK = 8, 4, 12
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=0)

@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from serving.guided.decoding import JsonGuide, TokenTable
 from serving.guided.automaton import JsonAutomaton
-from serving.sampling.sampler import Sampler
+from serving.guided.decoding import JsonGuide, TokenTable
 from serving.sampling.params import SamplingParams
+from serving.sampling.sampler import Sampler
 from serving.tools.harness import parse_tool_calls
 from tests.serving.guided_cases import PERSON, TREE, CharTokenizer, valid
 

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from serving.engine.stop import check_stop
 from serving.errors import InvalidSamplingParamsError
 from serving.sampling.logits_processors import apply_logit_bias, mask_stop_tokens
-from serving.sampling.sampler import Sampler
 from serving.sampling.params import SamplingParams
-from serving.engine.stop import check_stop
+from serving.sampling.sampler import Sampler
 
 INF = float("inf")
 

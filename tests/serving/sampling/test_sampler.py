@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from serving.sampling.sampler import Sampler, compute_logprobs
 from serving.sampling.params import SamplingParams
+from serving.sampling.sampler import Sampler, compute_logprobs
 
 # A 5-token distribution with distinct, hand-friendly probabilities.
 PROBS5 = [0.4, 0.25, 0.2, 0.1, 0.05]

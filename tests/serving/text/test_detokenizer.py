@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from serving.text.detokenizer import IncrementalDetokenizer, TokenBytes
 from serving.sampling.params import SamplingParams
+from serving.text.detokenizer import IncrementalDetokenizer, TokenBytes
 
 EMOJI_CHAT = [{"role": "user", "content": "Reply with five party emojis like 🎉🥳🎂 and the Chinese word 你好."}]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from serving.text.chat_format import IN_CONTEXT_PREAMBLE, InContextChatFormat, TemplateChatFormat
 from serving.sampling.params import SamplingParams
+from serving.text.chat_format import IN_CONTEXT_PREAMBLE, InContextChatFormat, TemplateChatFormat
 
 FORMAT = InContextChatFormat()
 MARKERS = ("\nUser:", "\nAssistant:", "\nTool result:", "\n\nUser")

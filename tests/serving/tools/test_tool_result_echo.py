@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from serving.frontend.chat_tools import ToolStream, tool_message
 from protocol.openai import ChatCompletionRequest
+from serving.engine.stop import check_stop
+from serving.frontend.chat_tools import ToolStream, tool_message
 from serving.frontend.responses import plan_chat
 from serving.text.chat_format import InContextChatFormat, TemplateChatFormat
-from serving.engine.stop import check_stop
 from serving.tools.formats import FORMATS, tool_format_from_config
 from serving.tools.harness import parse_tool_calls
 

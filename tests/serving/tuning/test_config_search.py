@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from serving.tuning.config_search import Measurement, apply, canonical, describe, from_json, search, to_json
 from serving.engine.llm_engine import EngineConfig
 from serving.spec_decode.config import SpeculativeConfig
+from serving.tuning.config_search import Measurement, apply, canonical, describe, from_json, search, to_json
 
 SPACE = {"max_num_batched_tokens": (256, 512, 2048), "max_num_seqs": (8, 32), "block_size": (16, 32)}
 # Per override: (throughput delta in tokens/s, p99 TTFT delta in s) over the default's 100 tok/s and 1.0 s.

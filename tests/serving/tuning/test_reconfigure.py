@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 from serving.engine.llm_engine import EngineConfig, LLMEngine
-from serving.tuning.reconfigure import reconfigure, reconfigure_between_steps
 from serving.sampling.params import SamplingParams
+from serving.tuning.reconfigure import reconfigure, reconfigure_between_steps
 from serving.tuning.traffic import TrafficRecorder
 
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
