@@ -65,7 +65,7 @@ def greedy_outputs(model: str, db: Path | None, prompts: list[list[int]], max_to
 
     import kernels
     from serving import LLM, SamplingParams
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     kernels.reset()
     if db is not None:

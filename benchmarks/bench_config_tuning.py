@@ -38,7 +38,7 @@ MODEL = "smollm2-135m-instruct"
 
 async def _serve(engine, schedule: list[tuple[float, list[int], int]]) -> None:
     """Send each (arrival s, prompt ids, output tokens) at its time; wait for every answer."""
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     t0 = time.perf_counter()
 
@@ -51,7 +51,7 @@ async def _serve(engine, schedule: list[tuple[float, list[int], int]]) -> None:
 
 
 async def _serve_bursts(engine, bursts: list[list[list[int]]], max_tokens: int) -> None:
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for b, burst in enumerate(bursts):
@@ -64,9 +64,9 @@ async def _serve_bursts(engine, bursts: list[list[list[int]]], max_tokens: int) 
 
 def record(loaded, serve) -> list:
     """Run `serve(engine)` on a fresh AsyncLLMEngine with a TrafficRecorder; the recorded shapes."""
-    from serving.async_engine import AsyncLLMEngine
-    from serving.llm_engine import EngineConfig, LLMEngine
-    from serving.traffic import TrafficRecorder
+    from serving.engine.async_engine import AsyncLLMEngine
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
+    from serving.tuning.traffic import TrafficRecorder
 
     async def main():
         engine = AsyncLLMEngine(LLMEngine(loaded, EngineConfig(tuned_kernels=False)))
@@ -97,15 +97,15 @@ def main() -> None:
 
     import random
 
+    from benchmarks.config_tuning import tune_config
     from benchmarks.link_bench.workload import default_data_dir, load_workload, render_prompts
     from benchmarks.link_bench.workloads import load_repetitive
-    from benchmarks.config_tuning import tune_config
     from kernels.config_winners import ConfigWinnerTable
-    from serving.config_search import describe, from_json
     from serving.model_loader import load_model
     from serving.registry import default_registry
     from serving.spec_decode.config import SpeculativeConfig
-    from serving.traffic import save_mix
+    from serving.tuning.config_search import describe, from_json
+    from serving.tuning.traffic import save_mix
 
     load_before = os.getloadavg()
     data_dir = default_data_dir()

@@ -1,6 +1,6 @@
 """Per-step detokenization cost: a full decode of the output every step against the incremental window.
 
-The engine detokenizes once per generated token. Before `serving.detokenizer`, each step decoded the
+The engine detokenizes once per generated token. Before `serving.text.detokenizer`, each step decoded the
 whole output so far (O(step) per step, O(N^2) per sequence); `IncrementalDetokenizer` decodes a window
 of a few recent tokens (O(1) per step). This replays the steps of one output, the token ids of a real
 generation (`--ids FILE`, a JSON list) or, by default, SmolLM2's greedy answer to a prompt asking for
@@ -16,7 +16,7 @@ import argparse
 import json
 import time
 
-from serving.detokenizer import IncrementalDetokenizer
+from serving.text.detokenizer import IncrementalDetokenizer
 
 PROMPT = [{"role": "user", "content": "Write a long party invitation full of emojis like 🎉🥳🎂 and Chinese words like 你好."}]
 

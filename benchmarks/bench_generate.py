@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.link_bench import show_and_save, time_call  # noqa: E402
 from serving import LLM, SamplingParams, default_registry  # noqa: E402
 from serving.loader.gguf_loader import open_gguf  # noqa: E402
-from serving.tokenizer import Tokenizer  # noqa: E402
+from serving.text.tokenizer import Tokenizer  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
 DTYPES = ("float32", "bfloat16")

@@ -192,7 +192,7 @@ def bench_gsm8k(llm, num_items: int, winners: Path | None = None) -> list[dict]:
     from evals.graders import extract_number, numbers_equal
     from evals.suites.gsm8k import GSM8K
     from serving import LLM, SamplingParams
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     suite = GSM8K(Path(os.environ.get("LINK_DATASETS_DIR", "~/.link/datasets")).expanduser())
     items = random.Random(0).sample(suite.load("test"), num_items)
@@ -269,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if {"accuracy", "decode", "gsm8k"} & set(args.sections):
         from serving import LLM
 
-        from serving.llm_engine import EngineConfig
+        from serving.engine.llm_engine import EngineConfig
 
         llm = LLM(MODEL, dtype="float32", engine_config=EngineConfig(tuned_kernels=False))
         if "accuracy" in args.sections:

@@ -45,8 +45,8 @@ if str(ROOT) not in sys.path:
 from benchmarks.link_bench.workload import load_workload  # noqa: E402
 from benchmarks.link_bench.workloads import load_repetitive  # noqa: E402
 from serving import LLM  # noqa: E402
-from serving.llm_engine import EngineConfig, LLMEngine  # noqa: E402
-from serving.sampling_params import SamplingParams  # noqa: E402
+from serving.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
+from serving.sampling.params import SamplingParams  # noqa: E402
 from serving.spec_decode import SpeculativeConfig  # noqa: E402
 
 

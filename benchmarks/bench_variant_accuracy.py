@@ -76,7 +76,7 @@ def install(config: str, model) -> None:
 def run(config: str, prompts: list[list[int]], max_tokens: int) -> tuple[list[str], list[list[int]], float]:
     import kernels
     from serving import LLM, SamplingParams
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     kernels.reset()
     llm = LLM(MODEL, dtype="bfloat16" if config == "bf16" else "float32", engine_config=EngineConfig(tuned_kernels=False))

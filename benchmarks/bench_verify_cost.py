@@ -48,8 +48,8 @@ def main() -> None:
 
     from benchmarks.link_bench.workload import load_workload
     from serving import LLM
-    from serving.llm_engine import EngineConfig, LLMEngine
-    from serving.sampling_params import SamplingParams
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
+    from serving.sampling.params import SamplingParams
     from serving.spec_decode import SpeculativeConfig
 
     llm = LLM(args.model, engine_config=EngineConfig(tuned_kernels=args.winners is not None))

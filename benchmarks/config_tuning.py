@@ -3,12 +3,12 @@
     link compile tune-config --model smollm2-135m-instruct --mix mix.jsonl --speedup 4 --budget 10
     tune_config("smollm2-135m-instruct", load_mix("mix.jsonl"))       # -> ConfigTuneOutcome
 
-`tune_config` loads the model once, replays the mix (`serving.replay`) under the default
-`EngineConfig` and the candidates of `serving.config_search` (coordinate descent, measurements
+`tune_config` loads the model once, replays the mix (`serving.tuning.replay`) under the default
+`EngineConfig` and the candidates of `serving.tuning.config_search` (coordinate descent, measurements
 budgeted), and stores the winner with both configurations' throughput and p99 TTFT in the
 `config_winners` table of $LINK_HOME/compile/winners.sqlite, keyed by model, device, library versions
-and the mix's fingerprint (`serving.traffic.mix_fingerprint`). `apply_winner` puts a stored winner
-into a running engine between two steps (`serving.reconfigure`), its requests kept.
+and the mix's fingerprint (`serving.tuning.traffic.mix_fingerprint`). `apply_winner` puts a stored winner
+into a running engine between two steps (`serving.tuning.reconfigure`), its requests kept.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 
 from kernels.config_winners import ConfigWinner, ConfigWinnerTable
 from kernels.winners import Environment
-from serving.traffic import RequestShape, mix_fingerprint, mix_signature
+from serving.tuning.traffic import RequestShape, mix_fingerprint, mix_signature
 
 logger = logging.getLogger(__name__)
 
@@ -30,17 +30,17 @@ class ConfigTuneOutcome:
     """What one `tune_config` run did: the search's outcome, the stored row, seconds spent."""
 
     model: str
-    outcome: object  # serving.config_search.SearchOutcome
+    outcome: object  # serving.tuning.config_search.SearchOutcome
     stored: ConfigWinner
     tune_s: float
 
 
 def measure_replay(loaded, base, mix: list[RequestShape], speedup: float, seed: int = 0, prompt_pool=None):
-    """A `measure` function for `serving.config_search.search`: one replay of `mix` per call. A candidate
+    """A `measure` function for `serving.tuning.config_search.search`: one replay of `mix` per call. A candidate
     whose replay raises (e.g. a KV cache too small for the mix) measures 0 tok/s at infinite TTFT, so it
     never wins; the error is logged and kept in the summary."""
-    from serving.config_search import Measurement, apply
-    from serving.replay import replay
+    from serving.tuning.config_search import Measurement, apply
+    from serving.tuning.replay import replay
 
     def measure(candidate: dict) -> Measurement:
         try:
@@ -57,12 +57,12 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
                 budget: int = 10, confirm: int = 1, ttft_slack: float = 0.0, repeats: int = 1, space: dict | None = None,
                 base=None, table: ConfigWinnerTable | None = None, prompt_pool: list[list[int]] | None = None,
                 progress: Callable[[str], None] = lambda message: None) -> ConfigTuneOutcome:
-    """Search the engine configuration that serves `mix` best (see `serving.config_search`) and store it.
+    """Search the engine configuration that serves `mix` best (see `serving.tuning.config_search`) and store it.
 
     Args:
         model: registry name (the table key); `loaded`: the model already loaded (else loaded here in `dtype`).
         mix: the recorded request shapes; `speedup`: arrival times are divided by it.
-        budget, confirm, ttft_slack, repeats, space: see `serving.config_search.search`; `space` defaults to
+        budget, confirm, ttft_slack, repeats, space: see `serving.tuning.config_search.search`; `space` defaults to
             `default_space()` (speculation included).
         base: the `EngineConfig` the candidates override (default: `EngineConfig()`).
         prompt_pool: real prompt token ids to fill the replayed prompts with (default: random ids).
@@ -71,8 +71,8 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
         ValueError: an empty mix, bad search arguments, or a request longer than the engine holds.
         UnknownModelError, ServingError: the model cannot be loaded.
     """
-    from serving.config_search import describe, search, to_json
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
+    from serving.tuning.config_search import describe, search, to_json
 
     if not mix:
         raise ValueError("the mix is empty")
@@ -103,8 +103,8 @@ def tune_config(model: str, mix: list[RequestShape], *, loaded=None, dtype: str 
 def stored_config(model: str, mix: list[RequestShape], base=None, table: ConfigWinnerTable | None = None):
     """The `EngineConfig` tuned for `mix`'s fingerprint in this environment (`base` with its overrides),
     or None when that mix was never tuned here."""
-    from serving.config_search import apply, from_json
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
+    from serving.tuning.config_search import apply, from_json
 
     row = (table or ConfigWinnerTable()).get(Environment.current(model), mix_fingerprint(mix))
     return None if row is None else apply(base or EngineConfig(), from_json(row.config))
@@ -118,7 +118,7 @@ def apply_winner(engine, model: str, mix: list[RequestShape], table: ConfigWinne
     Raises:
         ValueError: (an `LLMEngine`) the live requests do not fit the winner's KV cache.
     """
-    from serving.reconfigure import reconfigure
+    from serving.tuning.reconfigure import reconfigure, reconfigure_between_steps
 
     inner = getattr(engine, "engine", engine)
     config = stored_config(model, mix, base=inner.config, table=table)
@@ -127,13 +127,13 @@ def apply_winner(engine, model: str, mix: list[RequestShape], table: ConfigWinne
     if inner is engine:
         reconfigure(engine, config)
     else:
-        engine.reconfigure(config)
+        reconfigure_between_steps(engine, config)
     return True
 
 
 def config_rows(table: ConfigWinnerTable | None = None, model: str | None = None) -> list[dict]:
     """The stored configuration winners as dicts (newest first); `current`: tuned in this environment."""
-    from serving.config_search import describe, from_json
+    from serving.tuning.config_search import describe, from_json
 
     rows = []
     for w in (table or ConfigWinnerTable()).rows():

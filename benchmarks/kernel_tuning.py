@@ -46,7 +46,7 @@ def record_workload(engine, prompts: Sequence[list[int]], concurrencies: Sequenc
     Returns the recorder's counts per bucket.
     """
     import kernels
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     recorder = recorder or ShapeRecorder()
     previous = kernels.attach_recorder(recorder)
@@ -82,7 +82,7 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
     """
     from kernels.candidates import DEFAULT_PROVIDERS, register_candidates
     from kernels.tuner import Tuner
-    from serving.llm_engine import EngineConfig, LLMEngine
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
     from serving.model_loader import load_model
     from serving.registry import default_registry
 

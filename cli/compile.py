@@ -81,8 +81,8 @@ def tune_config(
 ) -> None:
     """Replay a recorded traffic mix under candidate engine configurations; store and show the best one."""
     from serving import ServingError
-    from serving.config_search import default_space, describe, from_json
-    from serving.traffic import load_mix
+    from serving.tuning.config_search import default_space, describe, from_json
+    from serving.tuning.traffic import load_mix
 
     from benchmarks.config_tuning import tune_config as run_tuning
 

@@ -132,7 +132,7 @@ def engine_serve(
 
     from serving import ServingError
     from serving.api.server import create_engine_app
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
     from serving.model_loader import load_model
     from serving.registry import default_registry
 

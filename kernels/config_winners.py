@@ -3,9 +3,9 @@
 A row per (model, device, torch version, triton version, traffic-mix fingerprint): the winning
 `EngineConfig` overrides as JSON (`{}` when the default won), the default's and the winner's
 throughput (output tokens/s) and p99 TTFT (s) measured in the same run, the mix's readable signature
-and size. A different mix (another fingerprint, `serving.traffic.mix_fingerprint`) is tuned and
+and size. A different mix (another fingerprint, `serving.tuning.traffic.mix_fingerprint`) is tuned and
 stored separately. `kernels` knows nothing of `EngineConfig`: the overrides are plain JSON here and
-`serving.config_search.from_json` turns them back into values.
+`serving.tuning.config_search.from_json` turns them back into values.
 """
 
 from __future__ import annotations

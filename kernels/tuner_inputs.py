@@ -181,7 +181,7 @@ def _prefill(model, tokens: list[int], table: torch.Tensor, cache, block_size: i
 
 @dataclass
 class DecodeBatch:
-    """The fields of `serving.paged_cache.BatchMetadata` a decode step reads (`kernels` does not import
+    """The fields of `serving.engine.paged_cache.BatchMetadata` a decode step reads (`kernels` does not import
     `serving`): positions, slot_mapping [B] int64, block_tables [B, max_blocks], seq_lens, query_lens."""
 
     positions: torch.Tensor

@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 
 
 class EngineOptions(BaseModel):
-    """Engine settings of one local deployment (`serving.llm_engine.EngineConfig`); unset fields keep its defaults.
+    """Engine settings of one local deployment (`serving.engine.llm_engine.EngineConfig`); unset fields keep its defaults.
 
     Attributes:
         kv_cache_mb: KV cache memory in MiB.
@@ -75,8 +75,8 @@ class EngineOptions(BaseModel):
         return value
 
     def engine_config(self):
-        """The `serving.llm_engine.EngineConfig` these options give."""
-        from serving.llm_engine import EngineConfig
+        """The `serving.engine.llm_engine.EngineConfig` these options give."""
+        from serving.engine.llm_engine import EngineConfig
 
         values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype"})
         if "kv_cache_mb" in values:
@@ -119,7 +119,7 @@ class ModelDeployment(BaseModel):
         engine: kind local: engine settings (`EngineOptions`); one engine serves each `local` value, set up by
             the first deployment of it that is used.
         tool_format: kind local: the tool-call harness format of requests with `tools` (a registered name such as
-            "json" (default) or "xml", or a dict of `serving.tool_formats.ToolCallFormat` fields with an optional
+            "json" (default) or "xml", or a dict of `serving.tools.formats.ToolCallFormat` fields with an optional
             `base`); per deployment, so two deployments of one model may speak two harnesses.
         deployment_id: derived, "{name}#{index among replicas}".
     """
@@ -200,12 +200,12 @@ class ModelDeployment(BaseModel):
 
     @property
     def harness_format(self):
-        """kind local: the `serving.tool_formats.ToolCallFormat` of `tool_format` (the JSON default when unset).
+        """kind local: the `serving.tools.formats.ToolCallFormat` of `tool_format` (the JSON default when unset).
 
         Raises:
             ValueError (ToolFormatError): an unknown name or invalid fields.
         """
-        from serving.tool_formats import tool_format_from_config
+        from serving.tools.formats import tool_format_from_config
 
         return tool_format_from_config(self.tool_format)
 

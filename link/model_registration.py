@@ -42,7 +42,7 @@ def register_local_model(database_url: str, name: str, folder: str | Path, *, ch
         context_length: tokens of prompt plus output (None = the model's own).
         input_cost_per_million, output_cost_per_million: USD per 1e6 tokens, for routing and accounting.
         tool_format: the tool-call harness format it was trained on, as link.yaml's `tool_format` (a registered
-            name or a dict of `serving.tool_formats.ToolCallFormat` fields; None = the default JSON format).
+            name or a dict of `serving.tools.formats.ToolCallFormat` fields; None = the default JSON format).
         config: the gateway config whose model names are taken too (default: the embedded default).
     Returns:
         the new row.

@@ -1,11 +1,11 @@
 """Traces -> token ids for supervised fine-tuning, with the loss only on the assistant's tokens.
 
 A trace is rendered exactly as the engine renders a chat request to a local model (`serving.frontend.responses.
-plan_chat`): `serving.toolcalls.render_messages` writes the tools into the system turn and the calls and results
-as text in the harness format, the model's chat template (`serving.chat_format.TemplateChatFormat`) turns the
-messages into text, and our tokenizer (`serving.tokenizer.Tokenizer`) into ids. So the tokens before each
+plan_chat`): `serving.tools.harness.render_messages` writes the tools into the system turn and the calls and results
+as text in the harness format, the model's chat template (`serving.text.chat_format.TemplateChatFormat`) turns the
+messages into text, and our tokenizer (`serving.text.tokenizer.Tokenizer`) into ids. So the tokens before each
 assistant turn are, token for token, the prompt the engine builds when a client sends that conversation.
-The harness format (`serving.tool_formats.ToolCallFormat`, `tool_format=`) must be the deployment's
+The harness format (`serving.tools.formats.ToolCallFormat`, `tool_format=`) must be the deployment's
 (link.yaml `tool_format:`); traces are rendered strictly: a schema the format cannot express, or a call that
 would not parse back, is refused before training.
 
@@ -83,16 +83,16 @@ def load_chat_tokenizer(model: Any, registry: Any = None) -> tuple[Any, Any]:
         model: a registered model name or a `serving.registry.ModelSpec`.
         registry: a `ModelRegistry` (default: `serving.registry.default_registry()`).
     Returns:
-        (serving.tokenizer.Tokenizer, serving.chat_format.TemplateChatFormat).
+        (serving.text.tokenizer.Tokenizer, serving.text.chat_format.TemplateChatFormat).
     Raises:
         PosttrainDataError: the model has no chat template (a base model with the in-context format: training
             needs a template that marks where the assistant's turn ends). UnknownModelError, ModelFileError:
             from the registry.
     """
-    from serving.chat_format import TemplateChatFormat
     from serving.loader.gguf_loader import open_gguf
     from serving.registry import ModelSpec, default_registry
-    from serving.tokenizer import Tokenizer
+    from serving.text.chat_format import TemplateChatFormat
+    from serving.text.tokenizer import Tokenizer
 
     spec = model if isinstance(model, ModelSpec) else (registry or default_registry()).get(model)
     if spec.chat_format != "template":
@@ -114,7 +114,7 @@ def render_conversation(chat_format: Any, messages: Sequence[dict], add_generati
     """`messages` through the chat template; `add_generation_prompt=True` is exactly `chat_format.render`."""
     if add_generation_prompt:
         return chat_format.render(messages)
-    from serving.chat_format import normalize_messages
+    from serving.text.chat_format import normalize_messages
 
     # TemplateChatFormat.render always adds the generation prompt; the same compiled template without it.
     return chat_format._compiled.render(messages=normalize_messages(messages), add_generation_prompt=False,
@@ -122,10 +122,10 @@ def render_conversation(chat_format: Any, messages: Sequence[dict], add_generati
 
 
 def resolve_tool_format(tool_format: Any = None) -> Any:
-    """A `serving.tool_formats.ToolCallFormat` from None (the default JSON format), a registered name ("xml"),
+    """A `serving.tools.formats.ToolCallFormat` from None (the default JSON format), a registered name ("xml"),
     a dict of fields (as link.yaml's `tool_format:`), or a format. Raises PosttrainDataError for a bad one."""
     from serving.errors import ServingError
-    from serving.tool_formats import tool_format_from_config
+    from serving.tools.formats import tool_format_from_config
 
     try:
         return tool_format_from_config(tool_format)
@@ -134,7 +134,7 @@ def resolve_tool_format(tool_format: Any = None) -> Any:
 
 
 def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
-    """The trace's messages as the engine hands them to the chat template: `serving.toolcalls.render_messages`
+    """The trace's messages as the engine hands them to the chat template: `serving.tools.harness.render_messages`
     in the harness format, with meta "tool_choice" (default "auto") and "parallel_tool_calls" (default True)
     as `serving.frontend.chat_tools.prepare_chat` passes them, and `strict`: tools the format cannot express, or an
     assistant turn that would not parse back to the same content and calls, are refused.
@@ -145,7 +145,7 @@ def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
         PosttrainDataError: tools or messages the harness format cannot render (the message says which).
     """
     from serving.errors import ServingError
-    from serving.toolcalls import render_messages
+    from serving.tools.harness import render_messages
 
     messages = trace.messages
     if not (trace.tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)):
@@ -211,7 +211,7 @@ class TraceDataset(Sequence[Example]):
         traces: the traces (e.g. one side of `split_traces`).
         tokenizer, chat_format: from `load_chat_tokenizer` (or `serving.model_loader.load_model`).
         max_seq_length: most tokens per example (≥ 1); longer examples are dropped and counted.
-        tool_format: the harness format: a `serving.tool_formats.ToolCallFormat`, a registered name ("xml"), a
+        tool_format: the harness format: a `serving.tools.formats.ToolCallFormat`, a registered name ("xml"), a
             dict of its fields (link.yaml `tool_format:`), or None (the default JSON format); the same as the
             model's deployment, so serving parses what training taught.
         skip_invalid: leave out (and list in `invalid`) traces that fail `check_trace` or `encode_trace`, e.g.

@@ -5,7 +5,7 @@ as the gateway renders a chat request with `tools` to a local model (`serving.fr
 harness format writes the tools into the system turn (`posttrain.dataset.harness_messages`, the rendering the
 dataset trains on), the model's chat template turns the messages into text and our tokenizer into ids. Our
 engine answers all prompts in one `generate` call (continuous batching), greedily, up to `max_tokens` tokens or
-the end of the turn; the reply is parsed as the gateway parses it (`serving.toolcalls.parse_tool_calls`, `cut`
+the end of the turn; the reply is parsed as the gateway parses it (`serving.tools.harness.parse_tool_calls`, `cut`
 when the reply hit max_tokens) and graded against the final assistant turn:
 
 - BFCL traces (`posttrain.traces_bfcl.read_bfcl`: meta "functions", "ground_truth"): the calls, their OpenAI
@@ -204,7 +204,7 @@ def render_table(result: ScoreResult, title: str | None = None):
 
 
 def _format(tool_format: Any):
-    """`tool_format` as a `serving.tool_formats.ToolCallFormat` (None = the default JSON format)."""
+    """`tool_format` as a `serving.tools.formats.ToolCallFormat` (None = the default JSON format)."""
     from posttrain.dataset import resolve_tool_format
 
     return resolve_tool_format(tool_format)
@@ -270,7 +270,7 @@ def grade_output(trace: Trace, text: str, finish_reason: str | None = None, tool
     """
     from evals.bfcl_match import match_calls
     from evals.bfcl_schema import decode_tool_calls, to_openai_tools
-    from serving.toolcalls import parse_tool_calls
+    from serving.tools.harness import parse_tool_calls
 
     fmt = _format(tool_format)
     gold = trace.messages[-1] if trace.messages else {}
@@ -310,7 +310,7 @@ class ToolCallScorer:
         tool_format: the harness format (a registered name, a dict of fields or a `ToolCallFormat`; None = default).
         max_tokens: reply budget per item (capped by the context left after the prompt).
         dtype: the engine's dtype ("float32" or "bfloat16").
-        engine_config: `serving.llm_engine.EngineConfig` (default: a 1 GiB KV cache, 32 sequences per batch).
+        engine_config: `serving.engine.llm_engine.EngineConfig` (default: a 1 GiB KV cache, 32 sequences per batch).
     Raises:
         ModelNotLocalError: `model` is not local (before anything is loaded); PosttrainDataError: a bad format;
         serving errors of the load.
@@ -319,8 +319,8 @@ class ToolCallScorer:
     def __init__(self, model: str | Path, *, tool_format: Any = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                  dtype: str = "float32", engine_config: Any = None, registry: Any = None):
         from posttrain.local_models import local_model_spec
+        from serving.engine.llm_engine import EngineConfig
         from serving.llm import LLM
-        from serving.llm_engine import EngineConfig
         from serving.registry import ModelRegistry
 
         if max_tokens < 1:
@@ -347,7 +347,7 @@ class ToolCallScorer:
         Raises:
             PosttrainDataError: no traces, or a trace without a final assistant turn (before generating).
         """
-        from serving.sampling_params import SamplingParams
+        from serving.sampling.params import SamplingParams
 
         if not traces:
             raise PosttrainDataError("no traces to score")

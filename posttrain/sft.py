@@ -81,7 +81,7 @@ def format_config(fmt) -> str | dict:
     not only its name)."""
     import dataclasses
 
-    from serving.tool_formats import FORMATS
+    from serving.tools.formats import FORMATS
 
     if FORMATS.get(fmt.name) == fmt:
         return fmt.name

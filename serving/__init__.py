@@ -14,7 +14,7 @@ from serving.errors import (
     UnsupportedArchitectureError,
     UnsupportedTensorTypeError,
 )
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 __all__ = [
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "ModelRegistry", "ModelSpec", "default_registry",
@@ -29,7 +29,7 @@ def __getattr__(name: str):
 
         return LLM
     if name in ("RequestOutput", "CompletionOutput"):
-        from serving import outputs
+        from serving.engine import outputs
 
         return getattr(outputs, name)
     if name in ("ModelRegistry", "ModelSpec", "default_registry"):

@@ -38,8 +38,8 @@ class SamplingTimeoutError(ServingError):
     the engine stops that request, and the others in the step go on. `param` names the request field behind
     the work (`response_format`, `tools`), or None.
 
-    Raised inside guided decoding as the deadline passes (`serving.guided_json.JsonAutomaton.feed`), then by
-    the engine with the message the client gets (`serving.sample_budget.choose_token`).
+    Raised inside guided decoding as the deadline passes (`serving.guided.automaton.JsonAutomaton.feed`), then by
+    the engine with the message the client gets (`serving.engine.sample_budget.choose_token`).
     """
 
     def __init__(self, message: str, param: str | None = None):

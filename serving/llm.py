@@ -15,12 +15,12 @@ from typing import Callable, Sequence, Union
 
 import torch
 
+from serving.engine.llm_engine import EngineConfig, LLMEngine
+from serving.engine.outputs import RequestOutput
 from serving.errors import ServingError
-from serving.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
-from serving.outputs import RequestOutput
 from serving.registry import ModelRegistry, default_registry
-from serving.sampling_params import SamplingParams
+from serving.sampling.params import SamplingParams
 
 PromptType = Union[str, dict]  # text, or {"prompt_token_ids": [...]} as in vLLM's TokensPrompt
 

@@ -15,7 +15,6 @@ from typing import Callable
 
 import torch
 
-from serving.chat_format import ChatFormat, InContextChatFormat, TemplateChatFormat
 from serving.config import ModelConfig
 from serving.errors import ModelFileError, ServingError
 from serving.loader.gguf_loader import open_gguf
@@ -23,7 +22,8 @@ from serving.loader.safetensors_loader import open_safetensors
 from serving.models import build_model
 from serving.models.base import CausalLM
 from serving.registry import ModelSpec
-from serving.tokenizer import Tokenizer
+from serving.text.chat_format import ChatFormat, InContextChatFormat, TemplateChatFormat
+from serving.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ def gemma3_gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2():
     from serving import LLM
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     # A KV cache that holds the whole 8,192-token context, so context-length tests see the model's limit.
     return LLM("smollm2-135m-instruct", engine_config=EngineConfig(kv_cache_bytes=512 * 2**20))

@@ -4,6 +4,7 @@
     forbidden(imports, "link", {"evals", "web"})            # the imports by link/ of those packages
     find_cycle(package_graph(imports))                      # None, or one cycle of packages [a, b, ..., a]
     find_cycle(file_graph(imports, "evals"))                # the same between the modules of one package
+    find_cycle(unit_graph(imports, "serving"))              # the same between its sub-packages and top modules
     private_imports(ROOT, PACKAGES)                         # `from a import _name` of a scanned module `a`
 
 Every import counts, wherever it is written: at module level, inside a function or under `if TYPE_CHECKING`
@@ -156,6 +157,23 @@ def file_graph(imports: Iterable[Import], package: str) -> dict[str, set[str]]:
     for i in own:
         if i.target in modules and i.target != i.source:
             graph[i.source].add(i.target)
+    return graph
+
+
+def unit(module: str) -> str:
+    """A module's unit inside its package: "serving.engine.llm_engine" -> "serving.engine" (a sub-package),
+    "serving.errors" -> itself (a top-level module), "serving" -> itself (the package's __init__)."""
+    return ".".join(module.split(".")[:2])
+
+
+def unit_graph(imports: Iterable[Import], package: str) -> dict[str, set[str]]:
+    """Unit -> the other units of the same package it imports, for the units of `package` (see `unit`):
+    the package's sub-packages and top-level modules, each taken whole."""
+    own = [i for i in imports if i.source_package == package]
+    graph: dict[str, set[str]] = {unit(i.source): set() for i in own}
+    for i in own:
+        if i.target_package == package and unit(i.target) in graph and unit(i.target) != unit(i.source):
+            graph[unit(i.source)].add(unit(i.target))
     return graph
 
 

@@ -90,10 +90,10 @@ def engine_worker(model: str, dtype: str, warmup: list[int], prompts: list[list[
     """Our `LLMEngine` in this process, greedy, one request at a time (a single level), timed as
     `llama_cpp_worker` times llama.cpp: each token when the step that made it returns. The engine installs
     the stored kernel winners of `model` (`LINK_COMPILE_DB`), as `link engine serve` does."""
-    from serving.llm_engine import EngineConfig, LLMEngine
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
     from serving.model_loader import load_model
     from serving.registry import default_registry
-    from serving.sampling_params import SamplingParams
+    from serving.sampling.params import SamplingParams
 
     engine = LLMEngine(load_model(default_registry().get(model), dtype), EngineConfig(tuned_kernels=True))
 

@@ -216,7 +216,7 @@ def run_serving_benchmark(
             for concurrency, (records, wall_s, rss_mb) in zip(levels, measured):
                 result["rows"].append(summarize(system, concurrency, records, wall_s, rss_mb))
             if system == "link" and save_mix:
-                from serving.traffic import save_mix as write_mix
+                from serving.tuning.traffic import save_mix as write_mix
 
                 result["mix"] = str(write_mix(records_to_mix([m[0] for m in measured]), save_mix))
     finally:

@@ -49,11 +49,11 @@ def render_prompts(model: str, texts: Sequence[str]) -> tuple[Path, list[list[in
     Raises:
         UnknownModelError: `model` is not registered; ServingError: the model is not a GGUF file.
     """
-    from serving.chat_format import InContextChatFormat, TemplateChatFormat
     from serving.errors import ServingError
     from serving.loader.gguf_loader import open_gguf
     from serving.registry import default_registry
-    from serving.tokenizer import Tokenizer
+    from serving.text.chat_format import InContextChatFormat, TemplateChatFormat
+    from serving.text.tokenizer import Tokenizer
 
     spec = default_registry().get(model)
     path = spec.resolve_path()

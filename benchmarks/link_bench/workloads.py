@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.link_bench.timing import TimedRequest
 from benchmarks.link_bench.workload import load_workload
-from serving.traffic import RequestShape
+from serving.tuning.traffic import RequestShape
 
 WORKLOADS = ("default", "repetitive", "mixed")
 MAX_BURST = 16

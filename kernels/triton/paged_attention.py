@@ -6,7 +6,7 @@ walks the sequence's block table one cache block at a time and keeps an online s
 running sum, weighted values; Milakov & Gimelshein 2018, arXiv:1805.02867) in float32. Long sequences are
 split into partitions of blocks run by separate programs whose partial results a second kernel merges
 (the flash-decoding split, so a batch of one still fills the GPU). With a sliding window W only the blocks
-holding the last W positions are read. The cache layout is `serving.paged_cache`'s:
+holding the last W positions are read. The cache layout is `serving.engine.paged_cache`'s:
 [num_blocks, block_size, K, D], block tables [B, max_blocks]. Reference: `kernels.ref.ref_paged_attention`;
 parity tests: tests/kernels/test_triton_paged_attention.py.
 """

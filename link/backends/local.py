@@ -5,7 +5,7 @@ starts one `AsyncLLMEngine` for it and shares it between every deployment naming
 request path is the standalone server's (`serving/frontend/responses.py`: `plan_chat`/`plan_completion`,
 `whole_response`, `stream_events`), so a local answer through the gateway equals `link engine serve`'s.
 The first-chunk and whole-request timeouts start once the model is loaded. Requests with `tools` use
-the deployment's harness format (link.yaml `tool_format:`, `serving.tool_formats`). A request the engine
+the deployment's harness format (link.yaml `tool_format:`, `serving.tools.formats`). A request the engine
 stops (`SamplingTimeoutError`) is a 400 that leaves the replica in rotation; an engine whose loop failed
 or stalled (`AsyncLLMEngine.problem`) fails its health check, so the gateway's /health lists the model.
 
@@ -30,7 +30,7 @@ from protocol.openai import ChatCompletionRequest, CompletionRequest
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.registry import ModelRegistry, ModelSpec, default_registry
-from serving.traffic import TrafficRecorder, save_mix, traffic_path
+from serving.tuning.traffic import TrafficRecorder, save_mix, traffic_path
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class EnginePool:
     Args:
         registry: where registry names resolve (default: `serving.registry.default_registry()`).
         dtype: weights dtype, "float32" or "bfloat16".
-        engine_config: `serving.llm_engine.EngineConfig` for every engine whose deployment sets no `engine`
+        engine_config: `serving.engine.llm_engine.EngineConfig` for every engine whose deployment sets no `engine`
             options (default: its defaults).
     """
 
@@ -78,9 +78,9 @@ class EnginePool:
         self._states[key] = self._make_state(key, loaded)
 
     def _make_state(self, key: str, loaded, deployment: ModelDeployment | None = None):
-        from serving.async_engine import AsyncLLMEngine
+        from serving.engine.async_engine import AsyncLLMEngine
+        from serving.engine.llm_engine import EngineConfig, LLMEngine
         from serving.frontend.state import EngineState
-        from serving.llm_engine import EngineConfig, LLMEngine
 
         if deployment is not None and deployment.engine is not None:
             config = deployment.engine.engine_config()
@@ -150,7 +150,7 @@ class EnginePool:
 
     async def aclose(self) -> None:
         """Stop every engine loop and background tuner; save each model's recorded traffic mix to
-        $LINK_HOME/compile/traffic/<model>.jsonl (`serving.traffic.traffic_path`)."""
+        $LINK_HOME/compile/traffic/<model>.jsonl (`serving.tuning.traffic.traffic_path`)."""
         for tuner in self._tuners:
             tuner.stop()
         for state in self._states.values():

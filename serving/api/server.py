@@ -14,7 +14,7 @@ one process.
     GET /health   200 {"status": "ok"}
                   503 {"status": "error" | "degraded", "model": name, "detail": ...} once the engine loop
                   failed, or stalled (no step finished for `EngineConfig.stall_timeout_s` while requests
-                  wait; `serving.async_engine.AsyncLLMEngine.problem`).
+                  wait; `serving.engine.async_engine.AsyncLLMEngine.problem`).
 
 A request the engine stops (`SamplingTimeoutError`: a token over `EngineConfig.sample_timeout_s`) is a 400
 naming the field behind it, or, once a stream has started, one error event and `data: [DONE]`.
@@ -41,11 +41,11 @@ from protocol.openai import ChatCompletionRequest, CompletionRequest
 from protocol.openapi_body import json_body
 from protocol.strict_json import parse_json_object
 from protocol.url_params import check_url_params
-from serving.async_engine import AsyncLLMEngine
+from serving.engine.async_engine import AsyncLLMEngine
+from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.frontend.state import EngineState
-from serving.llm_engine import EngineConfig, LLMEngine
 from serving.model_loader import LoadedModel, load_model
 from serving.registry import ModelRegistry, default_registry
 

@@ -1,7 +1,7 @@
 """OpenAI `logprobs` objects of chat and completions responses, from the engine's per-token entries.
 
 A token can be part of a UTF-8 character (byte-level BPE splits an emoji over several tokens), so each
-chat entry carries the token's raw `bytes` (`serving.detokenizer.TokenBytes`) and, as `token`, its text
+chat entry carries the token's raw `bytes` (`serving.text.detokenizer.TokenBytes`) and, as `token`, its text
 when the bytes are whole characters or `\\xNN` escapes otherwise. Completions `text_offset` are
 character offsets into the returned text: token i starts at the length of the text of tokens [0, i)
 (complete characters only, from `IncrementalDetokenizer`), so a token continuing a character points at
@@ -10,7 +10,7 @@ that character.
 
 from __future__ import annotations
 
-from serving.detokenizer import IncrementalDetokenizer, TokenBytes, token_text
+from serving.text.detokenizer import IncrementalDetokenizer, TokenBytes, token_text
 
 
 def _entry(to_bytes: TokenBytes, token_id: int, logprob: float) -> dict:
@@ -24,7 +24,7 @@ def chat_logprobs(token_ids: list[int], entries: list[dict], tokenizer, top_k: i
     Args:
         token_ids: the generated ids.
         entries: per token, {token id: Logprob} holding the chosen token and the top-k (engine output).
-        tokenizer: a `serving.tokenizer.Tokenizer`.
+        tokenizer: a `serving.text.tokenizer.Tokenizer`.
         top_k: alternatives per token (`top_logprobs`).
     """
     to_bytes = TokenBytes(tokenizer)

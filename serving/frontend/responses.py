@@ -16,12 +16,12 @@ from typing import AsyncIterator
 
 from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest, CompletionRequest, usage
+from serving.engine.outputs import RequestOutput
 from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.frontend.logprobs import TextOffsets, chat_logprobs, completion_logprobs
 from serving.model_loader import LoadedModel
-from serving.outputs import RequestOutput
-from serving.sampling_params import SamplingParams
-from serving.tool_formats import DEFAULT_FORMAT, ToolCallFormat
+from serving.sampling.params import SamplingParams
+from serving.tools.formats import DEFAULT_FORMAT, ToolCallFormat
 
 
 @dataclass

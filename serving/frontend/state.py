@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from serving.async_engine import AsyncLLMEngine
+from serving.engine.async_engine import AsyncLLMEngine
 from serving.frontend.metrics import EngineMetrics
 from serving.model_loader import LoadedModel
 

@@ -66,7 +66,7 @@ K-quants, 256 elements per block ("super-block"), split into sub-blocks:
 Every other GGML type raises `UnsupportedTensorTypeError`; a buffer whose size does not match
 the shape raises `ModelFileError` (this is how a truncated file shows up).
 
-Tests: ``python -m pytest tests/serving/test_dequant.py -q`` (compares against the numpy
+Tests: ``python -m pytest tests/serving/loader/test_dequant.py -q`` (compares against the numpy
 reference ``gguf.quants.dequantize`` on tensors of both bundled models and on synthetic blocks).
 """
 

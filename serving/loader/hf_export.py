@@ -16,7 +16,7 @@ import torch
 
 from serving.config import ModelConfig
 from serving.loader.gguf_loader import open_gguf
-from serving.tokenizer import Tokenizer
+from serving.text.tokenizer import Tokenizer
 
 
 def hf_config(cfg: ModelConfig, bos_token_id: int | None, eos_token_id: int | None) -> dict:

@@ -9,8 +9,8 @@ from torch import nn
 
 from kernels import dispatch
 from serving.config import ModelConfig
+from serving.engine.paged_cache import BatchMetadata, PagedKVCache
 from serving.errors import ModelFileError
-from serving.paged_cache import BatchMetadata, PagedKVCache
 
 # Hugging Face projections that we store fused: target parameter suffix -> ordered source suffixes.
 _FUSED = {
@@ -39,7 +39,7 @@ class CausalLM(nn.Module):
         """A zeroed paged KV cache of `num_blocks` blocks of `block_size` tokens, in the model dtype.
 
         With `num_sliding_blocks` > 0 the sliding-window layers get their own pool of that many blocks
-        (`serving.sliding_block_manager`); with 0 every layer uses the one pool.
+        (`serving.engine.sliding_block_manager`); with 0 every layer uses the one pool.
         """
         cfg = self.config
         sliding = frozenset(i for i in range(cfg.num_layers) if cfg.is_sliding(i)) if num_sliding_blocks else frozenset()

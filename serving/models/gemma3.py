@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from serving.config import ModelConfig
-from serving.paged_cache import BatchMetadata, PagedKVCache
+from serving.engine.paged_cache import BatchMetadata, PagedKVCache
 from serving.models.base import CausalLM
 from serving.models.layers import Attention, GatedMLP, RMSNorm, rope_tables
 

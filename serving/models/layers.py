@@ -12,7 +12,7 @@ from torch import nn
 
 from kernels import dispatch
 from serving.config import ModelConfig
-from serving.paged_cache import BatchMetadata, PagedKVCache
+from serving.engine.paged_cache import BatchMetadata, PagedKVCache
 
 
 class RMSNorm(nn.Module):

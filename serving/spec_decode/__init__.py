@@ -11,7 +11,7 @@ forced tool calls), whose automaton advances one token at a time. Everything els
 and sampled decoding, penalties, logit bias, `min_tokens`, logprobs (each emitted token's row is its
 own position's raw logits), stop strings, and n > 1 (each sample drafts on its own after the fork).
 
-How to run its tests: `python -m pytest tests/serving/test_spec_decode_*.py -q`.
+How to run its tests: `python -m pytest tests/serving/spec_decode/ -q`.
 """
 
 from serving.spec_decode.config import SpeculativeConfig

@@ -26,14 +26,14 @@ class SpeculativeConfig:
             tail, below the batch threshold, and are mostly rejected); with it, its calibration, the
             engine-wide prior of new requests and probe backoff, the worst burst size was 0.93x and the
             geometric mean 0.99x, the repetitive workload 1.64x (`benchmarks/bench_spec_decode.py
-            --repeats 5`, SmolLM2 on a 2-core Xeon, issue 10).
+            --repeats 5`, SmolLM2 on a 2-core Xeon).
             Its timings are the engine's own steps, so on a noisy shared CPU they can switch speculation
             off where it would pay; a probe step every 32 decisions corrects that.
         ngram_max, ngram_min: the n-gram lengths tried, longest first.
         disable_by_batch_size: no speculation in a step that starts with this many running sequences or
             more (vLLM's `speculative_disable_by_batch_size`); 1 never speculates. A verify step with
             drafts leaves the batched decode attention and the compiled decode step for a per-sequence
-            attention call per drafted sequence, a cost that grows with the batch (issue 10).
+            attention call per drafted sequence, a cost that grows with the batch.
         ema_alpha: weight of the newest step in the per-request acceptance-rate moving average, in (0, 1].
 
     Raises:

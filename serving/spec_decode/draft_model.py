@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from serving.engine.model_runner import ModelRunner
+from serving.engine.paged_cache import PagedKVCache
+from serving.engine.sequence import Sequence
 from serving.errors import ServingError
-from serving.model_runner import ModelRunner
-from serving.paged_cache import PagedKVCache
-from serving.sequence import Sequence
 from serving.spec_decode.drafter import Drafter
 
 PROBE = "def f(x):\n    return x * 2  # Hello, world! Ça va? 12345"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from serving.sequence import Sequence
+from serving.engine.sequence import Sequence
 from serving.spec_decode.ngram import propose_ngram
 
 

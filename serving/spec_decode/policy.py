@@ -9,7 +9,7 @@ the third only with `step_cost`):
    (weight `PRIOR_ALPHA`) over every verification step of every request, itself starting at 1: on
    text where drafts keep failing, new requests no longer spend their first steps on drafts that an
    optimistic r = 1 would justify (bursts of 2-3 short non-repetitive requests ran at 0.84x the speed
-   of no speculation with r starting at 1, issue 10). The next draft length is
+   of no speculation with r starting at 1). The next draft length is
    k = k_min + round(r (k_max - k_min)): all drafts accepted drives k to k_max, none to k_min.
    A sequence with no n-gram match drafts nothing that step and costs nothing.
 2. Across the engine, speculation backs off as the batch grows. With b sequences running when the step
@@ -17,7 +17,7 @@ the third only with `step_cost`):
    `speculative_disable_by_batch_size`); below it, k is capped at ceil(k_max (T - b) / (T - 1)): k_max
    at b = 1, about k_max / (T - 1) at b = T - 1. A verify step is dearer than a plain decode step by
    more the more sequences draft: each drafted sequence's attention runs on its own instead of in the
-   batched decode call, and the compiled decode step does not apply (issue 10: at a burst of 4 requests,
+   batched decode call, and the compiled decode step does not apply (at a burst of 4 requests,
    speculating with a threshold of 8 ran at 0.89x the speed of not speculating). The cap lifts again
    when the load falls.
 3. A step drafts only when it is expected to pay: the expected accepted drafts, sum of r k over the
@@ -36,7 +36,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from serving.outputs import SpeculativeStats
+from serving.engine.outputs import SpeculativeStats
 from serving.spec_decode.config import SpeculativeConfig
 
 

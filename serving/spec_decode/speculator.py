@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from serving.sampler import Sampler
-from serving.sequence import Sequence
+from serving.engine.sequence import Sequence
+from serving.sampling.sampler import Sampler
 from serving.spec_decode.config import SpeculativeConfig
 from serving.spec_decode.drafter import Drafter, NgramDrafter
 from serving.spec_decode.policy import AcceptanceState, LookaheadPolicy

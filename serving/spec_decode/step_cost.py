@@ -19,8 +19,7 @@ preceded by one that kept what it predicted, so one step moves c by ema_alpha an
 The per-request averages that A is built from are optimistic exactly when speculation is chosen: a step
 drafts when a noisy average happens to be high, and the one-token checks of steps without drafts
 measure the first draft token, the likeliest to be kept. On bursts of 3 non-repetitive requests (SmolLM2, 2-core CPU, a
-verify step 1.8x a plain one) 17 of 174 decode steps drafted without it and 6 of 184 with it, c near 0.4
-(issue 10).
+verify step 1.8x a plain one) 17 of 174 decode steps drafted without it and 6 of 184 with it, c near 0.4.
 
 Before both times are known at a batch size, the model tries a speculative step, then a plain one. Every
 `probe_every` decisions at a batch size it takes the other choice once, so the losing side's time and the

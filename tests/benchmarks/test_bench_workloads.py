@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from benchmarks.link_bench.timing import TimedRequest
 from benchmarks.link_bench.workloads import burst_plan, load_repetitive, records_to_mix, workload_texts
 from cli.app import app
-from serving.traffic import RequestShape, load_mix
+from serving.tuning.traffic import RequestShape, load_mix
 
 runner = CliRunner()
 

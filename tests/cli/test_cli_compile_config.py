@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from cli.app import app
 from kernels.config_winners import ConfigWinner, ConfigWinnerTable
 from kernels.winners import Environment
-from serving.traffic import RequestShape, mix_fingerprint, save_mix
+from serving.tuning.traffic import RequestShape, mix_fingerprint, save_mix
 
 MODEL = "smollm2-135m-instruct"
 
@@ -52,7 +52,7 @@ def test_tune_config_refuses_a_bad_mix(table, tmp_path):
 @pytest.mark.slow
 def test_apply_winner_reconfigures_an_engine_with_the_stored_config(table, smollm2_fp32):
     from benchmarks.config_tuning import apply_winner, stored_config
-    from serving.llm_engine import EngineConfig, LLMEngine
+    from serving.engine.llm_engine import EngineConfig, LLMEngine
 
     mix = [RequestShape(50, 8, 0.0)] * 4
     assert stored_config(MODEL, mix, table=table) is None

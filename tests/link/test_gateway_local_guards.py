@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from serving import guided_json
+from serving.guided import automaton
 from tests.link.gateway_launch import MASTER_KEY, gateway_settings, start_gateway_thread
 from tests.serving.guided_cases import INDIRECT, SELF, nested, slowed
 from tests.serving.toy_model import TOY_ENGINE, toy_chat_model
@@ -79,7 +79,7 @@ def test_a_forced_tool_with_a_ref_cycle_is_a_400_naming_its_parameters(client):
 
 
 def test_a_slow_guided_request_is_stopped_and_a_concurrent_one_completes(gateway, client, monkeypatch):
-    monkeypatch.setattr(guided_json, "step", slowed(guided_json.step, BUDGET / 4))
+    monkeypatch.setattr(automaton, "step", slowed(automaton.step, BUDGET / 4))
     plain = {}
     thread = threading.Thread(target=lambda: plain.update(answer=client.chat.completions.create(
         model=LOCAL, messages=ASK, max_tokens=24, temperature=0)))

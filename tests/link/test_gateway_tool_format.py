@@ -1,4 +1,4 @@
-"""A local model's `tool_format` in link.yaml (serving/tool_formats.py) through the real gateway on loopback and the
+"""A local model's `tool_format` in link.yaml (serving/tools/formats.py) through the real gateway on loopback and the
 official `openai` client, on the real SmolLM2-135M-Instruct: one engine, two public names speaking two harnesses.
 
 - "smollm2-xml" (`tool_format: xml`): the rendered prompt and the parsed reply are XML calls

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from link.backends.local import EnginePool
-from serving.sampling_params import SamplingParams
-from serving.traffic import RequestShape, load_mix, traffic_path
+from serving.sampling.params import SamplingParams
+from serving.tuning.traffic import RequestShape, load_mix, traffic_path
 
 pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
 

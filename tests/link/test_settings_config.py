@@ -154,7 +154,7 @@ policies:
 
 
 def test_engine_options_set_only_the_fields_given():
-    from serving.llm_engine import EngineConfig
+    from serving.engine.llm_engine import EngineConfig
 
     config = parse_config({"models": [{"name": "g", "kind": "local", "local": "gemma-3-270m",
                                        "engine": {"kv_cache_mb": 1024, "sliding_window_pool": False}}]})

@@ -20,11 +20,11 @@ from posttrain.errors import PosttrainDataError
 from posttrain.traces import Trace
 from posttrain.traces_bfcl import read_bfcl
 from protocol.openai import ChatCompletionRequest
-from serving.chat_format import TemplateChatFormat
 from serving.frontend.responses import plan_chat
 from serving.model_loader import LoadedModel
 from serving.registry import default_registry
-from serving.toolcalls import render_tools_system_prompt
+from serving.text.chat_format import TemplateChatFormat
+from serving.tools.harness import render_tools_system_prompt
 
 MODEL = "smollm2-135m-instruct"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
@@ -134,7 +134,7 @@ XML_CALL = "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</fun
 
 
 def test_xml_harness_format_renders_as_the_gateway_does(smollm2_chat, engine_model):
-    from serving.tool_formats import XML_FORMAT
+    from serving.tools.formats import XML_FORMAT
 
     tokenizer, chat_format = smollm2_chat
     trace = _weather_trace()

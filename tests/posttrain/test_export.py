@@ -122,7 +122,7 @@ def test_registration_keeps_the_trained_tool_format(tiny_export, tmp_path):
     from link.config import LinkConfig
     from link.db import make_db_engine
     from posttrain.sft import _registered_format, format_config
-    from serving.tool_formats import FORMATS, tool_format_from_config
+    from serving.tools.formats import FORMATS, tool_format_from_config
 
     custom = {"base": "xml", "name": "acme-xml", "call_open": "<invoke>", "call_close": "</invoke>"}
     fmt = tool_format_from_config(custom)

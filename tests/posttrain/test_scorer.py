@@ -117,7 +117,7 @@ def test_generic_traces_exact_match():
 
 def test_the_gold_answer_of_every_bfcl_item_is_graded_right(data_dir):
     """Property: the target calls read_bfcl makes, written by the harness, are graded right, and parse."""
-    from serving.toolcalls import render_messages
+    from serving.tools.harness import render_messages
 
     traces = read_bfcl(data_dir)
     for trace in traces:
@@ -199,7 +199,7 @@ def test_prompts_are_the_gateways(smollm2_scored, six_bfcl):
 
 @pytest.mark.slow
 def test_a_real_run_records_are_consistent(smollm2_scored, six_bfcl):
-    from serving.toolcalls import parse_tool_calls
+    from serving.tools.harness import parse_tool_calls
 
     _, result = smollm2_scored
     assert [i.id for i in result.items] == [t.id for t in six_bfcl]

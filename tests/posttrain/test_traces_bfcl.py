@@ -15,7 +15,7 @@ from evals.bfcl_match import match_calls
 from evals.bfcl_schema import decode_tool_calls, to_openai_tools
 from posttrain.errors import PosttrainDataError
 from posttrain.traces_bfcl import BFCL_NO_CALL_ANSWER, bfcl_target_calls, read_bfcl
-from serving.toolcalls import parse_tool_calls, render_messages
+from serving.tools.harness import parse_tool_calls, render_messages
 
 
 def test_bfcl_target_calls_hand_checked():

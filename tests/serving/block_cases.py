@@ -5,8 +5,8 @@ Block size 4 in hand-checked cases, so block i holds positions [4i, 4i + 4).
 
 from __future__ import annotations
 
-from serving.block_manager import BlockManager
-from serving.sequence import Sequence
+from serving.engine.block_manager import BlockManager
+from serving.engine.sequence import Sequence
 
 BS = 4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from serving.guided_json import JsonAutomaton
+from serving.guided.automaton import JsonAutomaton
 
 PERSON = {
     "type": "object",

@@ -204,7 +204,7 @@ def test_concurrent_tokenizer_conversions_do_not_collide(smollm2_gguf_path, tmp_
 
     monkeypatch.setenv("LINK_HOME", str(tmp_path))
     code = (
-        "import sys; from serving.loader.gguf_loader import open_gguf; from serving.tokenizer import Tokenizer; "
+        "import sys; from serving.loader.gguf_loader import open_gguf; from serving.text.tokenizer import Tokenizer; "
         "p = sys.argv[1]; t = Tokenizer.from_gguf(p, open_gguf(p).metadata); print(t.encode('Paris'))"
     )
     procs = [subprocess.Popen([sys.executable, "-c", code, str(smollm2_gguf_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

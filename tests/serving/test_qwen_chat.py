@@ -14,7 +14,7 @@ import pytest
 
 from serving import LLM
 from serving.api.server import create_engine_app
-from serving.llm_engine import EngineConfig
+from serving.engine.engine_config import EngineConfig
 from tests.serving.loopback import serve_on_loopback
 
 pytestmark = pytest.mark.slow

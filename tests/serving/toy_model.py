@@ -12,11 +12,11 @@ import types
 
 import torch
 
-from serving.chat_format import TemplateChatFormat
 from serving.config import ModelConfig
-from serving.llm_engine import EngineConfig
+from serving.engine.llm_engine import EngineConfig
 from serving.model_loader import LoadedModel
 from serving.models import build_model
+from serving.text.chat_format import TemplateChatFormat
 from tests.serving.guided_cases import CharTokenizer
 
 TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"

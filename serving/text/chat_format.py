@@ -1,0 +1,148 @@
+"""Chat formatting: OpenAI-style messages -> one prompt string.
+
+- `TemplateChatFormat`: the model's own Jinja2 chat template (GGUF `tokenizer.chat_template`, e.g.
+  SmolLM2's ChatML), rendered in a sandbox with `add_generation_prompt=True`.
+- `InContextChatFormat`: for base models with no template (Gemma 3 270M). We prepend a short fixed
+  conversation in a plain "User:/Assistant:" transcript so the model continues in the assistant's
+  voice, and stop generation when it starts the next turn (its turn markers are stop strings, added
+  after the client's own `stop`). A plain transcript was chosen over Gemma's instruction-tuned
+  `<start_of_turn>` markup because a base model has seen transcripts of this shape far more often in
+  pre-training than the markup of a later fine-tune. The prompt ends with "Assistant:" and no space:
+  the reply's first token carries the space ("▁The"), as in the examples; a prompt ending in the space
+  leaves a bare "▁" token that the model rarely saw followed by a word, and it then answers far worse
+  (lists, runs of digits). The engine drops that one space from the text (`strip_leading_space`).
+
+    params = fmt.reply_params(params)   # the format's stop strings and strip_leading_space
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from serving.errors import ServingError
+from serving.sampling.params import SamplingParams
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def message_text(content: Any) -> str:
+    """The text of a message's `content`: a string, or OpenAI content parts of type "text"."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ServingError(f"unsupported content part {part!r}: local models accept text parts only")
+            texts.append(part.get("text", ""))
+        return "".join(texts)
+    raise ServingError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def normalize_messages(messages: Sequence[dict]) -> list[dict[str, str]]:
+    """Validate OpenAI chat messages and flatten their content to strings.
+
+    Raises:
+        ServingError: an empty list, a message without a known role, or non-text content.
+    """
+    if not messages:
+        raise ServingError("messages must contain at least one message")
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ROLES:
+            raise ServingError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+        out.append({"role": "system" if role == "developer" else role, "content": message_text(m.get("content"))})
+    return out
+
+
+class ChatFormat(ABC):
+    """Renders messages into a prompt; `stop` lists extra stop strings that end the assistant turn;
+    `strip_leading_space` says the reply opens with a space that is not part of it."""
+
+    stop: tuple[str, ...] = ()
+    strip_leading_space: bool = False
+    add_special_tokens: bool = True
+
+    @abstractmethod
+    def render(self, messages: Sequence[dict]) -> str:
+        """The prompt text ending where the assistant's reply begins."""
+
+    def reply_params(self, params: SamplingParams) -> SamplingParams:
+        """`params` for a reply in this format: the client's `stop` strings first, then the format's
+        own (those not already there), and the format's `strip_leading_space`."""
+        stop = tuple(params.stop) + tuple(s for s in self.stop if s not in params.stop)
+        if stop == tuple(params.stop) and params.strip_leading_space == self.strip_leading_space:
+            return params
+        return dataclasses.replace(params, stop=stop, strip_leading_space=self.strip_leading_space)
+
+
+@dataclass
+class TemplateChatFormat(ChatFormat):
+    template: str
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+    def __post_init__(self) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_template_error
+        self._compiled = env.from_string(self.template)
+        # A template that writes the BOS token itself must not get a second one from the tokenizer.
+        self.add_special_tokens = not (self.bos_token and "bos_token" in self.template)
+
+    def render(self, messages: Sequence[dict]) -> str:
+        return self._compiled.render(
+            messages=normalize_messages(messages), add_generation_prompt=True,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+        )
+
+
+def _raise_template_error(message: str):
+    raise ServingError(f"chat template rejected the messages: {message}")
+
+
+IN_CONTEXT_PREAMBLE = (
+    "The following is a conversation between a user and a helpful, knowledgeable assistant "
+    "who answers accurately and concisely.\n\n"
+    "User: What is the capital of Italy?\n"
+    "Assistant: The capital of Italy is Rome.\n\n"
+    "User: How many legs does a spider have?\n"
+    "Assistant: A spider has eight legs.\n\n"
+)
+
+
+class InContextChatFormat(ChatFormat):
+    """A few-shot transcript for base models: "User: ..." / "Assistant: ..." turns."""
+
+    # The markers that open a turn in this transcript: the model writing one has left its reply.
+    stop = ("\nUser:", "\nAssistant:", "\nTool result:", "\n\nUser")
+    strip_leading_space = True
+
+    def render(self, messages: Sequence[dict]) -> str:
+        """The leading system messages, the preamble, then the turns; the prompt ends with "Assistant:".
+
+        The system text comes before the examples: placed after them, right before the user's turn,
+        it was the text Gemma 270M went on to repeat after its answer ("The sky is blue.\\n\\nReply
+        with one word."), a run-on no turn marker catches.
+        """
+        messages = normalize_messages(messages)
+        num_leading = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        parts = [f"{m['content']}\n\n" for m in messages[:num_leading]] + [IN_CONTEXT_PREAMBLE]
+        for m in messages[num_leading:]:
+            if m["role"] == "system":
+                parts.append(f"{m['content']}\n\n")
+            elif m["role"] == "user":
+                parts.append(f"User: {m['content']}\n")
+            elif m["role"] == "assistant":
+                parts.append(f"Assistant: {m['content']}\n\n")
+            else:
+                parts.append(f"Tool result: {m['content']}\n")
+        parts.append("Assistant:")
+        return "".join(parts)
