@@ -256,7 +256,9 @@ def test_cli_creates_a_key_that_captures_traces(new_database_url):
         assert verify_key(session, plain.stdout.strip().splitlines()[-1]).capture_traces is False
     engine.dispose()
     listed = runner.invoke(app, ["keys", "list", "--database-url", url]).stdout
-    rows = {line.split("│")[2].strip(): line.split("│")[-2].strip() for line in listed.splitlines() if "-cli" in line}
+    header = next(line for line in listed.splitlines() if line.lstrip().startswith("id "))
+    name_at, key_at, traces_at = header.index(" name ") + 1, header.index(" key "), header.index(" traces") + 1
+    rows = {line[name_at:key_at].strip(): line[traces_at:].strip() for line in listed.splitlines() if "-cli" in line}
     assert rows == {"harness-cli": "on", "plain-cli": "-"}
 
 
