@@ -33,7 +33,8 @@ def fit_columns(table: Table, width: int, console: Console) -> None:
     """Set the column widths of `table` so that it fits in `width` columns, folding cells but no header word.
 
     Water-filling: every column is capped at one level L (the largest that fits) but never below its header's longest
-    word (nor, where there is room for it, a no-wrap column below its natural width) nor above its natural width. Leaves `table` as it is when it already fits, or when the headers alone do not.
+    word (nor, where there is room for it, a no-wrap column below its natural width: the narrowest no-wrap columns
+    first) nor above its natural width. Leaves `table` as it is when it already fits, or when the headers alone do not.
     """
     options = console.options.update_width(10_000)
     columns = table.columns
@@ -43,9 +44,12 @@ def fit_columns(table: Table, width: int, console: Console) -> None:
     floors = [max((cell_len(word) for word in str(column.header).split()), default=1) for column in columns]
     if sum(natural) <= room or sum(floors) > room:
         return
-    whole = [n if column.no_wrap else floor for n, floor, column in zip(natural, floors, columns)]
-    if sum(whole) <= room:  # the no-wrap columns (names, ids) stay on one line where the others can make room
-        floors = whole
+    # the no-wrap columns (money, names, ids) stay on one line where the others can make room: all of them, else
+    # as many as fit, the narrowest first (a $0.00001 budget split over two lines reads as $0.0000)
+    for index in sorted((i for i, column in enumerate(columns) if column.no_wrap), key=lambda i: natural[i]):
+        whole = floors[:index] + [max(floors[index], natural[index])] + floors[index + 1:]
+        if sum(whole) <= room:
+            floors = whole
 
     def fitted(level: int) -> list[int]:
         return [max(floor, min(n, level)) for n, floor in zip(natural, floors)]

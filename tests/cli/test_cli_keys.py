@@ -110,8 +110,10 @@ def test_cli_list_at_80_columns_keeps_headers_whole(db_url, monkeypatch):
     assert "…" not in listed.stdout
     columns, rows = _rows(listed.stdout)
     assert columns == HEADERS
-    # the folded name reads whole again down its column
+    # the folded name reads whole again down its column; the tiny budget is not split over lines (where the
+    # no-wrap columns cannot all fit, the narrowest stay whole)
     assert name in "".join(row[1] for row in rows)
+    assert "$0.00001" in [row[HEADERS.index("budget")] for row in rows]
 
     monkeypatch.setenv("COLUMNS", "200")  # a wide $COLUMNS is honoured too: one line per key
     wide = runner.invoke(app, ["keys", "list", "--database-url", db_url])
