@@ -20,6 +20,15 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 DOCS_URL, REDOC_URL, STATIC_URL = "/docs", "/redoc", "/docs-static"
+# The pages may load nothing from another host: ReDoc's bundle builds in a "powered by" logo from its CDN, which
+# a browser would fetch when online. (Both pages start their viewer from an inline script.)
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+                           "img-src 'self' data:; font-src 'self' data:; worker-src 'self' blob:; connect-src 'self'")
+
+
+def _same_host_only(page: HTMLResponse) -> HTMLResponse:
+    page.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+    return page
 OAUTH2_REDIRECT_URL = "/docs/oauth2-redirect"
 
 
@@ -49,12 +58,12 @@ def mount_offline_docs(app: FastAPI) -> None:
     @app.get(DOCS_URL, include_in_schema=False)
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
-        return get_swagger_ui_html(openapi_url=root + app.openapi_url, title=f"{app.title} - Swagger UI",
+        return _same_host_only(get_swagger_ui_html(openapi_url=root + app.openapi_url, title=f"{app.title} - Swagger UI",
                                    oauth2_redirect_url=root + OAUTH2_REDIRECT_URL,
                                    swagger_js_url=f"{root}{STATIC_URL}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{root}{STATIC_URL}/swagger-ui.css",
                                    swagger_favicon_url=f"{root}{STATIC_URL}/favicon.png",
-                                   swagger_ui_parameters=app.swagger_ui_parameters)
+                                   swagger_ui_parameters=app.swagger_ui_parameters))
 
     @app.get(OAUTH2_REDIRECT_URL, include_in_schema=False)
     async def swagger_ui_redirect() -> HTMLResponse:
@@ -63,6 +72,6 @@ def mount_offline_docs(app: FastAPI) -> None:
     @app.get(REDOC_URL, include_in_schema=False)
     async def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
-        return get_redoc_html(openapi_url=root + app.openapi_url, title=f"{app.title} - ReDoc",
+        return _same_host_only(get_redoc_html(openapi_url=root + app.openapi_url, title=f"{app.title} - ReDoc",
                               redoc_js_url=f"{root}{STATIC_URL}/redoc.standalone.js",
-                              redoc_favicon_url=f"{root}{STATIC_URL}/favicon.png", with_google_fonts=False)
+                              redoc_favicon_url=f"{root}{STATIC_URL}/favicon.png", with_google_fonts=False))
