@@ -215,13 +215,34 @@ def policy_entry_problems(index: int, entry: Any, model_names: set[str]) -> list
     `policies[index]`, against `model_names`; none for an entry whose fields are invalid (pydantic reports those).
     The `check_policy` of `link.config.load_config` (link/config_checks.py).
 
+    `Policy.check` stops at its first problem, so an option it names ("options.layers") is set aside and the entry
+    checked again, until it passes or a problem is not one option's: every option problem is reported in one pass.
+
     Returns:
-        at most one line, "policies[i].<param> (name 'x'): what to fix".
+        one line per problem, "policies[i].<param> (name 'x'): what to fix".
     """
     try:
         policy = PolicyConfig.model_validate(entry)
     except ValidationError:
         return []
+    problems: list[str] = []
+    reported: set[str] = set()
+    options = dict(policy.options) if isinstance(policy.options, dict) else policy.options
+    for _ in range(64):
+        try:
+            policy_class(policy.type).check(policy.model_copy(update={"options": options}), tuple(sorted(model_names)))
+            break
+        except PolicyError as exc:
+            param = exc.param or "options"
+            if param not in reported:  # an option set aside may be required: its absence is not a second problem
+                message = exc.message.removeprefix(f"{param}: ").removeprefix(f"{param} ")
+                problems.append(f"policies[{index}].{param} (name {policy.name!r}): {message}")
+                reported.add(param)
+            key = param.removeprefix("options.")
+            if not (param.startswith("options.") and isinstance(options, dict) and key in options):
+                break
+            options = {k: v for k, v in options.items() if k != key}
+    return problems
     try:
         policy_class(policy.type).check(policy, tuple(sorted(model_names)))
     except PolicyError as exc:

@@ -253,6 +253,25 @@ policies:
     ]
 
 
+def test_every_option_mistake_of_one_policy_is_reported_at_once(tmp_path):
+    # Policy.check stops at its first problem; a start used to show one option mistake of an entry per try
+    path = tmp_path / "link.yaml"
+    path.write_text("""
+models:
+  - {name: smol, kind: local, local: smollm2-135m-instruct}
+  - {name: remote, kind: openai, api_base: "http://127.0.0.1:8001/v1"}
+policies:
+  - {name: my-moa, type: moa, models: [smol, remote], options: {aggregatr: smol, layers: 9, deadline_s: -5}}
+""")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, check_policy=policy_entry_problems)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "invalid config (3 problems):", lines
+    assert [line.split(": ", 1)[1].split(" (name")[0] for line in lines[1:]] == [
+        "policies[0].options.aggregatr", "policies[0].options.layers", "policies[0].options.deadline_s"]
+    assert "must be a whole number in [1, 4], got 9" in lines[2] and "got -5" in lines[3]
+
+
 def test_a_valid_file_with_policies_loads(tmp_path):
     path = tmp_path / "link.yaml"
     path.write_text("""
