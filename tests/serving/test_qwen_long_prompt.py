@@ -27,13 +27,18 @@ QUESTION = "What is the access code for the archive room? Answer with the number
 
 
 def _document(tokenizer, target: int) -> str:
-    """Numbered log lines with the needle in the middle, about `target` tokens with the question."""
+    """Numbered log lines with the needle in the middle: the fewest lines of at least `target` tokens."""
     line = "Entry {i}: the shipment of crates was checked, counted and stored on shelf {s} without remark.\n"
-    per_line = len(tokenizer.encode(line.format(i=1000, s=17), add_special_tokens=False))
-    n = (target - 60) // per_line
-    lines = [line.format(i=i, s=i % 40) for i in range(n)]
-    lines.insert(n // 2, NEEDLE + "\n")
-    return "".join(lines)
+
+    def build(n: int) -> str:
+        lines = [line.format(i=i, s=i % 40) for i in range(n)]
+        lines.insert(n // 2, NEEDLE + "\n")
+        return "".join(lines)
+
+    n = 1
+    while (count := len(tokenizer.encode(build(n), add_special_tokens=False))) < target:
+        n += max(1, (target - count) // 30)  # a line is over 20 tokens: this never overshoots by more than a line
+    return build(n)
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
