@@ -46,7 +46,8 @@ class ChatSetup:
     whose calls are parsed from the output (None: no parsing; a named tool_choice: that tool); parallel:
     several calls allowed; structural_tag: the forced tool calls (`SamplingParams.structural_tag`) or None;
     forced: the output is forced calls; tool_format: the harness format that rendered and parses the calls;
-    echo_markers: after a tool result, the format's result markers (`SamplingParams.echo_markers`), else ()."""
+    echo_markers: after a tool result, the format's result markers (`SamplingParams.echo_markers`), else ();
+    template_tools: the tools for a chat template that renders them itself (`native`), else None."""
 
     messages: list[dict]
     guided_json: str | None
@@ -56,6 +57,7 @@ class ChatSetup:
     forced: bool = False
     tool_format: ToolCallFormat = DEFAULT_FORMAT
     echo_markers: tuple[str, ...] = ()
+    template_tools: list[dict] | None = None
 
 
 def unservable_fields(body: ChatCompletionRequest) -> None:
@@ -86,8 +88,10 @@ def unservable_fields(body: ChatCompletionRequest) -> None:
                                     param=f"tools[{i}].type")
 
 
-def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORMAT) -> ChatSetup:
-    """The messages and constraints of a chat request, tools in the harness format `fmt`.
+def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORMAT, native: bool = False) -> ChatSetup:
+    """The messages and constraints of a chat request, tools in the harness format `fmt`; `native`: the chat
+    template renders the tools and results itself (`render_messages(native=True)`; `ChatSetup.template_tools`
+    holds the tools unless tool_choice is "none").
 
     Raises:
         ValidationProblem: malformed tools/tool_choice, an unsupported response_format or schema keyword, a
@@ -103,7 +107,7 @@ def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORM
     messages = body.messages
     try:
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages if isinstance(m, dict)):
-            messages = render_messages(messages, tools, body.tool_choice or "auto", parallel, fmt=fmt)
+            messages = render_messages(messages, tools, body.tool_choice or "auto", parallel, fmt=fmt, native=native)
         fmt.check_tools(tools)
         tag = forced_tool_tag(tools, body.tool_choice, parallel, fmt) if fmt.can_force else None
         forced = forced_tools(tools, body.tool_choice)
@@ -131,7 +135,7 @@ def prepare_chat(body: ChatCompletionRequest, fmt: ToolCallFormat = DEFAULT_FORM
     if has_results and parsed_tools is None:
         parsed_tools = []  # parsed for the echoed result blocks only: no call is accepted
     return ChatSetup(messages, None if schema is None else json.dumps(schema), parsed_tools, parallel, tag, tag is not None,
-                     fmt, echo_markers)
+                     fmt, echo_markers, list(tools) if native and active else None)
 
 
 def _parse(text: str, finish: str | None, tools: list[dict], parallel: bool, forced: bool, fmt: ToolCallFormat) -> ParsedOutput:

@@ -105,11 +105,15 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int,
     Raises:
         ValidationProblem: a field the model cannot serve, or a prompt that does not fit (see `_max_tokens`).
     """
-    setup = prepare_chat(body, tool_format)  # unservable fields refused; tools rendered into the messages; response_format schema
+    fmt = lm.chat_format
+    # A template that renders tools (Qwen2.5's) gets them, when the harness format is its own call syntax.
+    native = fmt.renders_tools and tool_format == DEFAULT_FORMAT
+    if native:  # unforced, Qwen2.5-Coder often writes its call as a ```json block
+        tool_format = dataclasses.replace(tool_format, fenced_calls="call")
+    setup = prepare_chat(body, tool_format, native)  # unservable fields refused; tools rendered; response_format schema
     if body.top_logprobs is not None and not body.logprobs:
         raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")
-    fmt = lm.chat_format
-    prompt = fmt.render(setup.messages)
+    prompt = fmt.render(setup.messages, tools=setup.template_tools)
     ids = lm.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(getattr(body, budget_param), [len(ids)], max_model_len, None,

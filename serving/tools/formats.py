@@ -12,7 +12,9 @@ as `fmt=`):
 - `style` "json" or "xml" (`serving.tools.styles`) with the block tags `call_open`/`call_close` around each
   call (style xml only: both empty, and the `<function=...>` element is the block itself), `name_key` /
   `arguments_key` (style json), `nested_values` (style xml: "json" writes object/array values as JSON text,
-  "refuse" refuses such parameters up front, for harnesses whose values are only plain text).
+  "refuse" refuses such parameters up front, for harnesses whose values are only plain text), `fenced_calls`
+  (style json: "call" reads a reply that is nothing but one Markdown code block holding a call's JSON as that
+  call, as Qwen2.5-Coder writes one unforced; "content", the default, leaves it text).
 - `response_template`: one tool result, placeholders `{name}`, `{id}`, `{content}` (required); results go
   back in a user turn (`serving.tools.harness.render_messages`). Its literal ends are the result markers
   (`result_open`, `result_close`): after a tool result, blocks the model writes before its answer are an
@@ -111,6 +113,7 @@ class ToolCallFormat:
     name_key: str = "name"
     arguments_key: str = "arguments"
     nested_values: str = "json"
+    fenced_calls: str = "content"
 
     def __post_init__(self):
         where = f"tool format {self.name!r}"
@@ -133,6 +136,8 @@ class ToolCallFormat:
         if self.nested_values not in ("json", "refuse"):
             raise ToolFormatError(f"{where}: `nested_values` must be 'json' (JSON-encode objects and arrays) or "
                                   f"'refuse', got {self.nested_values!r}")
+        if self.fenced_calls not in ("content", "call") or (self.fenced_calls == "call" and self.style != "json"):
+            raise ToolFormatError(f"{where}: `fenced_calls` must be 'content' or (style json) 'call', got {self.fenced_calls!r}")
 
     def _check_template(self, key: str, template: str, allowed: tuple[str, ...], required: str) -> None:
         unknown = sorted(set(_PLACEHOLDER.findall(template)) - set(allowed))

@@ -33,6 +33,7 @@ An example model output with two calls:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -117,7 +118,7 @@ def with_system_text(messages: Sequence[dict], text: str) -> list[dict]:
 
 def render_messages(messages: Sequence[dict], tools: Sequence[dict] | None, tool_choice: Any = "auto",
                     parallel_tool_calls: bool = True, *, fmt: ToolCallFormat = DEFAULT_FORMAT,
-                    strict: bool = False) -> list[dict]:
+                    strict: bool = False, native: bool = False) -> list[dict]:
     """OpenAI chat messages with tools -> plain {"role", "content"} messages for the chat template.
 
     Assistant `tool_calls` become call blocks after the assistant's text; consecutive `tool` results
@@ -130,6 +131,9 @@ def render_messages(messages: Sequence[dict], tools: Sequence[dict] | None, tool
         fmt: the harness format.
         strict: training data: also refuse tools the format cannot carry (`fmt.check_tools`) and any assistant
             turn that `parse_tool_calls` would not read back as the same content and calls.
+        native: the chat template renders tools itself (`TemplateChatFormat.renders_tools`, Qwen2.5's, whose
+            calls are the default format's): no system text is added (the template gets `tools`) and each
+            result stays a {"role": "tool", "content"} message for the template to wrap.
     Raises:
         ToolFormatError: malformed tools/tool_choice, a tool message without `tool_call_id`; with `strict`, the
             first tool or turn (`messages[i]`) that does not round-trip.
@@ -154,6 +158,9 @@ def render_messages(messages: Sequence[dict], tools: Sequence[dict] | None, tool
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise ToolFormatError(f"messages[{i}] has role 'tool' but no tool_call_id")
+            if native:
+                out.append({"role": "tool", "content": message_text(m.get("content"))})
+                continue
             block = fmt.render_result(m.get("name") or names.get(call_id, ""), call_id, message_text(m.get("content")))
             if out and out[-1].get("is_tool_result"):
                 out[-1]["content"] += "\n" + block
@@ -162,7 +169,7 @@ def render_messages(messages: Sequence[dict], tools: Sequence[dict] | None, tool
         else:
             out.append({k: v for k, v in m.items() if k in ("role", "content")} if isinstance(m, dict) else m)
     out = [{k: v for k, v in m.items() if k != "is_tool_result"} if isinstance(m, dict) else m for m in out]
-    if tools:
+    if tools and not native:
         out = with_system_text(out, render_tools_system_prompt(tools, tool_choice, parallel_tool_calls, fmt=fmt))
     return out
 
@@ -239,12 +246,17 @@ def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: boo
             calls.extend(found)
         pos = end + len(closer)
     if not calls:
-        return ParsedOutput(text, [])
+        fenced = _FENCED.fullmatch(text) if fmt.fenced_calls == "call" else None
+        found = fmt.parse_block(fenced.group(1), tools) if fenced else None
+        return ParsedOutput(None, found) if found else ParsedOutput(text, [])
     pieces.append(current + text[pos:])
     # Trim only the whitespace next to blocks, so streamed content (sent before the first block) is a prefix.
     pieces = [p.rstrip() if i == 0 else p.lstrip() if i == len(pieces) - 1 else p.strip() for i, p in enumerate(pieces)]
     content = "\n".join(p for p in pieces if p)
     return ParsedOutput(content or None, calls)
+
+
+_FENCED = re.compile(r"\s*```(?:json)?[ \t]*\n(.*?)\n[ \t]*```\s*", re.DOTALL)  # a reply that is one code block
 
 
 def _without_cut_close(body: str, closer: str = CALL_CLOSE) -> str:
@@ -279,9 +291,18 @@ def strip_tool_results(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> str:
 def streamable_length(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> int:
     """How many leading characters of a growing output are surely content: everything before a call block's
     or a tool result block's open tag (or a suffix that could start one), less the whitespace that would be
-    trimmed."""
+    trimmed. With `fmt.fenced_calls` "call", nothing while the output may still be one code block holding a call."""
+    head = text.lstrip()
+    if fmt.fenced_calls == "call" and (head.startswith("```") or "```".startswith(head)) and not _closed_fence(head):
+        return 0
     return min(len(text[:_held_from(text, opener)].rstrip())
                for opener in (fmt.block_open, fmt.result_open, fmt.result_close) if opener)
+
+
+def _closed_fence(head: str) -> bool:
+    """Whether text opening with a code fence has gone on past the block's closing fence (so it is content)."""
+    close = head.find("\n```", 3)
+    return close >= 0 and bool(head[close + 4:].strip())
 
 
 def _held_from(text: str, opener: str) -> int:

@@ -75,3 +75,25 @@ def test_a_tool_call_round_trip(client):
     answer = second.choices[0].message
     assert not answer.tool_calls and "18" in answer.content  # the model read the result back
 
+
+
+def test_tools_go_through_the_files_template(qwen):
+    """The file's template reads `tools`: it writes its own `# Tools` section, not the harness's text."""
+    fmt = qwen.loaded.chat_format
+    assert fmt.renders_tools
+    prompt = fmt.render([{"role": "user", "content": "Hi"}], tools=[WEATHER])
+    assert prompt.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                             "\n\n# Tools\n\nYou may call one or more functions")
+    assert f"<tools>\n{json.dumps(WEATHER)}\n</tools>" in prompt  # keys in the client's order, as Hugging Face writes them
+    assert "\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n" in prompt
+
+
+def test_tool_choice_auto_calls_the_tool(client):
+    """Unforced, greedy: the 0.5B answers the weather question with a get_weather call (it wrote plain text when the
+    harness's own tools text replaced the template's)."""
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What's the weather in Tokyo?"}],
+                                           tools=[WEATHER], tool_choice="auto", max_tokens=40, temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Tokyo"}

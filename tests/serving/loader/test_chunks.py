@@ -44,6 +44,7 @@ def test_parts_are_joined_in_order_and_verified(toy, tmp_path):
     calls = []
     path = assemble(chunked, cache, lambda done, total: calls.append((done, total)))
     assert path == cache / "toy.gguf" and path.read_bytes() == whole
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by others, as a file a download writes
     assert [p.name for p in cache.iterdir()] == ["toy.gguf"]  # no temporary file stays beside it
     assert calls[-1] == (len(whole), len(whole))
     assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:]))
