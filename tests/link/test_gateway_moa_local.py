@@ -114,10 +114,12 @@ def test_link_auto_routes_a_gsm8k_question_whole_and_streamed_with_the_decision_
     chosen = raw.headers["x-link-model"]
     assert raw.headers["x-link-policy"] == "link/auto" and chosen in AUTO and answer.model == chosen
     decision = logged_request(gateway, raw.headers["x-link-request-id"])["decision"]
-    assert decision["type"] == "router" and decision["chosen"] == chosen and set(decision["scores"]) == set(AUTO)
-    # the rule: argmax of predicted quality - lambda * expected cost, lambda the file's calibrated one
+    # the router scores every model it was trained on (smollm2 and gemma); only the served ones are candidates
+    assert decision["type"] == "router" and decision["chosen"] == chosen and set(decision["scores"]) >= set(AUTO)
+    # the rule: argmax over the candidates of predicted quality - lambda * expected cost, lambda the file's own
     objective = {m: decision["scores"][m] - decision["cost_penalty"] * decision["expected_cost_usd"][m] for m in AUTO}
-    assert decision["objective"] == pytest.approx(objective) and chosen == max(objective, key=objective.get)
+    assert {m: decision["objective"][m] for m in AUTO} == pytest.approx(objective)
+    assert chosen == max(objective, key=objective.get)
     assert decision["cost_penalty"] > 0 and all(0 <= q <= 1 for q in decision["scores"].values())
     with client.chat.completions.with_streaming_response.create(
             model="link/auto", messages=QUESTION, max_tokens=16, temperature=0, stream=True) as streamed:
