@@ -10,6 +10,13 @@ that reads every weight row once per call; see the source for the layout.
 
     step = load_decode_step()          # or None
 
+`gguf_matmul.cpp`: linear layers on GGUF quantized blocks (Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K) as the file
+stores them; built for the widest instruction set of this CPU (`cpu_isa()`: avx512, avx2 or portable), from
+one source with each set's flags (`simd.h`). `LINK_KERNEL_ISA=avx2` (or portable) picks a narrower one, to
+run the AVX2 path on an AVX-512 machine.
+
+    gguf = load_gguf_matmul()          # or None; gguf.isa() says which build it is
+
 Each is built with `torch.utils.cpp_extension.load` (g++ and ninja, flags -O3 -mavx512f -mfma -fopenmp) into torch's
 extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), about 30 s the first time
 on a 2-core CPU and a file check after that. Needs a CPU with AVX-512F (`torch.backends.cpu
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import threading
 import time
@@ -33,6 +41,14 @@ logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
 FLAGS = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]
+# gguf_matmul's builds: the same source with each instruction set's flags. -ffp-contract=off keeps the block
+# decoders' multiply-then-add as two roundings, as ggml's dequantizer computes them.
+ISA_FLAGS = {
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
+    "portable": [],
+}
+ISA_ORDER = ("portable", "avx2", "avx512")
 
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
@@ -42,6 +58,31 @@ _why_not: dict[str, str] = {}
 def has_avx512() -> bool:
     """Whether PyTorch sees AVX-512 on this CPU (its own dispatch level, "AVX512" or "AMX")."""
     return torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX512_BF16", "AMX")
+
+
+def cpu_isa() -> str:
+    """The widest of `ISA_ORDER` this CPU runs (PyTorch's own dispatch level), or `LINK_KERNEL_ISA` when set to
+    a narrower one.
+
+    Raises:
+        ValueError: `LINK_KERNEL_ISA` names an unknown set or one wider than the CPU has.
+    """
+    level = torch.backends.cpu.get_cpu_capability()
+    widest = "avx512" if level in ("AVX512", "AVX512_BF16", "AMX") else "avx2" if level == "AVX2" else "portable"
+    wanted = os.environ.get("LINK_KERNEL_ISA", "").strip().lower()
+    if not wanted:
+        return widest
+    if wanted not in ISA_ORDER:
+        raise ValueError(f"LINK_KERNEL_ISA={wanted!r} is not one of {', '.join(ISA_ORDER)}")
+    if ISA_ORDER.index(wanted) > ISA_ORDER.index(widest):
+        raise ValueError(f"LINK_KERNEL_ISA={wanted} needs a CPU this one is not (PyTorch reports {level}); use {widest} or narrower")
+    return wanted
+
+
+def load_gguf_matmul(isa: str | None = None) -> ModuleType | None:
+    """The compiled `gguf_matmul` module for `isa` (default `cpu_isa()`), or None where it cannot be built here."""
+    isa = isa or cpu_isa()
+    return load_native("gguf_matmul", isa)
 
 
 def unavailable_reason(name: str = "rows_linear") -> str | None:
@@ -68,34 +109,41 @@ def source_digest(name: str) -> str:
     return digest.hexdigest()[:10]
 
 
-def load_native(name: str) -> ModuleType | None:
+def load_native(name: str, isa: str | None = None) -> ModuleType | None:
     """The compiled module of `name`.cpp (built on the first call, thread-safe), or None where this machine
-    cannot run or build it (no AVX-512, no compiler or ninja, a failed build: the reason is logged once
-    and kept in `unavailable_reason(name)`)."""
-    if name in _loaded:
-        return _loaded[name]
+    cannot run or build it (no compiler or ninja, a failed build, or, for the AVX-512-only sources
+    (`isa` None), no AVX-512: the reason is logged once and kept in `unavailable_reason(name)`).
+
+    Args:
+        isa: None for a source written for AVX-512 only (`FLAGS`); else a key of `ISA_FLAGS`, built with
+            those flags into its own module (`unavailable_reason(f"{name}_{isa}")`).
+    """
+    key = name if isa is None else f"{name}_{isa}"
+    if key in _loaded:
+        return _loaded[key]
     with _lock:
-        if name in _loaded:
-            return _loaded[name]
+        if key in _loaded:
+            return _loaded[key]
         module, reason = None, None
-        if not has_avx512():
+        if isa is None and not has_avx512():
             reason = f"the CPU lacks AVX-512 (PyTorch reports {torch.backends.cpu.get_cpu_capability()})"
         elif shutil.which("c++") is None and shutil.which("g++") is None:
             reason = "no C++ compiler (c++ or g++) on PATH"
         else:
+            flags = FLAGS if isa is None else ["-O3", "-ffp-contract=off", "-fopenmp", *ISA_FLAGS[isa]]
             try:
                 from torch.utils.cpp_extension import load
 
-                module_name = f"link_{name}_{source_digest(name)}"
+                module_name = f"link_{key}_{source_digest(name)}"
                 _clear_stale_lock(module_name)
-                module = load(module_name, [str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=FLAGS,
+                module = load(module_name, [str(SOURCE_DIR / f"{name}.cpp")], extra_cflags=flags,
                               extra_ldflags=["-fopenmp"], verbose=False)
             except Exception as exc:  # a missing ninja or a compiler error: the PyTorch kernels stay
                 reason = f"building {name}.cpp failed: {type(exc).__name__}: {str(exc).strip()[-400:]}"
         if reason is not None:
-            logger.warning("native kernel %s unavailable: %s", name, reason)
-            _why_not[name] = reason
-        _loaded[name] = module
+            logger.warning("native kernel %s unavailable: %s", key, reason)
+            _why_not[key] = reason
+        _loaded[key] = module
         return module
 
 

@@ -1,0 +1,160 @@
+// GGUF blocks decoded in vector registers (`simd.h`), for the matmul kernels of gguf_matmul.cpp.
+//
+// visit<T>(block, use) calls use(w, off, acc) for every kLanes-wide run of the block's values: w holds the
+// exact float32 weights block[off, off + kLanes) (the same products in the same order as decode_block in
+// gguf_blocks.h, which the build's -ffp-contract=off keeps from being fused), and acc (0 or 1, a constant
+// after inlining) alternates between neighbouring runs so that a caller can keep two independent
+// accumulator chains per output.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "gguf_blocks.h"
+#include "simd.h"
+
+namespace link_gguf {
+
+using namespace link_simd;
+
+template <int T>
+constexpr int kElems = (T == Q4_K || T == Q5_K || T == Q6_K) ? 256 : 32;
+
+template <int T>
+constexpr int kBytes = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : T == Q8_0 ? 34 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
+
+// Legacy 4- and 5-bit blocks (Q4_0, Q4_1, Q5_0, Q5_1): 16 bytes of nibbles, element i < 16 in the low nibble
+// of byte i, i + 16 in its high nibble; Q5 adds bit i of the 32-bit qh as bit 4 of element i.
+template <int T, class Use>
+inline void visit_legacy(const uint8_t* b, Use&& use) {
+  constexpr bool has_min = T == Q4_1 || T == Q5_1;
+  constexpr bool five = T == Q5_0 || T == Q5_1;
+  constexpr int zero = T == Q4_0 ? 8 : T == Q5_0 ? 16 : 0;
+  const vf d = set1(half_to_float(b));
+  const vf mn = set1(has_min ? half_to_float(b + 2) : 0.f);
+  const uint8_t* qs = b + (has_min ? 4 : 2) + (five ? 4 : 0);
+  uint32_t qh = 0;
+  if (five) std::memcpy(&qh, b + (has_min ? 4 : 2), 4);
+  for (int l = 0; l < 16; l += kLanes) {
+    const vi bytes = load_u8(qs + l);
+    vi lo = iand(bytes, 0xF), hi = isrl(bytes, 4);
+    if (five) {
+      lo = ior(lo, isll(iand(isrlv(iset1(static_cast<int>(qh)), iota(l)), 1), 4));
+      hi = ior(hi, isll(iand(isrlv(iset1(static_cast<int>(qh)), iota(l + 16)), 1), 4));
+    }
+    if (zero) lo = isub(lo, zero), hi = isub(hi, zero);
+    vf w0 = mul(to_f(lo), d), w1 = mul(to_f(hi), d);
+    if (has_min) w0 = add(w0, mn), w1 = add(w1, mn);
+    use(w0, l, 0);
+    use(w1, l + 16, 1);
+  }
+}
+
+template <class Use>
+inline void visit_q8_0(const uint8_t* b, Use&& use) {
+  const vf d = set1(half_to_float(b));
+  const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+  for (int l = 0; l < 32; l += 2 * kLanes) {
+    use(mul(to_f(load_i8(q + l)), d), l, 0);
+    use(mul(to_f(load_i8(q + l + kLanes)), d), l + kLanes, 1);
+  }
+}
+
+template <int T, class Use>
+inline void visit_k4(const uint8_t* b, Use&& use) {  // Q4_K and Q5_K
+  constexpr bool five = T == Q5_K;
+  const float d = half_to_float(b), dmin = half_to_float(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + (five ? 48 : 16);
+  for (int c = 0; c < 4; ++c) {
+    int sc0, m0, sc1, m1;
+    k_scale_min(2 * c, scales, sc0, m0);
+    k_scale_min(2 * c + 1, scales, sc1, m1);
+    const vf d0 = set1(d * static_cast<float>(sc0)), n0 = set1(dmin * static_cast<float>(m0));
+    const vf d1 = set1(d * static_cast<float>(sc1)), n1 = set1(dmin * static_cast<float>(m1));
+    for (int l = 0; l < 32; l += kLanes) {
+      const vi bytes = load_u8(qs + 32 * c + l);
+      vi lo = iand(bytes, 0xF), hi = isrl(bytes, 4);
+      if (five) {
+        const vi h = load_u8(qh + l);
+        lo = ior(lo, isll(iand(isrl(h, 2 * c), 1), 4));
+        hi = ior(hi, isll(iand(isrl(h, 2 * c + 1), 1), 4));
+      }
+      use(sub(mul(to_f(lo), d0), n0), 64 * c + l, 0);
+      use(sub(mul(to_f(hi), d1), n1), 64 * c + 32 + l, 1);
+    }
+  }
+}
+
+template <class Use>
+inline void visit_q6_k(const uint8_t* b, Use&& use) {
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = half_to_float(b + 208);
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* ql = b + 64 * half;
+    const uint8_t* qh = b + 128 + 32 * half;
+    const int8_t* s = sc + 8 * half;
+    for (int l = 0; l < 32; l += kLanes) {
+      const int g = l / 16;  // runs never straddle a 16-value sub-block (kLanes <= 16)
+      const vi a = load_u8(ql + l), c = load_u8(ql + 32 + l), h = load_u8(qh + l);
+      const vi q1 = isub(ior(iand(a, 0xF), isll(iand(h, 3), 4)), 32);
+      const vi q2 = isub(ior(iand(c, 0xF), isll(iand(isrl(h, 2), 3), 4)), 32);
+      const vi q3 = isub(ior(isrl(a, 4), isll(iand(isrl(h, 4), 3), 4)), 32);
+      const vi q4 = isub(ior(isrl(c, 4), isll(isrl(h, 6), 4)), 32);
+      const int base = 128 * half + l;
+      use(mul(to_f(q1), set1(d * static_cast<float>(s[g]))), base, 0);
+      use(mul(to_f(q2), set1(d * static_cast<float>(s[g + 2]))), base + 32, 1);
+      use(mul(to_f(q3), set1(d * static_cast<float>(s[g + 4]))), base + 64, 0);
+      use(mul(to_f(q4), set1(d * static_cast<float>(s[g + 6]))), base + 96, 1);
+    }
+  }
+}
+
+template <int T, class Use>
+inline void visit(const uint8_t* b, Use&& use) {
+  if constexpr (T == Q8_0) visit_q8_0(b, use);
+  else if constexpr (T == Q4_K || T == Q5_K) visit_k4<T>(b, use);
+  else if constexpr (T == Q6_K) visit_q6_k(b, use);
+  else visit_legacy<T>(b, use);
+}
+
+// Calls f(std::integral_constant<int, T>{}) for the run-time `type` (one of the eight block types).
+template <class F>
+inline void with_type(int type, F&& f) {
+  switch (type) {
+    case Q4_0: f(std::integral_constant<int, Q4_0>{}); break;
+    case Q4_1: f(std::integral_constant<int, Q4_1>{}); break;
+    case Q5_0: f(std::integral_constant<int, Q5_0>{}); break;
+    case Q5_1: f(std::integral_constant<int, Q5_1>{}); break;
+    case Q8_0: f(std::integral_constant<int, Q8_0>{}); break;
+    case Q4_K: f(std::integral_constant<int, Q4_K>{}); break;
+    case Q5_K: f(std::integral_constant<int, Q5_K>{}); break;
+    default: f(std::integral_constant<int, Q6_K>{}); break;
+  }
+}
+
+// Values [k0, k0 + len) of one weight row (k0 and len whole blocks) -> y [len].
+template <int T>
+inline void decode_run(const uint8_t* row, int64_t k0, int64_t len, float* y) {
+  for (int64_t i = 0; i < len / kElems<T>; ++i) {
+    float* yb = y + i * kElems<T>;
+    visit<T>(row + (k0 / kElems<T> + i) * kBytes<T>, [&](vf w, int off, int) { store(yb + off, w); });
+  }
+}
+
+// out[m * ldo] = sum_k x[m, k] w[k] for M (1-4) input rows and one weight row, decoded in registers.
+template <int T, int M>
+inline void dot_row(const uint8_t* row, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo) {
+  vf acc[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = zero();
+  for (int64_t i = 0; i < K / kElems<T>; ++i) {
+    const float* xb = x + i * kElems<T>;
+    visit<T>(row + i * kBytes<T>, [&](vf w, int off, int a) {
+      for (int m = 0; m < M; ++m) acc[m][a] = fmadd(w, load(xb + m * ldx + off), acc[m][a]);
+    });
+  }
+  for (int m = 0; m < M; ++m) out[m * ldo] = reduce(add(acc[m][0], acc[m][1]));
+}
+
+}  // namespace link_gguf
