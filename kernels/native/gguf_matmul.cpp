@@ -55,7 +55,18 @@ inline void tiny_tile(int type, const uint8_t* first_row, int64_t row_bytes, int
                       float* out, int64_t ldo, int64_t col) {
   with_type(type, [&](auto t) {
     constexpr int T = decltype(t)::value;
-    for (int64_t j = 0; j < rows; ++j) {
+    int64_t j = 0;
+    for (; j + 2 <= rows; j += 2) {
+      const uint8_t* row = first_row + j * row_bytes;
+      float* o = out + col + j;
+      switch (M) {
+        case 1: dot_row2<T, 1>(row, row_bytes, K, x, K, o, ldo); break;
+        case 2: dot_row2<T, 2>(row, row_bytes, K, x, K, o, ldo); break;
+        case 3: dot_row2<T, 3>(row, row_bytes, K, x, K, o, ldo); break;
+        default: dot_row2<T, 4>(row, row_bytes, K, x, K, o, ldo); break;
+      }
+    }
+    for (; j < rows; ++j) {
       const uint8_t* row = first_row + j * row_bytes;
       float* o = out + col + j;
       switch (M) {

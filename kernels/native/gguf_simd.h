@@ -157,4 +157,28 @@ inline void dot_row(const uint8_t* row, int64_t K, const float* x, int64_t ldx, 
   for (int m = 0; m < M; ++m) out[m * ldo] = reduce(add(acc[m][0], acc[m][1]));
 }
 
+// dot_row for two weight rows at once (row and row + row_bytes): the input rows are loaded once for both,
+// and four independent accumulator chains per input row hide the FMA latency at one row.
+template <int T, int M>
+inline void dot_row2(const uint8_t* row, int64_t row_bytes, int64_t K, const float* x, int64_t ldx, float* out, int64_t ldo) {
+  vf acc[M][2][2];
+  for (int m = 0; m < M; ++m) acc[m][0][0] = acc[m][0][1] = acc[m][1][0] = acc[m][1][1] = zero();
+  for (int64_t i = 0; i < K / kElems<T>; ++i) {
+    const float* xb = x + i * kElems<T>;
+    vf w0[kElems<T> / kLanes];
+    visit<T>(row + i * kBytes<T>, [&](vf w, int off, int) { w0[off / kLanes] = w; });
+    visit<T>(row + row_bytes + i * kBytes<T>, [&](vf w, int off, int a) {
+      for (int m = 0; m < M; ++m) {
+        const vf xv = load(xb + m * ldx + off);
+        acc[m][0][a] = fmadd(w0[off / kLanes], xv, acc[m][0][a]);
+        acc[m][1][a] = fmadd(w, xv, acc[m][1][a]);
+      }
+    });
+  }
+  for (int m = 0; m < M; ++m) {
+    out[m * ldo] = reduce(add(acc[m][0][0], acc[m][0][1]));
+    out[m * ldo + 1] = reduce(add(acc[m][1][0], acc[m][1][1]));
+  }
+}
+
 }  // namespace link_gguf
