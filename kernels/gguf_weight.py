@@ -40,8 +40,12 @@ def native_module() -> ModuleType | None:
     if not _native:
         from kernels import native
 
-        loader = getattr(native, "load_gguf_matmul", None)
-        _native.append(loader() if loader is not None else None)
+        loader, module = getattr(native, "load_gguf_matmul", None), None
+        try:
+            module = loader() if loader is not None else None
+        except Exception:  # the loader returns None on a failed build; anything else must not stop a model load
+            logger.exception("loading the C++ GGUF matmul module failed")
+        _native.append(module)
         if _native[0] is None:
             logger.info("the C++ GGUF matmul module is unavailable here; GGUF weights use the PyTorch reference")
     return _native[0]
