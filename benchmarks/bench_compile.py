@@ -70,7 +70,7 @@ def greedy_outputs(model: str, db: Path | None, prompts: list[list[int]], max_to
     kernels.reset()
     if db is not None:
         os.environ["LINK_COMPILE_DB"] = str(db)
-    llm = LLM(model, engine_config=EngineConfig(tuned_kernels=db is not None))
+    llm = LLM(model, weights="float", engine_config=EngineConfig(tuned_kernels=db is not None))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     graphs = counters["stats"]["unique_graphs"]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)

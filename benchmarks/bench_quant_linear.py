@@ -218,13 +218,13 @@ def bench_gsm8k(llm, num_items: int, winners: Path | None = None) -> list[dict]:
     for name in GSM8K_VARIANTS:
         row, replies[name] = run(llm, name, VARIANTS[name])
         rows.append(row)
-    bf16 = LLM(MODEL, dtype="bfloat16", engine_config=EngineConfig(tuned_kernels=False))
+    bf16 = LLM(MODEL, dtype="bfloat16", weights="float", engine_config=EngineConfig(tuned_kernels=False))
     row, replies["bf16 engine"] = run(bf16, "bf16 engine", {})
     rows.append(row)
     if winners is not None:
         reset()
         os.environ["LINK_COMPILE_DB"] = str(winners)
-        tuned = LLM(MODEL, engine_config=EngineConfig(tuned_kernels=True))  # installs the table's winners
+        tuned = LLM(MODEL, weights="float", engine_config=EngineConfig(tuned_kernels=True))  # installs the table's winners
         name = f"tuned winners ({winners.name})"
         row, replies[name] = run(tuned, name, None)
         rows.append(row)
@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
         from serving.engine.llm_engine import EngineConfig
 
-        llm = LLM(MODEL, dtype="float32", engine_config=EngineConfig(tuned_kernels=False))
+        llm = LLM(MODEL, dtype="float32", weights="float", engine_config=EngineConfig(tuned_kernels=False))
         if "accuracy" in args.sections:
             result["accuracy"] = bench_accuracy(llm.loaded.model)
         if "decode" in args.sections:

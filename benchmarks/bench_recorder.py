@@ -111,7 +111,7 @@ def main() -> None:
     from serving.model_loader import load_model
     from serving.registry import default_registry
 
-    model = load_model(default_registry().get("smollm2-135m-instruct"), "float32").model
+    model = load_model(default_registry().get("smollm2-135m-instruct"), "float32", weights="float").model
     load_before = os.getloadavg()
     calls = per_call_ns()
     extra_ns = calls["recorder"] - calls["plain"]

@@ -79,7 +79,8 @@ def run(config: str, prompts: list[list[int]], max_tokens: int) -> tuple[list[st
     from serving.engine.llm_engine import EngineConfig
 
     kernels.reset()
-    llm = LLM(MODEL, dtype="bfloat16" if config == "bf16" else "float32", engine_config=EngineConfig(tuned_kernels=False))
+    llm = LLM(MODEL, dtype="bfloat16" if config == "bf16" else "float32", weights="float",
+              engine_config=EngineConfig(tuned_kernels=False))
     install(config, llm.loaded.model)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     start = time.perf_counter()

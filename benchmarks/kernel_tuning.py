@@ -95,7 +95,7 @@ def tune_model(model: str = "smollm2-135m-instruct", workload: str = "serving", 
     table = table or WinnerTable()
     register_candidates(tuple(providers) if providers else DEFAULT_PROVIDERS + (("quantized",) if allow_lossy else ()))
     progress(f"loading {model}", 0, 0)
-    loaded = load_model(default_registry().get(model), dtype)
+    loaded = load_model(default_registry().get(model), dtype, weights="float")
     outcome = TuneOutcome(model, {})
     start = time.monotonic()
     prompts = None

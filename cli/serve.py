@@ -113,6 +113,8 @@ def engine_serve(
     host: str = typer.Option("127.0.0.1", help="Interface to bind."),
     port: int = typer.Option(8000, help="TCP port."),
     dtype: str = typer.Option("float32", help="float32 or bfloat16."),
+    weights: str = typer.Option("auto", help="A GGUF file's quantized matrices: packed (kept as blocks, float32 "
+                                "activations), float (dequantized to --dtype), or auto (packed where the C++ module builds)."),
     block_size: int = typer.Option(16, help="Tokens per KV cache block."),
     kv_cache_mb: int = typer.Option(256, help="KV cache memory in MiB."),
     max_num_seqs: int = typer.Option(32, help="Sequences in one batch at most."),
@@ -150,7 +152,7 @@ def engine_serve(
                           speculative=spec)
     check_port(host, port, command="link engine serve", hint="--port N")
     try:  # load before binding the port, so an unknown model or a bad file is a one-line error
-        loaded = load_model(default_registry().get(model), dtype)
+        loaded = load_model(default_registry().get(model), dtype, weights=weights)
     except ServingError as exc:
         raise fail(exc) from None
     show_our_logs("info")

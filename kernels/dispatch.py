@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from kernels import cpu
+from kernels.gguf_weight import GGUFWeight, packed_gated_mlp, packed_linear
 from kernels.ops import REFERENCES, is_known_op, known_ops
 from kernels.recorder import Bucket, ShapeRecorder, bucket_of, exact_key
 
@@ -31,6 +32,9 @@ _DEFAULTS: dict[str, Callable] = {
     "paged_attention": cpu.sdpa_paged_attention,
 }
 _table: dict[str, Callable] = dict(_DEFAULTS)
+# Ops whose weight (the second argument) may be a `GGUFWeight`: such calls go to these, never to the table or
+# its tuned variants (which take float tensors) and are not recorded for the tuner.
+_PACKED: dict[str, Callable] = {"linear": packed_linear, "gated_mlp": packed_gated_mlp}
 
 # Bucket winners: op -> {Bucket: (variant name, fn)}; replaced wholesale by `apply_pending` (atomic).
 _winners: dict[str, dict[Bucket, tuple[str, Callable]]] = {}
@@ -43,8 +47,11 @@ _hooked = False  # a recorder is attached or a bucket winner is installed
 def dispatch(op: str, *args, **kwargs):
     """Run the implementation registered for `op` (the bucket winner for this call's shape, if any).
 
+    A "linear" or "gated_mlp" call on a `GGUFWeight` runs on the GGUF blocks (`kernels.gguf_weight`).
     Raises KeyError naming the known ops.
     """
+    if op in _PACKED and isinstance(args[1], GGUFWeight):
+        return _PACKED[op](*args, **kwargs)
     try:
         fn = _table[op]
     except KeyError:

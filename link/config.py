@@ -52,6 +52,8 @@ class EngineOptions(BaseModel):
         speculative: `serving.spec_decode.SpeculativeConfig` fields (e.g. `{method: ngram}`); unset = off.
         dtype: this deployment's weights and KV cache dtype; unset = `LINK_LOCAL_DTYPE`. A tuned GGUF Llama
             decodes 2-3x faster in float32 (`kernels.native_step`); one local model's deployments share the first's.
+        weights: a GGUF file's quantized matrices: "packed" (kept as blocks, float32 activations), "float" or
+            "auto"; unset = `LINK_LOCAL_WEIGHTS` (`serving.model_loader.load_model`). Shared like `dtype`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -66,6 +68,7 @@ class EngineOptions(BaseModel):
     compile_interval_s: float = Field(300.0, ge=1, le=86400)
     speculative: dict | None = None
     dtype: Literal["auto", "float32", "bfloat16"] | None = None
+    weights: Literal["auto", "packed", "float"] | None = None
 
     @field_validator("speculative")
     @classmethod
@@ -78,7 +81,8 @@ class EngineOptions(BaseModel):
         """The `serving.engine.llm_engine.EngineConfig` these options give."""
         from serving.engine.llm_engine import EngineConfig
 
-        values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype"})
+        values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype",
+                                                                "weights"})
         if "kv_cache_mb" in values:
             values["kv_cache_bytes"] = values.pop("kv_cache_mb") * 2**20
         if "speculative" in values:

@@ -31,6 +31,8 @@ class LLM:
     Args:
         model: a name in `registry` (default: the embedded default registry).
         dtype: "float32" (default), "bfloat16" or "float16": the weights' and activations' dtype.
+        weights: a GGUF file's quantized matrices "packed" (kept as blocks, float32 activations), "float" or
+            "auto" (packed where the C++ GGUF module loads); see `serving.model_loader.load_model`.
         registry: where to look `model` up.
         engine_config: KV cache and batching settings of the underlying `LLMEngine`.
         progress: called with (bytes read, total bytes) while the weights load (see `load_model`).
@@ -39,9 +41,10 @@ class LLM:
     """
 
     def __init__(self, model: str, *, dtype: str | torch.dtype = "float32", registry: ModelRegistry | None = None,
-                 engine_config: EngineConfig = EngineConfig(), progress: Callable[[int, int], None] | None = None):
+                 engine_config: EngineConfig = EngineConfig(), progress: Callable[[int, int], None] | None = None,
+                 weights: str = "auto"):
         registry = registry or default_registry()
-        self.loaded: LoadedModel = load_model(registry.get(model), dtype, progress)
+        self.loaded: LoadedModel = load_model(registry.get(model), dtype, progress, weights)
         self.model_name = model
         self.engine = LLMEngine(self.loaded, engine_config)
         self._ids = itertools.count()

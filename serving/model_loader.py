@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from kernels.gguf_weight import has_native
 from serving.config import ModelConfig
 from serving.errors import ModelFileError, ServingError
 from serving.loader.gguf_loader import open_gguf
@@ -26,6 +27,10 @@ from serving.text.chat_format import ChatFormat, InContextChatFormat, TemplateCh
 from serving.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+WEIGHT_FORMATS = ("auto", "packed", "float")
+"""How `load_model` keeps a GGUF file's block-quantized matrices: "packed" as their blocks (`GGUFWeight`, computed
+on in float32), "float" dequantized to the requested dtype, "auto" packed where the C++ GGUF matmul module loads."""
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -72,6 +77,7 @@ class LoadedModel:
     Attributes:
         context_length: tokens of prompt + output accepted (the registry's value, capped by the file's).
         load_seconds: wall time of `load_model`.
+        weights: "packed" (the GGUF blocks kept, `kernels.gguf_weight.GGUFWeight`) or "float".
     """
 
     spec: ModelSpec
@@ -82,19 +88,39 @@ class LoadedModel:
     dtype: torch.dtype
     context_length: int
     load_seconds: float
+    weights: str = "float"
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes of the model's weights and buffers in memory (tied weights counted once)."""
+        """Bytes of the model's weights and buffers in memory, GGUF blocks included (tied weights counted once)."""
         tensors = {t.data_ptr(): t for t in (*self.model.parameters(), *self.model.buffers())}
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return sum(t.numel() * t.element_size() for t in tensors.values()) + sum(w.nbytes for w in self.model.packed_weights())
+
+
+def is_packed(weights: str, is_gguf: bool) -> bool:
+    """Whether `load_model` keeps a checkpoint's block-quantized matrices packed (see `WEIGHT_FORMATS`).
+
+    Raises:
+        ServingError: an unknown format, or "packed" for a checkpoint that is not GGUF.
+    """
+    if weights not in WEIGHT_FORMATS:
+        raise ServingError(f"unsupported weights {weights!r}; use one of {', '.join(WEIGHT_FORMATS)}")
+    if weights == "packed" and not is_gguf:
+        raise ServingError("packed weights need a GGUF file; this checkpoint is safetensors")
+    if weights == "auto":
+        return is_gguf and has_native()
+    return weights == "packed"
 
 
 def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32",
-               progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+               progress: Callable[[int, int], None] | None = None, weights: str = "auto") -> LoadedModel:
     """Read the checkpoint of `spec` (GGUF file or safetensors folder) and build the model.
 
     Args:
+        dtype: the weights' and activations' dtype of a float model. A packed model computes in float32 whatever
+            is asked (its `dtype` is float32, and so is its KV cache).
+        weights: "auto", "packed" or "float" (`WEIGHT_FORMATS`, `is_packed`). "packed" without the C++ module
+            computes on the PyTorch reference (exact, but it decodes every weight on every call: tests only).
         progress: called after each tensor is read with (bytes done, total bytes) of the checkpoint's tensor
             data (`GGUFCheckpoint.tensors`, `SafetensorsCheckpoint.tensors`): non-decreasing, ending at the total.
             A model joined from chunk packages on its first use reports that first, the same way (bytes written,
@@ -102,10 +128,12 @@ def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32",
     Raises:
         ModelFileError: missing/truncated/corrupt file, or an architecture different from `spec`'s.
         UnsupportedTensorTypeError, UnsupportedArchitectureError: the file cannot be run.
+        ServingError: an unknown dtype or weights format ("packed" for a safetensors checkpoint included).
     """
     start = time.perf_counter()
     torch_dtype = parse_dtype(dtype)
     path = spec.resolve_path(progress)
+    packed = is_packed(weights, not path.is_dir())
     if path.is_dir():
         ckpt = open_safetensors(path)
         tokenizer_dir = path if spec.tokenizer == "model" else spec.tokenizer
@@ -116,10 +144,18 @@ def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32",
     cfg = ckpt.config
     if cfg.architecture != spec.architecture:
         raise ModelFileError(f"{path} holds a {cfg.architecture} model but {spec.name!r} is registered as {spec.architecture}")
-    logger.info("loading model %s from %s (%.1f MB of weights, %s)", spec.name, path, ckpt.num_bytes / 1e6,
-                str(torch_dtype).removeprefix("torch."))
-    model = build_model(cfg, torch_dtype)
-    model.load_weights(ckpt.tensors(progress))
+    if packed:
+        asked, torch_dtype = torch_dtype, torch.float32
+        logger.info("loading model %s from %s (%.1f MB of weights, packed GGUF blocks on %s, float32 activations%s)",
+                    spec.name, path, ckpt.num_bytes / 1e6, "the C++ module" if has_native() else "the slow PyTorch reference",
+                    "" if asked == torch.float32 else f"; {str(asked).removeprefix('torch.')} asked, float32 used")
+        model = build_model(cfg, torch_dtype)
+        model.load_weights(ckpt.tensors(progress, packed=True))
+    else:
+        logger.info("loading model %s from %s (%.1f MB of weights, %s)", spec.name, path, ckpt.num_bytes / 1e6,
+                    str(torch_dtype).removeprefix("torch."))
+        model = build_model(cfg, torch_dtype)
+        model.load_weights(ckpt.tensors(progress))
     if spec.chat_format == "template":
         if not tokenizer.chat_template:
             raise ModelFileError(f"{spec.name!r} is registered with chat_format='template' but {path} has no chat template")
@@ -129,6 +165,7 @@ def load_model(spec: ModelSpec, dtype: str | torch.dtype = "float32",
     loaded = LoadedModel(
         spec=spec, config=cfg, model=model, tokenizer=tokenizer, chat_format=chat_format, dtype=torch_dtype,
         context_length=min(spec.context_length, cfg.context_length), load_seconds=time.perf_counter() - start,
+        weights="packed" if packed else "float",
     )
     logger.info("model %s is ready: loaded in %.1f s, %.1f MB resident", spec.name, loaded.load_seconds,
                 loaded.resident_bytes / 1e6)

@@ -62,14 +62,16 @@ def smollm2():
     from serving.engine.llm_engine import EngineConfig
 
     # A KV cache that holds the whole 8,192-token context, so context-length tests see the model's limit.
-    return LLM("smollm2-135m-instruct", engine_config=EngineConfig(kv_cache_bytes=512 * 2**20))
+    # Float weights whatever "auto" picks here: the kernel-variant and whole-step tests run on float parameters
+    # (packed GGUF weights are tested in tests/serving/loader/test_gguf_packed.py and tests/serving/test_qwen_packed.py).
+    return LLM("smollm2-135m-instruct", engine_config=EngineConfig(kv_cache_bytes=512 * 2**20), weights="float")
 
 
 @pytest.fixture(scope="session")
 def gemma3():
     from serving import LLM
 
-    return LLM("gemma-3-270m")
+    return LLM("gemma-3-270m", weights="float")  # as `smollm2`
 
 
 @pytest.fixture(scope="session")
@@ -113,4 +115,4 @@ def smollm2_fp32():
     from serving.model_loader import load_model
     from serving.registry import default_registry
 
-    return load_model(default_registry().get("smollm2-135m-instruct"), "float32")
+    return load_model(default_registry().get("smollm2-135m-instruct"), "float32", weights="float")

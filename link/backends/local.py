@@ -44,13 +44,15 @@ class EnginePool:
     Args:
         registry: where registry names resolve (default: `serving.registry.default_registry()`).
         dtype: weights dtype, "float32" or "bfloat16".
+        weights: a GGUF file's quantized matrices "auto", "packed" or "float" (`serving.model_loader.load_model`).
         engine_config: `serving.engine.llm_engine.EngineConfig` for every engine whose deployment sets no `engine`
             options (default: its defaults).
     """
 
-    def __init__(self, registry: ModelRegistry | None = None, *, dtype: str = "float32", engine_config=None):
+    def __init__(self, registry: ModelRegistry | None = None, *, dtype: str = "float32", weights: str = "auto",
+                 engine_config=None):
         self.registry = registry or default_registry()
-        self.dtype = dtype
+        self.dtype, self.weights = dtype, weights
         self.engine_config = engine_config
         self._states: dict[str, object] = {}  # key -> serving.frontend.state.EngineState
         self._locks: dict[str, asyncio.Lock] = {}
@@ -128,7 +130,8 @@ class EnginePool:
 
         try:
             dtype = deployment.engine.dtype if deployment.engine is not None and deployment.engine.dtype else self.dtype
-            loaded = await asyncio.to_thread(load_model, self.spec_for(deployment), dtype)
+            weights = deployment.engine.weights if deployment.engine is not None and deployment.engine.weights else self.weights
+            loaded = await asyncio.to_thread(load_model, self.spec_for(deployment), dtype, None, weights)
         except ServingError as exc:
             self.load_errors[key] = str(exc)
             raise BackendError(f"{deployment.name}: cannot load local model {key!r}: {exc}", status_code=500,

@@ -81,12 +81,13 @@ ChatBody = Annotated[ChatCompletionRequest, Depends(_strict_body(ChatCompletionR
 CompletionBody = Annotated[CompletionRequest, Depends(_strict_body(CompletionRequest))]
 
 
-def create_engine_app(model: str, *, dtype: str = "float32", engine_config: EngineConfig = EngineConfig(),
+def create_engine_app(model: str, *, dtype: str = "float32", weights: str = "auto", engine_config: EngineConfig = EngineConfig(),
                       registry: ModelRegistry | None = None, loaded: LoadedModel | None = None,
                       body_limits: BodyLimits = BodyLimits(), step_in_thread: bool = False) -> FastAPI:
     """The FastAPI app serving `model`; the model loads in the lifespan (or pass `loaded`).
 
     Args:
+        dtype, weights: how the model loads (`serving.model_loader.load_model`) when `loaded` is not given.
         body_limits: bound every request body (413 larger, 400 deeper).
         step_in_thread: run engine steps in a worker thread (`AsyncLLMEngine`): /health then answers during a
             step that never returns; on the event loop (the default) the inter-token latency is lower on CPU.
@@ -94,7 +95,7 @@ def create_engine_app(model: str, *, dtype: str = "float32", engine_config: Engi
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        lm = loaded or load_model((registry or default_registry()).get(model), dtype)
+        lm = loaded or load_model((registry or default_registry()).get(model), dtype, weights=weights)
         engine = AsyncLLMEngine(LLMEngine(lm, engine_config), step_in_thread=step_in_thread)
         engine.start()
         app.state.engine_state = EngineState(model, lm, engine)

@@ -9,6 +9,9 @@ implementation serves both GGUF and safetensors checkpoints:
   layout to the interleaved one; we undo that permutation. Qwen2 files keep the half-split layout
   (llama.cpp runs them with NeoX-style RoPE), so their rows are read as stored.
 - Gemma 3: the converter stores RMSNorm scales as (1 + w); Hugging Face keeps w. We subtract 1.
+
+`tensors(packed=True)` keeps the block-quantized matrices as their blocks (`kernels.gguf_weight.GGUFWeight`)
+instead of float32: the Llama permutation then moves whole rows of blocks, which is exact.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from kernels.gguf_weight import PACKED_TYPES, GGUFWeight
 from serving.config import ModelConfig
 from serving.errors import ModelFileError, UnsupportedArchitectureError
 from serving.loader.dequant import dequantize, tensor_nbytes
@@ -77,6 +81,29 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, head_dim // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+def _unpermute(weight: torch.Tensor | GGUFWeight, num_heads: int) -> torch.Tensor | GGUFWeight:
+    """`unpermute_rope_rows` of a float weight, or of a packed one by moving whole rows of blocks (exact)."""
+    if isinstance(weight, torch.Tensor):
+        return unpermute_rope_rows(weight, num_heads)
+    order = unpermute_rope_rows(torch.arange(weight.out_features)[:, None], num_heads)[:, 0]
+    return weight.take_rows(order)
+
+
+def _packed(t, shape: tuple[int, int]) -> GGUFWeight:
+    """The blocks of a 2-D block-type GGUF tensor `t` of torch shape [N, K], copied out of the file's map.
+
+    Raises:
+        ModelFileError: the data does not hold N rows of K weights (a truncated or corrupt file).
+    """
+    rows, cols = shape
+    expected = tensor_nbytes(t.tensor_type, shape)
+    if int(t.data.nbytes) != expected:
+        raise ModelFileError(f"tensor {t.name!r}: {t.tensor_type.name} data of shape {shape} needs {expected} bytes "
+                             f"but {int(t.data.nbytes)} were found (truncated or corrupt model file?)")
+    blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8, copy=True).reshape(rows, -1))
+    return GGUFWeight.from_blocks(blocks, int(t.tensor_type), cols)
+
+
 @dataclass
 class GGUFCheckpoint:
     """An opened GGUF file. Tensors are read lazily by `state_dict()`.
@@ -97,23 +124,28 @@ class GGUFCheckpoint:
         """Bytes of tensor data in the file (quantized blocks as stored)."""
         return sum(int(t.n_bytes) for t in self._reader.tensors)
 
-    def tensors(self, progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (Hugging Face name, float32 tensor in the Hugging Face layout) for every tensor.
+    def tensors(self, progress: Callable[[int, int], None] | None = None,
+                packed: bool = False) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
+        """Yield (Hugging Face name, tensor in the Hugging Face layout) for every tensor.
 
         Args:
-            progress: called after each tensor is dequantized with (bytes read so far, `num_bytes`), both in
+            progress: called after each tensor is read with (bytes read so far, `num_bytes`), both in
                 bytes of the file's tensor data; the last call has done == total.
+            packed: keep each 2-D tensor of a block type (`kernels.gguf_weight.PACKED_TYPES`: Q4_0 to Q8_0,
+                Q4_K to Q6_K) as its blocks, a `GGUFWeight` (copied out of the file; llama q/k rows permuted
+                with their blocks); every other tensor is float32 as without it.
         """
         cfg = self.config
         total, done = self.num_bytes, 0
         for t in self._reader.tensors:
             name = hf_tensor_name(t.name, cfg.architecture)
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            w = dequantize(t.data, t.tensor_type, shape, name=t.name)
-            if cfg.architecture == "llama" and name.endswith("q_proj.weight"):
-                w = unpermute_rope_rows(w, cfg.num_heads)
-            elif cfg.architecture == "llama" and name.endswith("k_proj.weight"):
-                w = unpermute_rope_rows(w, cfg.num_kv_heads)
+            if packed and len(shape) == 2 and int(t.tensor_type) in PACKED_TYPES:
+                w = _packed(t, shape)
+            else:
+                w = dequantize(t.data, t.tensor_type, shape, name=t.name)
+            if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                w = _unpermute(w, cfg.num_heads if name.endswith("q_proj.weight") else cfg.num_kv_heads)
             elif cfg.architecture == "gemma3" and name.endswith("norm.weight"):
                 w = w - 1.0
             done += int(t.n_bytes)
@@ -122,6 +154,7 @@ class GGUFCheckpoint:
             yield name, w
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor by Hugging Face name, float32."""
         return dict(self.tensors())
 
 

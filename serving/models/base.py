@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 from kernels import dispatch
+from kernels.gguf_weight import GGUFWeight, cat_weights
 from serving.config import ModelConfig
 from serving.engine.paged_cache import BatchMetadata, PagedKVCache
 from serving.errors import ModelFileError
+from serving.models.layers import TokenEmbedding
 
 # Hugging Face projections that we store fused: target parameter suffix -> ordered source suffixes.
 _FUSED = {
@@ -31,8 +33,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = TokenEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
 
     def allocate_cache(self, num_blocks: int, block_size: int, num_sliding_blocks: int = 0) -> PagedKVCache:
@@ -67,8 +68,17 @@ class CausalLM(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
         return dispatch("linear", hidden, weight).float()
 
-    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def packed_weights(self) -> list[GGUFWeight]:
+        """The weights held as GGUF blocks (`load_weights` of `GGUFWeight`s), each once (a tied head is the embedding)."""
+        found = {id(w): w for m in self.modules() for w in vars(m).values() if isinstance(w, GGUFWeight)}
+        return list(found.values())
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor | GGUFWeight]]) -> None:
         """Load Hugging Face-named tensors, fusing q/k/v (weights and biases) and gate/up, casting to the model dtype.
+
+        A `GGUFWeight` (from `GGUFCheckpoint.tensors(packed=True)`) takes its parameter's place as it is, so the
+        model then computes on the blocks in float32 (build such a model in float32); fused parts that mix
+        blocks and float tensors are fused into one `GGUFWeight` (`kernels.gguf_weight.cat_weights`).
 
         Raises:
             ModelFileError: a tensor is missing, unexpected, or of the wrong shape.
@@ -86,13 +96,23 @@ class CausalLM(nn.Module):
             param = params[name]
             if param.shape != tensor.shape:
                 raise ModelFileError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
-            param.data.copy_(tensor)
+            if isinstance(tensor, GGUFWeight):
+                self._put_packed(name, tensor)
+            else:
+                param.data.copy_(tensor)
             loaded.add(name)
         missing = set(params) - loaded
         if missing:
             raise ModelFileError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
 
-    def _target(self, name: str, pending: dict, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    def _put_packed(self, name: str, weight: GGUFWeight) -> None:
+        # nn.Module refuses a non-Parameter in a registered parameter's slot: unregister it, then set a plain attribute.
+        path, _, attr = name.rpartition(".")
+        owner = self.get_submodule(path)
+        del owner._parameters[attr]
+        setattr(owner, attr, weight)
+
+    def _target(self, name: str, pending: dict, tensor: torch.Tensor | GGUFWeight) -> tuple[str, torch.Tensor] | None:
         if name.endswith("rotary_emb.inv_freq"):
             return None
         name = name.removeprefix("model.")
@@ -107,7 +127,10 @@ class CausalLM(nn.Module):
                     if len(group) < len(parts):
                         return None
                     del pending[prefix + fused]
-                    return prefix + fused, torch.cat([group[p] for p in parts], dim=0)
+                    tensors = [group[p] for p in parts]
+                    if any(isinstance(t, GGUFWeight) for t in tensors):
+                        return prefix + fused, cat_weights(tensors)
+                    return prefix + fused, torch.cat(tensors, dim=0)
         for suffix, target in _RENAMED.items():
             if name.endswith(suffix):
                 return name[: -len(suffix)] + target, tensor

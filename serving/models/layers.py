@@ -11,8 +11,22 @@ import torch
 from torch import nn
 
 from kernels import dispatch
+from kernels.gguf_weight import GGUFWeight
 from serving.config import ModelConfig
 from serving.engine.paged_cache import BatchMetadata, PagedKVCache
+
+
+class TokenEmbedding(nn.Embedding):
+    """The token embedding [V, E]: an `nn.Embedding` whose weight may instead be GGUF blocks (`GGUFWeight`),
+    looked up row by row without decoding the rest. ids [...] int64 -> [..., E] in the weight's dtype."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int):
+        super().__init__(num_embeddings, embedding_dim)
+        self.weight.requires_grad_(False)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        return weight.embedding(token_ids) if isinstance(weight, GGUFWeight) else super().forward(token_ids)
 
 
 class RMSNorm(nn.Module):

@@ -165,6 +165,16 @@ def test_engine_options_set_only_the_fields_given():
         defaults.max_num_seqs, defaults.block_size, defaults.enable_prefix_caching)
 
 
+def test_local_weights_come_from_the_deployment_or_link_local_weights(clean_env):
+    config = parse_config({"models": [{"name": "q", "kind": "local", "local": "qwen2.5-coder-0.5b-instruct",
+                                       "engine": {"weights": "float", "kv_cache_mb": 32}}]})
+    options = config.deployments("q")[0].engine
+    assert options.weights == "float" and options.engine_config().kv_cache_bytes == 32 * 2**20  # no EngineConfig field
+    assert get_settings().local_weights == "auto"
+    clean_env.setenv("LINK_LOCAL_WEIGHTS", "float")
+    assert get_settings().local_weights == "float"
+
+
 @pytest.mark.parametrize("entry, expected", [
     ({"name": "a", "kind": "local"}, "models[0] (name 'a'): kind 'local' needs `local`"),
     ({"name": "a", "kind": "litellm"}, "models[0] (name 'a'): kind 'litellm' needs `model`"),
@@ -183,6 +193,8 @@ def test_engine_options_set_only_the_fields_given():
     ({"kind": "local", "local": "smol"}, "models[0].name: required field is missing"),
     ({"name": "a", "kind": "litellm", "model": "openai/x", "engine": {"max_num_seqs": 4}}, "`engine` applies only to kind 'local'"),
     ({"name": "a", "kind": "local", "local": "smol", "engine": {"dtype": "fp8"}}, "models[0].engine.dtype (name 'a'): Input should be 'auto', 'float32' or 'bfloat16'"),
+    ({"name": "a", "kind": "local", "local": "smol", "engine": {"weights": "int4"}},
+     "models[0].engine.weights (name 'a'): Input should be 'auto', 'packed' or 'float'"),
     ({"name": "a", "kind": "local", "local": "smol", "engine": {"kv_cache_mb": 8}},
      "models[0].engine.kv_cache_mb (name 'a'): Input should be greater than or equal to 16"),
     ({"name": "a", "kind": "local", "local": "smol", "engine": {"block_sise": 8}}, "models[0].engine.block_sise (name 'a'): unknown field"),

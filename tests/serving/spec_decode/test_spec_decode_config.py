@@ -47,7 +47,7 @@ def test_engine_serve_builds_the_speculative_config(monkeypatch):
     from cli.app import app
 
     seen = {}
-    monkeypatch.setattr(serving.model_loader, "load_model", lambda spec, dtype: "loaded")
+    monkeypatch.setattr(serving.model_loader, "load_model", lambda spec, dtype, weights="auto": "loaded")
     monkeypatch.setattr(serving.api.server, "create_engine_app", lambda model, engine_config, loaded: seen.setdefault("config", engine_config))
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
     runner = CliRunner()
