@@ -13,6 +13,7 @@
 //   Q4_K 144 B / 256: d, dmin (fp16), scales[12], qs[128]   w = (d * sc_j) * q - (dmin * m_j), 8 sub-blocks of 32
 //   Q5_K 176 B / 256: d, dmin, scales[12], qh[32], qs[128]  as Q4_K with bit 4 of q from qh
 //   Q6_K 210 B / 256: ql[128], qh[64], scales[16] (int8), d w = (d * sc_j) * (q - 32), 16 sub-blocks of 16
+//   F32  128 B / 32:  the float32 values (a float weight fused with quantized ones, e.g. q/k/v of mixed types)
 // In the legacy types element i < 16 of a block is the low nibble of qs[i] and element i + 16 its high nibble.
 // In Q4_K/Q5_K each 32 bytes of qs hold 64 elements: the low nibbles are sub-block 2c, the high ones 2c + 1.
 #pragma once
@@ -48,7 +49,7 @@ inline float half_to_float(const uint8_t* p) {
 // Elements and bytes of one block of `type`; 0 elements for a type this file cannot decode.
 inline int block_elems(int type) {
   switch (type) {
-    case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
+    case F32: case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
     case Q4_K: case Q5_K: case Q6_K: return 256;
     default: return 0;
   }
@@ -56,6 +57,7 @@ inline int block_elems(int type) {
 
 inline int block_bytes(int type) {
   switch (type) {
+    case F32: return 128;
     case Q4_0: return 18;
     case Q4_1: return 20;
     case Q5_0: return 22;
@@ -157,6 +159,7 @@ inline void decode_block(int type, const uint8_t* b, float* y) {
       for (int i = 0; i < 32; ++i) y[i] = d * static_cast<float>(q[i]);
       break;
     }
+    case F32: std::memcpy(y, b, 128); break;
     case Q4_K: decode_q4_k(b, y, false); break;
     case Q5_K: decode_q4_k(b, y, true); break;
     case Q6_K: decode_q6_k(b, y); break;

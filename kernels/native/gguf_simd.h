@@ -21,7 +21,7 @@ template <int T>
 constexpr int kElems = (T == Q4_K || T == Q5_K || T == Q6_K) ? 256 : 32;
 
 template <int T>
-constexpr int kBytes = T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : T == Q8_0 ? 34 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
+constexpr int kBytes = T == F32 ? 128 : T == Q4_0 ? 18 : T == Q4_1 ? 20 : T == Q5_0 ? 22 : T == Q5_1 ? 24 : T == Q8_0 ? 34 : T == Q4_K ? 144 : T == Q5_K ? 176 : 210;
 
 // Legacy 4- and 5-bit blocks (Q4_0, Q4_1, Q5_0, Q5_1): 16 bytes of nibbles, element i < 16 in the low nibble
 // of byte i, i + 16 in its high nibble; Q5 adds bit i of the 32-bit qh as bit 4 of element i.
@@ -111,9 +111,20 @@ inline void visit_q6_k(const uint8_t* b, Use&& use) {
   }
 }
 
+template <class Use>
+inline void visit_f32(const uint8_t* b, Use&& use) {
+  float v[32];
+  std::memcpy(v, b, sizeof v);  // the row's bytes carry no alignment promise
+  for (int l = 0; l < 32; l += 2 * kLanes) {
+    use(load(v + l), l, 0);
+    use(load(v + l + kLanes), l + kLanes, 1);
+  }
+}
+
 template <int T, class Use>
 inline void visit(const uint8_t* b, Use&& use) {
-  if constexpr (T == Q8_0) visit_q8_0(b, use);
+  if constexpr (T == F32) visit_f32(b, use);
+  else if constexpr (T == Q8_0) visit_q8_0(b, use);
   else if constexpr (T == Q4_K || T == Q5_K) visit_k4<T>(b, use);
   else if constexpr (T == Q6_K) visit_q6_k(b, use);
   else visit_legacy<T>(b, use);
@@ -123,6 +134,7 @@ inline void visit(const uint8_t* b, Use&& use) {
 template <class F>
 inline void with_type(int type, F&& f) {
   switch (type) {
+    case F32: f(std::integral_constant<int, F32>{}); break;
     case Q4_0: f(std::integral_constant<int, Q4_0>{}); break;
     case Q4_1: f(std::integral_constant<int, Q4_1>{}); break;
     case Q5_0: f(std::integral_constant<int, Q5_0>{}); break;
@@ -179,6 +191,59 @@ inline void dot_row2(const uint8_t* row, int64_t row_bytes, int64_t K, const flo
     out[m * ldo] = reduce(add(acc[m][0][0], acc[m][0][1]));
     out[m * ldo + 1] = reduce(add(acc[m][1][0], acc[m][1][1]));
   }
+}
+
+// Sums of each 32-value run of the input rows: xs [M, K / 32] from x [M, K] (row stride ldx).
+inline void run_sums(const float* x, int64_t M, int64_t K, int64_t ldx, float* xs) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < K / 32; ++r) {
+      vf s = zero();
+      for (int l = 0; l < 32; l += kLanes) s = add(s, load(x + m * ldx + 32 * r + l));
+      xs[m * (K / 32) + r] = reduce(s);
+    }
+}
+
+// dot_row2 for Q4_K with the scales applied per 32-value sub-block: sum_k x_k (d_s q_k - n_s)
+// = d_s * sum_k x_k q_k - n_s * sum_k x_k, the second sum taken from xs (`run_sums`). Two multiplies per
+// kLanes values fewer than decoding each weight; the result is the same sum up to float32 rounding.
+template <int M>
+inline void dot_row2_q4_k(const uint8_t* row, int64_t row_bytes, int64_t K, const float* x, int64_t ldx, const float* xs,
+                          float* out, int64_t ldo) {
+  vf acc[M][2];
+  float mins[M][2];
+  for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = zero(), mins[m][0] = mins[m][1] = 0.f;
+  const int64_t runs = K / 32;
+  for (int64_t i = 0; i < K / 256; ++i) {
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* b = row + r * row_bytes + i * 144;
+      const float d = half_to_float(b), dmin = half_to_float(b + 2);
+      const uint8_t* qs = b + 16;
+      for (int c = 0; c < 4; ++c) {
+        int sc0, m0, sc1, m1;
+        k_scale_min(2 * c, b + 4, sc0, m0);
+        k_scale_min(2 * c + 1, b + 4, sc1, m1);
+        vf s0[M], s1[M];
+        for (int m = 0; m < M; ++m) s0[m] = s1[m] = zero();
+        for (int l = 0; l < 32; l += kLanes) {
+          const vi bytes = load_u8(qs + 32 * c + l);
+          const vf lo = to_f(iand(bytes, 0xF)), hi = to_f(isrl(bytes, 4));
+          for (int m = 0; m < M; ++m) {
+            const float* xm = x + m * ldx + 256 * i + 64 * c + l;
+            s0[m] = fmadd(lo, load(xm), s0[m]);
+            s1[m] = fmadd(hi, load(xm + 32), s1[m]);
+          }
+        }
+        const vf d0 = set1(d * static_cast<float>(sc0)), d1 = set1(d * static_cast<float>(sc1));
+        const float n0 = dmin * static_cast<float>(m0), n1 = dmin * static_cast<float>(m1);
+        for (int m = 0; m < M; ++m) {
+          acc[m][r] = fmadd(s1[m], d1, fmadd(s0[m], d0, acc[m][r]));
+          mins[m][r] += n0 * xs[m * runs + 8 * i + 2 * c] + n1 * xs[m * runs + 8 * i + 2 * c + 1];
+        }
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < 2; ++r) out[m * ldo + r] = reduce(acc[m][r]) - mins[m][r];
 }
 
 }  // namespace link_gguf

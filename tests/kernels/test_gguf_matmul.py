@@ -84,13 +84,14 @@ def test_linear_is_within_the_float_bound_of_the_dequantized_product(gguf, qtype
 @pytest.mark.parametrize("m", [1, 3, 9, 40])
 def test_segments_of_mixed_types_lie_side_by_side_with_the_bias(gguf, m):
     k = 512
-    parts = [(T.Q4_K, 19), (T.Q6_K, 5), (T.Q8_0, 11), (T.Q5_0, 3)]
-    blocks = [random_blocks(t, n, k, seed=i) for i, (t, n) in enumerate(parts)]
+    parts = [(T.Q4_K, 19), (T.Q6_K, 5), (T.Q8_0, 11), (T.Q5_0, 3), (T.F32, 4)]
+    blocks = [random_blocks(t, n, k, seed=i) if t != T.F32 else torch.randn(n, k).view(torch.uint8)
+              for i, (t, n) in enumerate(parts)]
     weight = torch.cat([reference(b, t, k) for b, (t, _) in zip(blocks, parts)])
     bias = torch.randn(weight.shape[0])
     x = torch.randn(m, k)
     y = gguf.linear(x, blocks, [int(t) for t, _ in parts], k, bias)
-    assert y.shape == (m, 38)
+    assert y.shape == (m, 42)
     within_bound(y, x, weight, bias)
 
 
@@ -109,7 +110,7 @@ def test_bad_arguments_say_what_to_fix(gguf):
     blocks = random_blocks(T.Q4_K, 4, 256, seed=0)
     with pytest.raises(ValueError, match="not a positive multiple of the type's block of 256"):
         gguf.linear(torch.randn(1, 128), [blocks], [int(T.Q4_K)], 128)
-    with pytest.raises(ValueError, match="is not one of Q4_0"):
+    with pytest.raises(ValueError, match="is not one of F32, Q4_0"):
         gguf.linear(torch.randn(1, 256), [blocks], [int(T.F16)], 256)
     with pytest.raises(ValueError, match="needs 144 bytes, got 143"):
         gguf.dequantize(blocks[:, :143].contiguous(), int(T.Q4_K), 256)
