@@ -38,10 +38,7 @@ inline void visit_legacy(const uint8_t* b, Use&& use) {
   for (int l = 0; l < 16; l += kLanes) {
     const vi bytes = load_u8(qs + l);
     vi lo = iand(bytes, 0xF), hi = isrl(bytes, 4);
-    if (five) {
-      lo = ior(lo, isll(iand(isrlv(iset1(static_cast<int>(qh)), iota(l)), 1), 4));
-      hi = ior(hi, isll(iand(isrlv(iset1(static_cast<int>(qh)), iota(l + 16)), 1), 4));
-    }
+    if (five) lo = or16_where(lo, qh >> l), hi = or16_where(hi, qh >> (l + 16));
     if (zero) lo = isub(lo, zero), hi = isub(hi, zero);
     vf w0 = mul(to_f(lo), d), w1 = mul(to_f(hi), d);
     if (has_min) w0 = add(w0, mn), w1 = add(w1, mn);

@@ -33,6 +33,8 @@ inline vi isll(vi a, int n) { return _mm512_slli_epi32(a, n); }
 inline vi isrlv(vi a, vi n) { return _mm512_srlv_epi32(a, n); }
 inline vi iota(int start) { return _mm512_add_epi32(_mm512_set1_epi32(start), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)); }
 inline vf to_f(vi a) { return _mm512_cvtepi32_ps(a); }
+// a | 16 in the lanes whose bit is set in `bits` (bit i for lane i)
+inline vi or16_where(vi a, uint32_t bits) { return _mm512_mask_or_epi32(a, static_cast<__mmask16>(bits), a, _mm512_set1_epi32(16)); }
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int kLanes = 8;
 constexpr const char* kIsa = "avx2";
@@ -63,6 +65,9 @@ inline vi isll(vi a, int n) { return _mm256_slli_epi32(a, n); }
 inline vi isrlv(vi a, vi n) { return _mm256_srlv_epi32(a, n); }
 inline vi iota(int start) { return _mm256_add_epi32(_mm256_set1_epi32(start), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
 inline vf to_f(vi a) { return _mm256_cvtepi32_ps(a); }
+inline vi or16_where(vi a, uint32_t bits) {
+  return _mm256_or_si256(a, _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), iota(0)), _mm256_set1_epi32(1)), 4));
+}
 #else
 constexpr int kLanes = 4;
 constexpr const char* kIsa = "portable";
@@ -98,6 +103,9 @@ inline vi isrlv(vi a, vi n) {  // SSE2 has no per-lane shift
 }
 inline vi iota(int start) { return _mm_setr_epi32(start, start + 1, start + 2, start + 3); }
 inline vf to_f(vi a) { return _mm_cvtepi32_ps(a); }
+inline vi or16_where(vi a, uint32_t bits) {
+  return _mm_or_si128(a, _mm_setr_epi32((bits & 1) << 4, ((bits >> 1) & 1) << 4, ((bits >> 2) & 1) << 4, ((bits >> 3) & 1) << 4));
+}
 #endif
 
 // dot products of NT weight rows (w + j * ldw) with M input rows (x + m * ldx) over K (a multiple of
