@@ -127,11 +127,12 @@ def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LINK_COMPILE_DB", str(tmp_path / "none.sqlite"))  # no stored winners
     result = run_serving_benchmark(concurrencies=(1, 4), num_prompts=2, max_tokens=4, systems=("link-engine", "llama-cpp"),
-                                   data_dir=data_dir)
-    assert result["errors"] == {} and result["skipped"] == {}
-    assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("link-engine", 1), ("llama-cpp", 1)]
-    _check_row(result["rows"][0], max_tokens=4, num_prompts=2, min_rss_mb=1)
-    engine, llama = (r["decode_tokens_per_s"] for r in result["rows"])
+                                   data_dir=data_dir, prefill_tokens=0)
+    assert result["errors"] == {} and result["skipped"] == {} and result["prefill"] == []
+    # llama-cpp runs beside link (interleaved), the in-process engine after them
+    assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("llama-cpp", 1), ("link-engine", 1)]
+    _check_row(result["rows"][1], max_tokens=4, num_prompts=2, min_rss_mb=1)
+    llama, engine = (r["decode_tokens_per_s"] for r in result["rows"])
     assert result["ratios"]["link-engine c=1 decode tok/s / llama-cpp c=1 decode tok/s"] == pytest.approx(engine / llama)
 
 
