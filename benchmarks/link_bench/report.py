@@ -122,7 +122,9 @@ def render_report(result: dict):
         parts.append(warmup_table(result["warmup"], result["rows"], result.get("warmup_s", 0), result.get("fresh", False)))
     if result.get("comparison"):
         parts.append(comparison_table(result["comparison"]))
-    return Group(*parts, ratio_table(result["ratios"], "Ratios (above 1: link is faster)"))
+    if result["ratios"]:
+        parts.append(ratio_table(result["ratios"], "Ratios (above 1: link is faster)"))
+    return Group(*parts)
 
 
 def prefill_table(rows: list[dict]):
