@@ -7,7 +7,7 @@ interleave with our server's on the same model file: load once, then decode and 
         rss_mib = llama.peak_rss_mb()                           # VmHWM of the worker process
 
 llama.cpp serves one request at a time here (llama-cpp-python has no batching of independent requests), with
-`N_CTX` tokens of context, greedy, as many threads as this machine has cores. Decode timing: each token's
+`N_CTX` tokens of context, greedy, one thread per core this process may run on. Decode timing: each token's
 instant as `Llama.generate` yields it (prompt and decode in one loop). Prefill timing: TTFT to the first yielded token and llama.cpp's own
 prompt-evaluation time (`llama_perf_context(...).t_p_eval_ms`, reset before each prompt; None where the
 installed llama-cpp-python lacks the perf API). Decode requests reuse the prompt prefix shared with the previous
@@ -38,13 +38,18 @@ def _perf_api():
     return None
 
 
+def _num_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one, else the CPU count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class _Worker:
     """The model in the worker process and the two timed loops."""
 
     def __init__(self, path: str, seed: int):
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=path, n_ctx=N_CTX, n_threads=os.cpu_count(), seed=seed, verbose=False)
+        self.llm = Llama(model_path=path, n_ctx=N_CTX, n_threads=_num_cores(), seed=seed, verbose=False)
         self.perf = _perf_api()
 
     def _tokens(self, ids: list[int], num_tokens: int, whole_prompt: bool = False) -> tuple[float, list[float]]:
