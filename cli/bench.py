@@ -1,6 +1,7 @@
 """`link bench serving|gateway`: the platform's benchmarks, over the library in benchmarks/link_bench/.
 
     link bench serving --json out.json      serving throughput and latency against transformers and llama.cpp
+    link bench serving -s link -s llama-cpp --fresh      the comparison with llama.cpp: decode, prefill, ITL, memory
     link bench gateway --json out.json      the gateway's overhead over a direct call, next to LiteLLM's proxy
 
 Each command prints a report and writes every request's timings with `--json`; benchmarks/link_bench/serving.py
@@ -34,6 +35,11 @@ def bench_serving(
     json_path: str = typer.Option(None, "--json", help="Also write the full results (every request) to this JSON file."),
     workload: str = typer.Option("default", help="default, repetitive (answers quote the prompt) or mixed (bursts of 1-16; link only)."),
     save_mix: str = typer.Option(None, "--save-mix", help="Write link's request shapes as a mix JSONL for `link compile tune-config`."),
+    prefill_tokens: int = typer.Option(512, help="Prompt tokens of each prefill-phase request (max_tokens=1; 0: no prefill phase)."),
+    prefill_prompts: int = typer.Option(8, help="Requests of the prefill phase (link and llama-cpp)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Run the link server with an empty temporary LINK_HOME (model cache linked in)."),
+    warmup_s: float = typer.Option(None, "--warmup-s", help="Seconds of warm-up traffic to link before it is measured "
+                                                            "(default 180 with --fresh, else 0)."),
 ) -> None:
     """Serving throughput and latency of our engine against transformers and llama.cpp on real prompts."""
     from serving import ServingError
@@ -43,7 +49,8 @@ def bench_serving(
     try:
         result = run_serving_benchmark(model, concurrency, num_prompts, max_tokens, system, seed, data_dir, dtype,
                                        kv_cache_mb, max_num_seqs, progress=lambda message: err_console.log(message, markup=False),
-                                       workload=workload, save_mix=save_mix)
+                                       workload=workload, save_mix=save_mix, prefill_tokens=prefill_tokens,
+                                       num_prefill_prompts=prefill_prompts, fresh=fresh, warmup_s=warmup_s)
     except (ServingError, ValueError, FileNotFoundError) as exc:
         raise fail(exc) from None
     show_and_save(render_report(result), result, json_path)

@@ -5,8 +5,13 @@
     timing.py        per-request records, percentiles, timed calls
     processes.py     servers in subprocesses pinned with taskset, their CPU time and RSS; spawned workers
     serving.py       `link bench serving`: our engine server against transformers and llama.cpp
-    baselines.py     the transformers and llama.cpp workers of the serving benchmark
+    link_server.py   our engine server under benchmark: fresh $LINK_HOME, closed loops, warm-up, prefill
+    baselines.py     the transformers and in-process engine workers of the serving benchmark
+    llama_session.py llama.cpp in a worker that stays up, so its phases interleave with our server's
+    prefill.py       the prefill phase: long prompts, prefill tokens/s
+    cpuinfo.py       the CPU's name and instruction-set flags; llama.cpp's CMake flags for it
     report.py        serving summaries, ratios and tables; `show_and_save` (print + JSON) for every benchmark
+    comparison.py    link against llama.cpp, metric by metric, with ratios ours / llama.cpp
     mock_backend.py  a minimal, instant OpenAI-compatible backend (`python -m benchmarks.link_bench.mock_backend`)
     loadgen.py       a closed-loop httpx load generator in its own process (`python -m benchmarks.link_bench.loadgen`)
     gateway.py       `link bench gateway`: the gateway's overhead over a direct call, next to LiteLLM's proxy

@@ -1,9 +1,9 @@
-"""The serving benchmark's baselines, each run in a spawned worker that times itself:
-`transformers` (static batches through `generate`), llama.cpp (one request at a time), and our own
-engine measured the way llama.cpp is (`link-engine`: in-process, one request at a time, no HTTP).
+"""The serving benchmark's baselines run once each in a spawned worker that times itself: `transformers`
+(static batches through `generate`) and our own engine measured the way llama.cpp is (`link-engine`:
+in-process, one request at a time, no HTTP). llama.cpp itself runs in a worker that stays up between
+phases: benchmarks/link_bench/llama_session.py.
 
     levels = in_worker(transformers_worker, gguf_path, "float32", warmup_ids, slices, [1, 4], 64)
-    levels = in_worker(llama_cpp_worker, gguf_path, warmup_ids, prompts, 64, 0)
     levels = in_worker(engine_worker, "smollm2-135m-instruct", "float32", warmup_ids, prompts, 64)
 Each returns one (records, wall seconds, peak RSS MiB) tuple per concurrency level.
 """
@@ -64,31 +64,9 @@ def transformers_worker(path: str, dtype: str, warmup: list[int], slices: list[l
     return levels
 
 
-def llama_cpp_worker(path: str, warmup: list[int], prompts: list[list[int]], max_tokens: int, seed: int) -> list[tuple]:
-    """llama-cpp-python on the GGUF at `path`, greedy, one request at a time (a single level)."""
-    from llama_cpp import Llama
-
-    n_ctx = max(512, max(len(p) for p in prompts + [warmup]) + max_tokens + 1)
-    llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=os.cpu_count(), seed=seed, verbose=False)
-
-    def run(ids: list[int], num_tokens: int) -> TimedRequest:
-        start, times = time.perf_counter(), []
-        # `generate` yields sampled ids and never stops at EOS by itself; top_k=1 / temp=0 is greedy.
-        for _ in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            times.append(time.perf_counter())
-            if len(times) == num_tokens:
-                break
-        return record_from_times(len(ids), len(times), start, times[0], times[-1])
-
-    run(warmup, min(4, max_tokens))
-    start = time.perf_counter()
-    records = [run(p, max_tokens) for p in prompts]
-    return [(records, time.perf_counter() - start, self_peak_rss_mb())]
-
-
 def engine_worker(model: str, dtype: str, warmup: list[int], prompts: list[list[int]], max_tokens: int) -> list[tuple]:
     """Our `LLMEngine` in this process, greedy, one request at a time (a single level), timed as
-    `llama_cpp_worker` times llama.cpp: each token when the step that made it returns. The engine installs
+    `LlamaCppSession` times llama.cpp: each token when the step that made it returns. The engine installs
     the stored kernel winners of `model` (`LINK_COMPILE_DB`), as `link engine serve` does."""
     from serving.engine.llm_engine import EngineConfig, LLMEngine
     from serving.model_loader import load_model

@@ -89,17 +89,25 @@ def ratio_table(ratios: dict[str, float], title: str):
 
 
 def render_report(result: dict):
-    """A Rich table of the serving rows and one of the ratios."""
+    """Rich tables: the serving rows, the prefill rows, link's warm-up, link vs llama.cpp, and the ratios."""
     from rich.console import Group
     from rich.markup import escape
     from rich.table import Table
 
-    machine = result["machine"]
+    from benchmarks.link_bench.comparison import comparison_table
+
+    machine, cpu = result["machine"], result.get("cpu")
+    caption = [f"{machine['cpu_count']} CPUs; load average (1 min) {machine['load_average_before'][0]:.2f} before, "
+               f"{machine.get('load_average_after', [float('nan')])[0]:.2f} after"]
+    if cpu:
+        have = " ".join(f for f, present in cpu["flags"].items() if present)
+        lack = " ".join(f for f, present in cpu["flags"].items() if not present)
+        caption.append(f"CPU: {cpu['model_name']}; has {have or '-'}; lacks {lack or '-'}")
+    if result.get("memory", {}).get("method"):
+        caption.append(result["memory"]["method"])
+    caption += [f"{system}: {escape(reason)}" for system, reason in {**result["skipped"], **result["errors"]}.items()]
     table = Table(title=f"Serving {result['model']} ({result['dtype']}): {result['num_prompts']} requests per level, "
-                        f"{result['max_tokens']} output tokens each",
-                  caption="\n".join([f"{machine['cpu_count']} CPUs; load average (1 min) {machine['load_average_before'][0]:.2f} before, "
-                                      f"{machine.get('load_average_after', [float('nan')])[0]:.2f} after"]
-                                     + [f"{system}: {escape(reason)}" for system, reason in {**result["skipped"], **result["errors"]}.items()]))
+                        f"{result['max_tokens']} output tokens each", caption="\n".join(caption))
     for header in ("system", "conc.", "out tok/s", "req/s", "decode tok/s/req", "TTFT p50 ms", "TTFT p99 ms",
                    "ITL p50 ms", "ITL p99 ms", "peak RSS MiB"):
         table.add_column(header, justify="left" if header == "system" else "right")
@@ -107,4 +115,41 @@ def render_report(result: dict):
         table.add_row(r["system"], str(r["concurrency"]), f"{r['output_tokens_per_s']:.1f}", f"{r['requests_per_s']:.2f}",
                       "-" if r["decode_tokens_per_s"] is None else f"{r['decode_tokens_per_s']:.1f}",
                       ms(r["ttft_p50_s"]), ms(r["ttft_p99_s"]), ms(r["itl_p50_s"]), ms(r["itl_p99_s"]), f"{r['peak_rss_mb']:.0f}")
-    return Group(table, ratio_table(result["ratios"], "Ratios (above 1: link is faster)"))
+    parts = [table]
+    if result.get("prefill"):
+        parts.append(prefill_table(result["prefill"]))
+    if result.get("warmup"):
+        parts.append(warmup_table(result["warmup"], result["rows"], result.get("warmup_s", 0), result.get("fresh", False)))
+    if result.get("comparison"):
+        parts.append(comparison_table(result["comparison"]))
+    if result["ratios"]:
+        parts.append(ratio_table(result["ratios"], "Ratios (above 1: link is faster)"))
+    return Group(*parts)
+
+
+def prefill_table(rows: list[dict]):
+    """The prefill phase: one row per system (`benchmarks.link_bench.prefill.summarize_prefill`)."""
+    from rich.table import Table
+
+    table = Table(title="Prefill: long prompts, max_tokens=1, one at a time")
+    for header in ("system", "requests", "prompt tokens", "prefill tok/s", "timer", "TTFT p50 ms", "TTFT p99 ms"):
+        table.add_column(header, justify="left" if header in ("system", "timer") else "right")
+    for r in rows:
+        table.add_row(r["system"], str(r["num_requests"]), f"{r['mean_prompt_tokens']:.0f}", f"{r['prefill_tokens_per_s']:.1f}",
+                      r["timer"], ms(r["ttft_p50_s"]), ms(r["ttft_p99_s"]))
+    return table
+
+
+def warmup_table(warmup: list[dict], rows: list[dict], warmup_s: float, fresh: bool):
+    """link's ITL during the warm-up traffic next to the measured phase after it, per concurrency."""
+    from rich.table import Table
+
+    after = {r["concurrency"]: r for r in rows if r["system"] == "link"}
+    table = Table(title=f"link ITL during {warmup_s:g} s of warm-up{' (fresh LINK_HOME)' if fresh else ''} and after")
+    for header in ("conc.", "warm-up requests", "warm-up ITL p50 ms", "warm-up ITL p99 ms", "after ITL p50 ms", "after ITL p99 ms"):
+        table.add_column(header, justify="right")
+    for w in warmup:
+        a = after.get(w["concurrency"], {})
+        table.add_row(str(w["concurrency"]), str(w["num_requests"]), ms(w["itl_p50_s"], 1), ms(w["itl_p99_s"], 1),
+                      ms(a.get("itl_p50_s"), 1), ms(a.get("itl_p99_s"), 1))
+    return table

@@ -2,6 +2,7 @@
 
     texts = load_workload(default_data_dir(), seed=0)            # 885 strings, shuffled
     gguf_path, ids = render_prompts("smollm2-135m-instruct", texts[:8])   # token ids per prompt
+    gguf_path, render = prompt_renderer("smollm2-135m-instruct")          # render(text) -> token ids
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 ALPACA_EVAL_MODEL = "gpt4_1106_preview"  # every model_outputs.json holds the same 805 instructions
@@ -49,6 +50,12 @@ def render_prompts(model: str, texts: Sequence[str]) -> tuple[Path, list[list[in
     Raises:
         UnknownModelError: `model` is not registered; ServingError: the model is not a GGUF file.
     """
+    path, render = prompt_renderer(model)
+    return path, [render(t) for t in texts]
+
+
+def prompt_renderer(model: str) -> tuple[Path, Callable[[str], list[int]]]:
+    """(GGUF path, text -> prompt token ids), the tokenizer read once; errors as `render_prompts`."""
     from serving.errors import ServingError
     from serving.loader.gguf_loader import open_gguf
     from serving.registry import default_registry
@@ -61,4 +68,8 @@ def render_prompts(model: str, texts: Sequence[str]) -> tuple[Path, list[list[in
         raise ServingError(f"the serving benchmark needs a GGUF model with its own tokenizer; {model!r} is not one")
     tok = Tokenizer.from_gguf(path, open_gguf(path).metadata)
     fmt = TemplateChatFormat(tok.chat_template, tok.bos_token, tok.eos_token) if spec.chat_format == "template" else InContextChatFormat()
-    return path, [tok.encode(fmt.render([{"role": "user", "content": t}]), add_special_tokens=fmt.add_special_tokens) for t in texts]
+
+    def render(text: str) -> list[int]:
+        return tok.encode(fmt.render([{"role": "user", "content": text}]), add_special_tokens=fmt.add_special_tokens)
+
+    return path, render

@@ -173,7 +173,7 @@ def create_engine_app(model: str, *, dtype: str = "float32", weights: str = "aut
 
 def _model_card(state: EngineState) -> dict:
     return {"id": state.name, "object": "model", "created": state.created, "owned_by": "togetherlink",
-            "max_model_len": state.engine.engine.max_model_len}
+            "max_model_len": state.engine.engine.max_model_len, "resident_bytes": state.loaded.resident_bytes}
 
 
 def _check_model(name: str, state: EngineState) -> None:

@@ -63,7 +63,10 @@ import os, time
 
 class Llama:
     def __init__(self, model_path, n_ctx, n_threads, seed, verbose):
-        assert os.path.isfile(model_path) and n_ctx >= 512
+        assert os.path.isfile(model_path) and n_ctx == 4096
+
+    def reset(self):
+        pass
 
     def generate(self, tokens, top_k, top_p, min_p, temp, repeat_penalty, reset):
         assert tokens and top_k == 1 and temp == 0.0 and repeat_penalty == 1.0
@@ -79,11 +82,41 @@ def test_llama_cpp_runs_one_request_at_a_time(data_dir, tmp_path, monkeypatch):
     # A stand-in `llama_cpp` module (the real one compiles llama.cpp on install): the plumbing, not the speed.
     (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
     monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers inherit sys.path
-    result = run_serving_benchmark(concurrencies=(1, 4), num_prompts=3, max_tokens=5, systems=("llama-cpp",), data_dir=data_dir)
+    result = run_serving_benchmark(concurrencies=(1, 4), num_prompts=3, max_tokens=5, systems=("llama-cpp",), data_dir=data_dir,
+                                   prefill_tokens=40, num_prefill_prompts=2)
     assert result["errors"] == {} and result["skipped"] == {}
     assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("llama-cpp", 1)]
     _check_row(result["rows"][0], max_tokens=5, num_prompts=3, min_rss_mb=1)
     assert result["rows"][0]["ttft_p50_s"] >= 0.01 and result["rows"][0]["itl_p50_s"] >= 0.002
+    # the fake has no perf counters: prefill falls back to the TTFT, at most 40 tokens / 10 ms of fake prefill
+    (prefill,) = result["prefill"]
+    assert prefill["num_requests"] == 2 and prefill["mean_prompt_tokens"] == 40 and prefill["timer"] == "ttft"
+    assert 0 < prefill["prefill_tokens_per_s"] <= 40 / 0.01
+    assert result["memory"]["llama-cpp"]["n_ctx"] == 4096 and result["memory"]["llama-cpp"]["peak_rss_mb"] > 1
+    assert result["comparison"] == []  # no link beside it
+
+
+@pytest.mark.slow
+def test_link_and_llama_cpp_interleave_on_a_fresh_home(data_dir, tmp_path, monkeypatch):
+    """The comparison in one run: a fresh LINK_HOME, warm-up traffic, decode levels, prefill, memory and ratios."""
+    (tmp_path / "llama_cpp.py").write_text(FAKE_LLAMA_CPP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run_serving_benchmark(concurrencies=(1, 2), num_prompts=2, max_tokens=4, systems=("link", "llama-cpp"), data_dir=data_dir,
+                                   prefill_tokens=64, num_prefill_prompts=2, fresh=True, warmup_s=1)
+    assert result["errors"] == {} and result["skipped"] == {}
+    assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("link", 1), ("llama-cpp", 1), ("link", 2)]
+    for row in result["rows"]:
+        _check_row(row, max_tokens=4, num_prompts=2, min_rss_mb=1)
+    assert [w["concurrency"] for w in result["warmup"]] == [1, 2] and all(w["num_requests"] >= 1 for w in result["warmup"])
+    assert [(p["system"], p["num_requests"], p["mean_prompt_tokens"]) for p in result["prefill"]] == [("link", 2, 64), ("llama-cpp", 2, 64)]
+    link_memory = result["memory"]["link"]
+    assert 4 * 134_515_008 <= link_memory["resident_weight_bytes"] < 4 * 134_515_008 * 1.01  # SmolLM2-135M in float32
+    assert link_memory["peak_rss_mb"] * 2**20 > link_memory["resident_weight_bytes"]
+    lines = {line["metric"]: line for line in result["comparison"]}
+    decode = lines["decode tok/s per stream (c=1)"]
+    assert decode["ratio"] == pytest.approx(result["rows"][0]["decode_tokens_per_s"] / result["rows"][1]["decode_tokens_per_s"])
+    assert lines["prefill tok/s (64-token prompts)"]["ratio"] > 0
+    json.dumps(result)
 
 
 @pytest.mark.slow
@@ -94,11 +127,12 @@ def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, m
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LINK_COMPILE_DB", str(tmp_path / "none.sqlite"))  # no stored winners
     result = run_serving_benchmark(concurrencies=(1, 4), num_prompts=2, max_tokens=4, systems=("link-engine", "llama-cpp"),
-                                   data_dir=data_dir)
-    assert result["errors"] == {} and result["skipped"] == {}
-    assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("link-engine", 1), ("llama-cpp", 1)]
-    _check_row(result["rows"][0], max_tokens=4, num_prompts=2, min_rss_mb=1)
-    engine, llama = (r["decode_tokens_per_s"] for r in result["rows"])
+                                   data_dir=data_dir, prefill_tokens=0)
+    assert result["errors"] == {} and result["skipped"] == {} and result["prefill"] == []
+    # llama-cpp runs beside link (interleaved), the in-process engine after them
+    assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("llama-cpp", 1), ("link-engine", 1)]
+    _check_row(result["rows"][1], max_tokens=4, num_prompts=2, min_rss_mb=1)
+    llama, engine = (r["decode_tokens_per_s"] for r in result["rows"])
     assert result["ratios"]["link-engine c=1 decode tok/s / llama-cpp c=1 decode tok/s"] == pytest.approx(engine / llama)
 
 

@@ -18,6 +18,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 def test_models_and_health(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    # float32 weights of SmolLM2-135M (134,515,008 parameters, the tied embedding once) plus the rotary buffers
+    assert 4 * 134_515_008 <= client.models.list().data[0].model_extra["resident_bytes"] < 4 * 134_515_008 * 1.01
     assert httpx.get(server[0] + "/health").json() == {"status": "ok"}
 
 
