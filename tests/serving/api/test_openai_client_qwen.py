@@ -1,7 +1,7 @@
 """The official `openai` client against `link engine serve` on loopback with each Qwen2.5-Coder model: a streamed
 answer and a whole one (greedy, the same prompt: the same text), a tool-call round trip with tool_choice "auto"
 (a call with JSON arguments, the result sent back, an answer naming the returned value), and a `response_format`
-json_schema answer that validates against its schema.
+json_schema answer that validates against its schema. Each test prints what the model answered (`-s` shows it).
 
 The server runs in its own process (`python -m cli engine serve`, float32), as a user starts it. The 1.5B case
 runs only with LINK_TEST_QWEN15=1: on a 2-core CPU its load and answers take well over three minutes.
@@ -62,6 +62,7 @@ def test_streamed_and_whole_answers_are_the_same_text(served):
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     usage = chunks[-1].usage
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    print(f"[{model}] streamed in {len(chunks)} chunks: {streamed!r}; whole: {whole.choices[0].message.content!r}")
     assert whole.choices[0].message.content == streamed and "Paris" in streamed
     assert finishes == [whole.choices[0].finish_reason] and finishes[0] in ("stop", "length")
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
@@ -75,6 +76,7 @@ def test_a_tool_call_round_trip_with_tool_choice_auto(served):
     first = client.chat.completions.create(model=model, messages=question, tools=[WEATHER], tool_choice="auto",
                                            max_tokens=40, temperature=0)
     choice = first.choices[0]
+    print(f"[{model}] first turn: {choice.message.model_dump(exclude_none=True)}")
     assert choice.finish_reason == "tool_calls", choice.message.content
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather"
@@ -83,6 +85,7 @@ def test_a_tool_call_round_trip_with_tool_choice_auto(served):
                {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 23, "sky": "clear"}'}]
     second = client.chat.completions.create(model=model, messages=history, tools=[WEATHER], max_tokens=40, temperature=0)
     answer = second.choices[0].message
+    print(f"[{model}] after the result: {answer.content!r}")
     assert not answer.tool_calls and "23" in answer.content, answer.content  # the model read the result back
 
 
@@ -93,6 +96,7 @@ def test_a_json_schema_response_format_answer_validates(served):
         model=model, messages=messages, max_tokens=40, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": CITY_SCHEMA, "strict": True}})
     choice = reply.choices[0]
+    print(f"[{model}] json_schema answer: {choice.message.content!r}")
     assert choice.finish_reason == "stop", choice.message.content
     answer = json.loads(choice.message.content)
     jsonschema.validate(answer, CITY_SCHEMA)
