@@ -86,7 +86,9 @@ def test_a_tool_call_round_trip_with_tool_choice_auto(served):
     second = client.chat.completions.create(model=model, messages=history, tools=[WEATHER], max_tokens=40, temperature=0)
     answer = second.choices[0].message
     print(f"[{model}] after the result: {answer.content!r}")
-    assert not answer.tool_calls and "23" in answer.content, answer.content  # the model read the result back
+    # The model read the result back. Greedy, both models restate the call and the result as JSON lines rather than
+    # a sentence (their raw output on Qwen's own rendering of this conversation, not a parsing artefact).
+    assert not answer.tool_calls and "23" in answer.content, answer.content
 
 
 def test_a_json_schema_response_format_answer_validates(served):
