@@ -62,7 +62,8 @@ serve: install
 # The tests that hold a Qwen2.5-Coder model in float32 (up to 7 GB, and transformers' GGUF reader on top) run in a
 # second pytest process of their own, so that they never add to what the long first run holds (24 GB machines).
 QWEN_TESTS := tests/serving/models/test_parity_qwen.py tests/serving/test_qwen_long_prompt.py \
-	tests/serving/test_qwen_chat.py tests/cli/test_cli_posttrain_qwen.py tests/serving/test_qwen_packed.py
+	tests/serving/test_qwen_chat.py tests/cli/test_cli_posttrain_qwen.py tests/serving/test_qwen_packed.py \
+	tests/serving/api/test_openai_client_qwen.py
 
 test: install-dev
 	LINK_HOME=$(TEST_LINK_HOME) LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(addprefix --ignore=,$(QWEN_TESTS)) $(PYTEST_ARGS)

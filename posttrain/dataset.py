@@ -7,7 +7,9 @@ messages into text, and our tokenizer (`serving.text.tokenizer.Tokenizer`) into 
 assistant turn are, token for token, the prompt the engine builds when a client sends that conversation.
 The harness format (`serving.tools.formats.ToolCallFormat`, `tool_format=`) must be the deployment's
 (link.yaml `tool_format:`); traces are rendered strictly: a schema the format cannot express, or a call that
-would not parse back, is refused before training.
+would not parse back, is refused before training. A chat template that renders tools itself (Qwen2.5's, under the
+default format; `serving.tools.harness.native_tool_format`) gets them as the engine hands them: the tools to the
+template (its own `# Tools` section), results as "tool" messages for it to wrap (`serving_tool_format`).
 
 For every learned assistant turn (OpenAI's "weight": 0 marks a turn as context only):
 
@@ -110,15 +112,19 @@ def load_chat_tokenizer(model: Any, registry: Any = None) -> tuple[Any, Any]:
     return tokenizer, TemplateChatFormat(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token)
 
 
-def render_conversation(chat_format: Any, messages: Sequence[dict], add_generation_prompt: bool) -> str:
-    """`messages` through the chat template; `add_generation_prompt=True` is exactly `chat_format.render`."""
+def render_conversation(chat_format: Any, messages: Sequence[dict], add_generation_prompt: bool,
+                        tools: Sequence[dict] | None = None) -> str:
+    """`messages` through the chat template; `add_generation_prompt=True` is exactly `chat_format.render`.
+    `tools`: OpenAI tools for a template that renders them itself (`template_tools`), else None."""
     if add_generation_prompt:
-        return chat_format.render(messages)
+        return chat_format.render(messages, tools=tools)
     from serving.text.chat_format import normalize_messages
 
     # TemplateChatFormat.render always adds the generation prompt; the same compiled template without it.
+    extra = {"tools": list(tools)} if tools and chat_format.renders_tools else {}
     return chat_format._compiled.render(messages=normalize_messages(messages), add_generation_prompt=False,
-                                        bos_token=chat_format.bos_token or "", eos_token=chat_format.eos_token or "")
+                                        bos_token=chat_format.bos_token or "", eos_token=chat_format.eos_token or "",
+                                        **extra)
 
 
 def resolve_tool_format(tool_format: Any = None) -> Any:
@@ -133,7 +139,32 @@ def resolve_tool_format(tool_format: Any = None) -> Any:
         raise PosttrainDataError(str(exc)) from None
 
 
-def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
+def serving_tool_format(chat_format: Any, tool_format: Any = None) -> tuple[Any, bool]:
+    """(the harness format, native) as the engine's chat path picks them for a model with `chat_format`:
+    `serving.tools.harness.native_tool_format`. Native (Qwen2.5's template under the default format): the template
+    renders the tools and results itself, and replies are parsed with `fenced_calls="call"`.
+
+    Args:
+        tool_format: see `resolve_tool_format` (None: the default JSON format).
+    Raises:
+        PosttrainDataError: a bad tool format.
+    """
+    from serving.tools.harness import native_tool_format
+
+    fmt = resolve_tool_format(tool_format)
+    native = native_tool_format(chat_format, fmt)
+    return (fmt, False) if native is None else (native, True)
+
+
+def template_tools(trace: Trace, native: bool) -> list[dict] | None:
+    """The tools the chat template gets for `trace`: its tools when the template renders them (`native`) and
+    meta "tool_choice" is not "none", as `prepare_chat` sets `ChatSetup.template_tools`; else None."""
+    if native and trace.tools and trace.meta.get("tool_choice") != "none":
+        return list(trace.tools)
+    return None
+
+
+def harness_messages(trace: Trace, tool_format: Any = None, native: bool = False) -> list[dict]:
     """The trace's messages as the engine hands them to the chat template: `serving.tools.harness.render_messages`
     in the harness format, with meta "tool_choice" (default "auto") and "parallel_tool_calls" (default True)
     as `serving.frontend.chat_tools.prepare_chat` passes them, and `strict`: tools the format cannot express, or an
@@ -141,6 +172,8 @@ def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
 
     Args:
         tool_format: see `resolve_tool_format` (None: the default JSON format).
+        native: the chat template renders the tools itself (`serving_tool_format`): no tools text in the system
+            turn, results stay "tool" messages; pass `template_tools(trace, native)` to the template.
     Raises:
         PosttrainDataError: tools or messages the harness format cannot render (the message says which).
     """
@@ -153,7 +186,8 @@ def harness_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
     fmt = resolve_tool_format(tool_format)
     try:
         return render_messages(messages, trace.tools or None, trace.meta.get("tool_choice") or "auto",
-                               trace.meta.get("parallel_tool_calls", True) is not False, fmt=fmt, strict=True)
+                               trace.meta.get("parallel_tool_calls", True) is not False, fmt=fmt, strict=True,
+                               native=native)
     except ServingError as exc:
         raise PosttrainDataError(f"trace {trace.id}: the {fmt.name!r} tool format cannot carry it: {exc}") from None
 
@@ -168,14 +202,16 @@ def encode_trace(trace: Trace, tokenizer: Any, chat_format: Any, tool_format: An
     from serving.errors import ServingError
 
     learned = [m.get("weight", 1) != 0 for m in trace.messages if m.get("role") == "assistant"]
-    rendered = harness_messages(trace, tool_format)
+    fmt, native = serving_tool_format(chat_format, tool_format)
+    rendered = harness_messages(trace, fmt, native)
+    tools = template_tools(trace, native)
     turns = [k for k, m in enumerate(rendered) if m.get("role") == "assistant"]
     assert len(turns) == len(learned), "render_messages keeps one assistant message per assistant message"
     if not any(learned):
         raise PosttrainDataError(f"trace {trace.id}: no assistant turn to learn from")
     special = chat_format.add_special_tokens
     try:
-        full_ids = tokenizer.encode(render_conversation(chat_format, rendered, False), add_special_tokens=special)
+        full_ids = tokenizer.encode(render_conversation(chat_format, rendered, False, tools), add_special_tokens=special)
         labels = [IGNORE_INDEX] * len(full_ids)
         end = 0
         for k, is_learned in zip(turns, learned):
@@ -184,7 +220,7 @@ def encode_trace(trace: Trace, tokenizer: Any, chat_format: Any, tool_format: An
             if k == 0:
                 raise PosttrainDataError(f"trace {trace.id}: the conversation opens with an assistant turn; "
                                          "start it with a system or user message")
-            prefix_ids = tokenizer.encode(chat_format.render(rendered[:k]), add_special_tokens=special)
+            prefix_ids = tokenizer.encode(chat_format.render(rendered[:k], tools=tools), add_special_tokens=special)
             start = len(prefix_ids)
             if full_ids[:start] != prefix_ids:
                 at = next((i for i, (a, b) in enumerate(zip(prefix_ids, full_ids)) if a != b), min(start, len(full_ids)))

@@ -3,7 +3,9 @@
 For each trace the conversation up to (not including) its final assistant turn is the prompt, rendered exactly
 as the gateway renders a chat request with `tools` to a local model (`serving.frontend.responses.plan_chat`): the
 harness format writes the tools into the system turn (`posttrain.dataset.harness_messages`, the rendering the
-dataset trains on), the model's chat template turns the messages into text and our tokenizer into ids. Our
+dataset trains on), or, for a template that renders tools itself (Qwen2.5's), the template gets them
+(`posttrain.dataset.serving_tool_format`); the model's chat template turns the messages into text and our
+tokenizer into ids. Our
 engine answers all prompts in one `generate` call (continuous batching), greedily, up to `max_tokens` tokens or
 the end of the turn; the reply is parsed as the gateway parses it (`serving.tools.harness.parse_tool_calls`, `cut`
 when the reply hit max_tokens) and graded against the final assistant turn:
@@ -210,9 +212,10 @@ def _format(tool_format: Any):
     return resolve_tool_format(tool_format)
 
 
-def prompt_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
+def prompt_messages(trace: Trace, tool_format: Any = None, native: bool = False) -> list[dict]:
     """The messages the chat template gets for `trace` without its final assistant turn (the gateway's
-    rendering of a request with the trace's tools, `posttrain.dataset.harness_messages`).
+    rendering of a request with the trace's tools, `posttrain.dataset.harness_messages`; `native`: the template
+    renders the tools itself, `posttrain.dataset.serving_tool_format`).
 
     Raises:
         PosttrainDataError: the trace does not end with an assistant turn, or has nothing before it; or tools
@@ -225,7 +228,7 @@ def prompt_messages(trace: Trace, tool_format: Any = None) -> list[dict]:
     if len(trace.messages) < 2:
         raise PosttrainDataError(f"trace {trace.id}: nothing before the gold answer to prompt with")
     prompt = Trace(trace.id, trace.messages[:-1], trace.tools, trace.meta)
-    return harness_messages(prompt, tool_format)
+    return harness_messages(prompt, tool_format, native)
 
 
 def _canonical_calls(calls) -> list[tuple[str, str]]:
@@ -318,6 +321,7 @@ class ToolCallScorer:
 
     def __init__(self, model: str | Path, *, tool_format: Any = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                  dtype: str = "float32", engine_config: Any = None, registry: Any = None):
+        from posttrain.dataset import serving_tool_format
         from posttrain.local_models import local_model_spec
         from serving.engine.llm_engine import EngineConfig
         from serving.llm import LLM
@@ -331,11 +335,15 @@ class ToolCallScorer:
         self.max_tokens = max_tokens
         config = engine_config or EngineConfig(kv_cache_bytes=1 << 30, max_num_seqs=32, max_num_batched_tokens=2048)
         self.llm = LLM(spec.name, dtype=dtype, registry=ModelRegistry([spec]), engine_config=config)
+        # as the gateway: a template that renders tools (Qwen2.5's) gets them, and fenced calls parse as calls
+        self.fmt, self.native = serving_tool_format(self.llm.loaded.chat_format, self.fmt)
 
     def encode(self, trace: Trace) -> list[int]:
         """The prompt token ids of `trace`, as `plan_chat` builds them."""
+        from posttrain.dataset import template_tools
+
         chat_format = self.llm.loaded.chat_format
-        text = chat_format.render(prompt_messages(trace, self.fmt))
+        text = chat_format.render(prompt_messages(trace, self.fmt, self.native), tools=template_tools(trace, self.native))
         return self.llm.tokenizer.encode(text, add_special_tokens=chat_format.add_special_tokens)
 
     def score(self, traces: Sequence[Trace], *, progress: Callable[[str], None] | None = None) -> ScoreResult:

@@ -22,6 +22,7 @@ from serving.frontend.logprobs import TextOffsets, chat_logprobs, completion_log
 from serving.model_loader import LoadedModel
 from serving.sampling.params import SamplingParams
 from serving.tools.formats import DEFAULT_FORMAT, ToolCallFormat
+from serving.tools.harness import native_tool_format
 
 
 @dataclass
@@ -107,9 +108,9 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int,
     """
     fmt = lm.chat_format
     # A template that renders tools (Qwen2.5's) gets them, when the harness format is its own call syntax.
-    native = fmt.renders_tools and tool_format == DEFAULT_FORMAT
-    if native:  # unforced, Qwen2.5-Coder often writes its call as a ```json block
-        tool_format = dataclasses.replace(tool_format, fenced_calls="call")
+    native_format = native_tool_format(fmt, tool_format)
+    native = native_format is not None
+    tool_format = native_format or tool_format
     setup = prepare_chat(body, tool_format, native)  # unservable fields refused; tools rendered; response_format schema
     if body.top_logprobs is not None and not body.logprobs:
         raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")

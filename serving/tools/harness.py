@@ -32,6 +32,7 @@ An example model output with two calls:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -114,6 +115,21 @@ def with_system_text(messages: Sequence[dict], text: str) -> list[dict]:
             m["content"] = f"{message_text(m.get('content')).rstrip()}\n\n{text}"
             return out
     return [{"role": "system", "content": text}, *out]
+
+
+def native_tool_format(chat_format: Any, fmt: ToolCallFormat) -> ToolCallFormat | None:
+    """The format a server parses replies with when `chat_format`'s template renders the tools itself, else None.
+
+    Native: the template reads `tools` (`TemplateChatFormat.renders_tools`, Qwen2.5's) and `fmt` is the default
+    format, whose `<tool_call>` JSON blocks are that template's own call syntax. Then the messages go through
+    `render_messages(..., native=True)` and the tools to `chat_format.render(messages, tools=...)` (unless
+    tool_choice is "none"). The returned format reads a reply that is only a Markdown code block holding a call as
+    that call (`fenced_calls="call"`): unforced, Qwen2.5-Coder often writes its call that way. The engine's chat path
+    (`serving.frontend.responses.plan_chat`) and post-training (`posttrain.dataset`) both decide here.
+    """
+    if getattr(chat_format, "renders_tools", False) and fmt == DEFAULT_FORMAT:
+        return dataclasses.replace(fmt, fenced_calls="call")
+    return None
 
 
 def render_messages(messages: Sequence[dict], tools: Sequence[dict] | None, tool_choice: Any = "auto",
