@@ -164,7 +164,9 @@ torch::Tensor linear(const torch::Tensor& x_in, const std::vector<torch::Tensor>
       const auto items = split_rows(segs, 16);
       std::vector<float> xs(M * (K / 32));
       link_gguf::run_sums(xp, M, K, K, xs.data());
-      at::parallel_for(0, static_cast<int64_t>(items.size()), 4, [&](int64_t i0, int64_t i1) {
+      // a task of fewer than about 2^18 weights runs on the calling thread (waking the others costs more)
+      const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (16 * K));
+      at::parallel_for(0, static_cast<int64_t>(items.size()), grain, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
           const Segment& s = segs[items[i][0]];
           tiny_tile(s.type, s.data + items[i][1] * s.row_bytes, s.row_bytes, items[i][2], xp, xs.data(), M, K, op, N,
