@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 from kernels.idle import IdleGate
 from kernels.recorder import ShapeRecorder
-from kernels.tuner import Result, Tuner, TuningPreempted
+from kernels.tuner import Tuner, TuningPreempted
+from kernels.winners import Result
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class AutoTuner:
         rest_s: seconds to wait after a pass that found nothing to tune.
     """
 
-    def __init__(self, tuner: Tuner, recorder: ShapeRecorder, gate: IdleGate, rest_s: float = 1.0):
+    def __init__(self, tuner: Tuner, recorder: ShapeRecorder, gate: IdleGate, rest_s: float = 2.0):
         self.tuner, self.recorder, self.gate, self.rest_s = tuner, recorder, gate, rest_s
         self.status = AutoTuneStatus()
         self._stop = threading.Event()

@@ -310,6 +310,7 @@ class Tuner:
         """Median wall time in milliseconds of one call, a timed repeat calling fn once on each of `cases`
         in turn (their mean), after `warmup` such passes."""
         for _ in range(self.warmup):
+            self._check_interrupt()
             for args, kwargs in cases:
                 fn(*args, **kwargs)
         times = []
