@@ -13,8 +13,9 @@
    (`Tuner.todo`), verified, timed, its verdicts stored in $LINK_HOME/compile/winners.sqlite and its winner
    staged (`kernels.warmup.install_warm`), which the engine applies at its next step (`kernels.apply_pending`);
    the recorded counts are saved beside it (the input of `link compile tune --workload recorded`).
-A slice yields as soon as the engine has work (`Tuner.interrupt`, `TuningPreempted`): the bucket is dropped
-unwritten and tried again in a later idle gap. The thread runs at nice 19 (Linux sets it per thread; g++ builds
+A slice yields as soon as the engine has work (`Tuner.interrupt`, `TuningPreempted`): nothing of the bucket is
+written yet, and a later idle gap goes on from the measurements the slice finished (each one taken whole in an
+idle gap), so a bucket longer than any gap still completes. The thread runs at nice 19 (Linux sets it per thread; g++ builds
 it starts inherit it), and only one tuner of the process works at a time (`_WORK`). Each slice is logged, and
 `/metrics` shows the counts (`kernels.metrics`, `link_kernel_autotune`).
 """

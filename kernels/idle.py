@@ -7,8 +7,8 @@
 Why tune only while idle: on a 2-core CPU the engine's step uses both cores, so a candidate timed beside a step
 measures the contention, not the kernel, and slows the step it competes with (the inter-token latency).
 Timing in the idle gaps gives clean numbers; a request that arrives mid-measurement makes `should_yield`
-true at the tuner's next check (between timed repeats, milliseconds apart), the bucket is dropped unwritten
-and tuned again in a later gap. `min_idle_s` keeps a closed-loop client's next request (sent as soon as the
+true at the tuner's next check (between timed passes, milliseconds apart), the measurement in progress is
+dropped and taken again in a later gap. `min_idle_s` keeps a closed-loop client's next request (sent as soon as the
 previous one finished) from landing on a freshly started slice. The engine's own state is polled
 (`poll_s`), so a request shorter than the poll may be missed; it is also shorter than any slice it meets.
 """

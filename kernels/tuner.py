@@ -79,8 +79,9 @@ class Tuner:
         allow_lossy: also try lossy variants (`Variant.lossy`, and op variants whose stated tolerance is
             looser than the registry's default for the dtype: weight-only quantized matmuls and steps);
             off by default, so fp32 results stay equal to the reference within float rounding.
-    Attribute `interrupt`: None, or a callable checked between candidates and timed repeats; True raises
-    `TuningPreempted` (the engine got work: the timings would be disturbed, and would disturb it).
+    Attribute `interrupt`: None, or a callable checked between candidates and timed passes; True raises
+    `TuningPreempted` (the engine got work: the timing would be disturbed, and would disturb it). The
+    measurements already finished are kept, and the next `tune_bucket` of that bucket goes on from them.
     """
 
     def __init__(self, table: WinnerTable, model_name: str, *, model=None, device: str = "cpu", min_speedup: float = 1.05,
@@ -91,6 +92,7 @@ class Tuner:
         self.min_speedup, self.repeats, self.warmup, self.min_share = min_speedup, repeats, warmup, min_share
         self.allow_lossy, self.prompts, self.stream_bytes = allow_lossy, prompts, stream_bytes
         self.interrupt: Callable[[], bool] | None = None
+        self._partial: dict[Bucket, dict] = {}  # bucket -> {None: default ms, variant: Result} of a preempted tune_bucket
 
     def candidates(self, op: str, dtype: torch.dtype) -> list[Variant]:
         """The registered variants of `op` that run here on `dtype` (lossy ones only with `allow_lossy`)."""
@@ -167,9 +169,19 @@ class Tuner:
             # matmul's weight copies live for one timing (and with them the packs a variant caches).
             return self._time(fn, cases if bucket.op in STEP_OPS else self._streamed(bucket.op, (own or cases)[0]))
 
-        baseline = time_of(self._default(bucket))
+        # What was measured stays measured across a `TuningPreempted` (each measurement taken whole in an idle
+        # gap), so a bucket longer than any gap still completes over several: None -> the default's time.
+        done = self._partial.setdefault(bucket, {})
+        if None not in done:
+            done[None] = time_of(self._default(bucket))
+        baseline = done[None]
         results, timed = [], []
         for variant in candidates:
+            if variant.name in done:
+                results.append(done[variant.name])
+                if done[variant.name].status == "passed":
+                    timed.append((done[variant.name].median_ms, variant))
+                continue
             max_error = None
             self._check_interrupt()
             try:
@@ -184,15 +196,18 @@ class Tuner:
                 raise
             except Exception as exc:  # a failing candidate is a verdict, not a crash
                 logger.warning("rejected variant %s for %s %s [%s]: %s", variant.name, bucket.op, bucket.label, bucket.dtype, exc)
-                results.append(Result(bucket, variant.name, "rejected", baseline_ms=baseline, max_error=max_error, calls=calls,
-                                      message=str(exc)[:500]))
+                done[variant.name] = Result(bucket, variant.name, "rejected", baseline_ms=baseline, max_error=max_error,
+                                            calls=calls, message=str(exc)[:500])
+                results.append(done[variant.name])
                 continue
             finally:
                 torch.set_num_threads(threads)
             timed.append((median, variant))
             scale = " x the row's max |logit|" if bucket.op in STEP_OPS else ""
-            results.append(Result(bucket, variant.name, "passed", median, baseline, max_error, calls=calls,
-                                  message=f"atol {atol:g} rtol {rtol:g}{scale}"))
+            done[variant.name] = Result(bucket, variant.name, "passed", median, baseline, max_error, calls=calls,
+                                        message=f"atol {atol:g} rtol {rtol:g}{scale}")
+            results.append(done[variant.name])
+        del self._partial[bucket]
         best = min(timed, key=lambda t: t[0], default=None)
         if best is not None and baseline / best[0] >= self.min_speedup:
             results = [Result(r.bucket, r.variant, "winner", r.median_ms, r.baseline_ms, r.max_error, r.calls, r.message)

@@ -1,5 +1,6 @@
 """Background tuning's scheduling, timed for real: `IdleGate` (idle detection) and `AutoTuner` slices that give way
-to work, write nothing when they do, and persist and stage the winner when they finish."""
+to work, write nothing when they do (keeping what they measured whole for the next slice), and persist and stage
+the winner when they finish."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ MODEL = "test-model"
 HOT = Bucket("rms_norm", ((2, 24),), "float32")
 
 
+DEFAULT_S = 0.03  # far slower than `_fast` even when a loaded 2-core machine makes a tiny op take milliseconds
+
+
 def _slow_default(x, weight, eps, *, offset=0.0):
-    time.sleep(0.003)
+    time.sleep(DEFAULT_S)
     return ref.ref_rms_norm(x, weight, eps, offset=offset)
 
 
@@ -91,7 +95,7 @@ def _auto(tmp_path, busy: threading.Event, **gate_options) -> tuple[AutoTuner, W
     kernels.attach_recorder(recorder)
     for _ in range(20):
         kernels.dispatch("rms_norm", torch.randn(2, 24), torch.ones(24), 1e-6)
-    auto = AutoTuner(Tuner(table, MODEL, repeats=40, warmup=1), recorder, IdleGate(busy.is_set, **gate_options))
+    auto = AutoTuner(Tuner(table, MODEL, repeats=10, warmup=1), recorder, IdleGate(busy.is_set, **gate_options))
     auto.status.cpu_defaults = {}  # chosen already: no C++ build in this test
     return auto, table
 
@@ -99,11 +103,11 @@ def _auto(tmp_path, busy: threading.Event, **gate_options) -> tuple[AutoTuner, W
 def test_a_slice_gives_way_within_a_repeat_and_writes_nothing(tmp_path):
     busy = threading.Event()
     auto, table = _auto(tmp_path, busy, min_idle_s=0.0)
-    # Untouched, the slice times the default for 40 repeats of 3 ms (>= 120 ms); work arrives after 30 ms.
-    _busy_after(0.03, busy)
+    # Untouched, the slice times the default for 11 passes of 30 ms (>= 330 ms); work arrives after 45 ms.
+    _busy_after(0.045, busy)
     start = time.monotonic()
     assert auto.run_slice() == "preempted"
-    assert time.monotonic() - start < 0.1  # it yielded at the next repeat, not at the end of the bucket
+    assert time.monotonic() - start < 0.25  # it yielded at the next pass, not at the end of the bucket
     assert auto.status.num_preempted == 1 and table.results() == [] and auto.status.winners == {}
     busy.clear()
     assert auto.run_slice() == "tuned"
@@ -114,6 +118,26 @@ def test_a_slice_gives_way_within_a_repeat_and_writes_nothing(tmp_path):
     assert kernels.installed() == {}  # staged: the engine applies it at its next step
     kernels.apply_pending()
     assert kernels.installed() == {HOT: "fast"}
+
+
+def test_a_bucket_goes_on_from_what_the_preempted_slice_measured(tmp_path):
+    busy = threading.Event()
+    auto, table = _auto(tmp_path, busy, min_idle_s=0.0)
+    calls = []
+
+    def default_then_work(x, weight, eps, *, offset=0.0):
+        calls.append(x.shape[0])
+        if len(calls) == 11:  # the default's last timed call (1 warm-up + 10 repeats): a request arrives
+            busy.set()
+        return _slow_default(x, weight, eps, offset=offset)
+
+    kernels.register("rms_norm", default_then_work)
+    assert auto.run_slice() == "preempted" and table.results() == []
+    busy.clear()
+    assert auto.run_slice() == "tuned"
+    assert len(calls) == 11  # the default was not timed again
+    (winner,) = table.winners(auto.tuner.env).values()
+    assert winner.variant == "fast" and winner.baseline_ms >= DEFAULT_S * 1e3  # the first slice's timing
 
 
 def test_the_thread_tunes_in_an_idle_gap_and_reports_it(tmp_path):
