@@ -121,6 +121,7 @@ class AutoTuner:
             todo = [(b, n) for b, n in self.tuner.todo(counts) if b not in self._failed]
             self.status.num_pending = len(todo)
             if not todo:
+                self._save_counts()
                 return "nothing"
             bucket, calls = todo[0]
             self.tuner.interrupt = lambda: self._stop.is_set() or self.gate.should_yield()
@@ -138,10 +139,16 @@ class AutoTuner:
                 return "failed"
             finally:
                 self.tuner.interrupt = None
-            self.tuner.table.add_counts(self.tuner.env.model, self.recorder.since_mark())
+            self._save_counts()
             self.status.num_pending -= 1
         self._note(bucket, results, time.monotonic() - started)
         return "tuned"
+
+    def _save_counts(self) -> None:
+        """Add the calls recorded since the last save to the table (`link compile tune --workload recorded`)."""
+        counts = self.recorder.since_mark()
+        if counts:
+            self.tuner.table.add_counts(self.tuner.env.model, counts)
 
     def _note(self, bucket, results: list[Result], seconds: float) -> None:
         winner = next((r for r in results if r.status == "winner"), None)
@@ -152,13 +159,9 @@ class AutoTuner:
 
     def _run(self) -> None:
         lower_priority()
-        while not self._stop.is_set():
-            if self.status.state != "idle":
-                self.status.state = "waiting"
-            if not self.gate.wait_idle(self._stop):
-                break
+        while not self._stop.is_set() and self.gate.wait_idle(self._stop):
+            self.status.state = "tuning"
             try:
-                self.status.state = "tuning"
                 done = self.run_slice()
             except Exception:  # the engine keeps serving; the next gap tries again
                 logger.exception("auto-tune slice failed")
