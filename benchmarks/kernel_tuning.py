@@ -6,7 +6,7 @@
 `tune_model` loads the model, gets shape counts (workload "serving": the serving benchmark's prompts,
 `benchmarks/link_bench/workload.py`, run through an in-process engine as closed loops at concurrency 1 and 16 with
 the `ShapeRecorder` attached; "recorded": the counts engines saved in the winner table, see
-`kernels.tuner.BackgroundTuner`), and runs the `Tuner` on them within the budget. The winners are in
+`kernels.background.BackgroundTuner`), and runs the `Tuner` on them within the budget. The winners are in
 $LINK_HOME/compile/winners.sqlite; every engine started afterwards installs them (`EngineConfig.tuned_kernels`).
 """
 

@@ -3,6 +3,7 @@
     link serve [--config link.yaml] [--port 8000]    the gateway (OpenAI API over every configured model)
     link engine serve --model NAME --port 8000      one engine as an OpenAI-compatible server
     link engine serve --speculative ngram           with speculative decoding (serving/spec_decode/)
+    link engine serve --no-auto-tune                without background kernel tuning (on by default)
 
 Each loads and checks everything it can before binding its port, so a bad config, policy or model file, or a port
 already in use, is one line `error: ...` (exit code 2), not a traceback from the server's start-up.
@@ -70,6 +71,8 @@ def serve(
     host: str = typer.Option(None, help="Interface to bind (default: LINK_HOST or 127.0.0.1)."),
     port: int = typer.Option(None, help="TCP port (default: LINK_PORT or 8000)."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
+    no_auto_tune: bool = typer.Option(False, "--no-auto-tune", help="Do not tune local models' kernels in the background "
+                                                                   "(default: LINK_LOCAL_AUTO_TUNE, on)."),
 ) -> None:
     """Run the gateway: one OpenAI-compatible API over the configured models and policies."""
     import uvicorn
@@ -84,6 +87,8 @@ def serve(
     from link.state import registered_model_names, served_config
 
     overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
+    if no_auto_tune:
+        overrides["local_auto_tune"] = False
     try:
         settings = get_settings(**overrides)
         # every mistake of the file at once, policy options included (they may name a model registered in the database)
@@ -128,6 +133,8 @@ def engine_serve(
         4, help="No speculation in a step that starts with this many running sequences or more (1 = never)."),
     speculative_step_cost: bool = typer.Option(
         True, help="With --speculative-adaptive: draft only in steps whose measured cost the expected accepted drafts repay."),
+    auto_tune: bool = typer.Option(True, "--auto-tune/--no-auto-tune", help="Tune kernels for the recorded shapes while the "
+                                   "engine is idle; winners persist in $LINK_HOME/compile and are installed between steps."),
 ) -> None:
     """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
     import uvicorn
@@ -149,7 +156,7 @@ def engine_serve(
         raise fail(exc) from None
     config = EngineConfig(block_size=block_size, kv_cache_bytes=kv_cache_mb * 2**20, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, enable_prefix_caching=prefix_caching,
-                          speculative=spec)
+                          speculative=spec, auto_tune=auto_tune)
     check_port(host, port, command="link engine serve", hint="--port N")
     try:  # load before binding the port, so an unknown model or a bad file is a one-line error
         loaded = load_model(default_registry().get(model), dtype, weights=weights)

@@ -12,7 +12,8 @@ Shape buckets: a winner can also be installed for one `kernels.recorder.Bucket` 
 Installs are staged and take effect when the engine calls `apply_pending()` at the start of a step,
 so one step never mixes two implementations of an op. With no recorder attached and no bucket
 winner installed, `dispatch` is the plain table lookup it always was (one extra global read).
-Bucket winners are resolved once per exact shape and memoized, so a hooked call costs a key build
+A default can be replaced the same staged way (`stage_default`, used by `kernels.cpu_defaults` to pick
+the CPU's best kernel for buckets nobody tuned). Bucket winners are resolved once per exact shape and memoized, so a hooked call costs a key build
 and two dict lookups (`benchmarks/bench_recorder.py` measures both paths).
 """
 
@@ -40,6 +41,8 @@ _PACKED: dict[str, Callable] = {"linear": packed_linear, "gated_mlp": packed_gat
 _winners: dict[str, dict[Bucket, tuple[str, Callable]]] = {}
 _resolved: dict[tuple, Callable | None] = {}  # (op, exact key, model) -> the bucket winner or None
 _pending: list[tuple[Bucket, str | None, Callable | None]] = []
+_pending_defaults: list[tuple[str, str, Callable]] = []  # (op, name, fn): a new default, staged like a winner
+_default_names: dict[str, str] = {}  # op -> name of the default installed by `stage_default` (absent: the static one)
 _recorder: ShapeRecorder | None = None
 _hooked = False  # a recorder is attached or a bucket winner is installed
 
@@ -116,8 +119,9 @@ def install(bucket: Bucket, name: str, fn: Callable | None) -> None:
 def apply_pending() -> int:
     """Install every staged winner at once (one assignment each of the winner and memo tables); returns how many."""
     global _winners, _resolved, _hooked
+    applied = _apply_defaults() if _pending_defaults else 0
     if not _pending:
-        return 0
+        return applied
     staged = list(_pending)
     del _pending[: len(staged)]
     winners = {op: dict(found) for op, found in _winners.items()}
@@ -128,7 +132,33 @@ def apply_pending() -> int:
             winners.setdefault(bucket.op, {})[bucket] = (name, fn)
     _winners, _resolved = {op: found for op, found in winners.items() if found}, {}
     _hooked = _recorder is not None or bool(_winners)
+    return applied + len(staged)
+
+
+def stage_default(op: str, name: str, fn: Callable) -> None:
+    """Stage `fn` (named `name`) as `op`'s default, what every call without a bucket winner runs; it takes
+    effect at the next `apply_pending()`, so a step never mixes two defaults (`kernels.cpu_defaults`).
+
+    Raises:
+        KeyError: an unknown dispatch op.
+    """
+    if op not in REFERENCES:
+        raise KeyError(f"unknown op {op!r}; known: {sorted(REFERENCES)}")
+    _pending_defaults.append((op, name, fn))
+
+
+def _apply_defaults() -> int:
+    staged = list(_pending_defaults)
+    del _pending_defaults[: len(staged)]
+    for op, name, fn in staged:
+        _table[op] = fn
+        _default_names[op] = name
     return len(staged)
+
+
+def default_names() -> dict[str, str]:
+    """{op: name} of the defaults installed by `stage_default` (ops left out run their static default)."""
+    return dict(_default_names)
 
 
 def installed() -> dict[Bucket, str]:
@@ -142,6 +172,7 @@ def register(op: str, fn: Callable) -> Callable:
         raise KeyError(f"unknown op {op!r}; known: {sorted(REFERENCES)}")
     previous = _table[op]
     _table[op] = fn
+    _default_names.pop(op, None)
     return previous
 
 
@@ -156,6 +187,8 @@ def reset() -> None:
     _table.clear()
     _table.update(_DEFAULTS)
     _pending.clear()
+    _pending_defaults.clear()
+    _default_names.clear()
     _winners, _resolved = {}, {}
     _hooked = _recorder is not None
 

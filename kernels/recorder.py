@@ -69,9 +69,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def exact_key(op: str, args: tuple) -> tuple | None:
     """The exact key of one dispatched call of `op` on `args`: (shapes, dtype); None for an op whose calls
-    are not bucketed. `bucket_of` maps it to its `Bucket`."""
+    are not bucketed, and for a matmul whose weight is not a plain tensor. `bucket_of` maps it to its `Bucket`."""
     if op in ("linear", "gated_mlp", "attention"):
         x, w = args[0], args[1]
+        if not isinstance(w, torch.Tensor):  # a packed weight (GGUF blocks) runs its own kernel: nothing to tune
+            return None
         return (x.shape, w.shape[-2:] if op == "attention" else w.shape), x.dtype
     if op in ("rms_norm", "rotary"):
         return (args[0].shape,), args[0].dtype

@@ -22,7 +22,8 @@ For each bucket the `ShapeRecorder` saw most (and the winner table has no verdic
    and the engine's layouts, never inside a step); the engine applies it between two steps.
 A bucket with a verdict is never tuned again in the same environment (device, versions, model): after
 a restart `install_known()` puts the stored winners back without timing anything, and a traffic shift
-tunes only the buckets that became hot. `BackgroundTuner` runs rounds on a thread with a time budget.
+tunes only the buckets that became hot. A serving engine tunes in the background (`kernels.background`): a
+Tuner whose `interrupt` returns True stops with `TuningPreempted`, writing nothing for that bucket.
 
     tuner = Tuner(WinnerTable(), "smollm2-135m-instruct", model=loaded.model)
     tuner.install_known()
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -42,7 +42,7 @@ import torch
 
 from kernels.dispatch import registered
 from kernels.ops import REFERENCES
-from kernels.recorder import STEP_OPS, Bucket, ShapeRecorder
+from kernels.recorder import STEP_OPS, Bucket
 from kernels.step_check import check_step_logits
 from kernels.tuner_inputs import DTYPES, bucket_cases, model_weight_cases, with_cloned_weights
 from kernels.variants import Variant, variants
@@ -55,6 +55,10 @@ TUNABLE_OPS = ("linear", "gated_mlp", "rms_norm", "rotary", "paged_attention", "
 STREAMED_OPS = ("linear", "gated_mlp")  # timed on weights that stream from memory (see the module docstring)
 STREAM_BYTES = 192 * 2**20
 MAX_STREAM_COPIES = 64
+
+
+class TuningPreempted(Exception):
+    """`Tuner.interrupt` asked to stop: the bucket in progress is dropped unwritten (its timings are not valid)."""
 
 
 class Tuner:
@@ -75,6 +79,9 @@ class Tuner:
         allow_lossy: also try lossy variants (`Variant.lossy`, and op variants whose stated tolerance is
             looser than the registry's default for the dtype: weight-only quantized matmuls and steps);
             off by default, so fp32 results stay equal to the reference within float rounding.
+    Attribute `interrupt`: None, or a callable checked between candidates and timed passes; True raises
+    `TuningPreempted` (the engine got work: the timing would be disturbed, and would disturb it). The
+    measurements already finished are kept, and the next `tune_bucket` of that bucket goes on from them.
     """
 
     def __init__(self, table: WinnerTable, model_name: str, *, model=None, device: str = "cpu", min_speedup: float = 1.05,
@@ -84,6 +91,8 @@ class Tuner:
         self.env = Environment.current(model_name, device)
         self.min_speedup, self.repeats, self.warmup, self.min_share = min_speedup, repeats, warmup, min_share
         self.allow_lossy, self.prompts, self.stream_bytes = allow_lossy, prompts, stream_bytes
+        self.interrupt: Callable[[], bool] | None = None
+        self._partial: dict[Bucket, dict] = {}  # bucket -> {None: default ms, variant: Result} of a preempted tune_bucket
 
     def candidates(self, op: str, dtype: torch.dtype) -> list[Variant]:
         """The registered variants of `op` that run here on `dtype` (lossy ones only with `allow_lossy`)."""
@@ -117,6 +126,11 @@ class Tuner:
                and (b.op not in STEP_OPS or b.model == self.env.model)]
         return sorted(hot, key=lambda item: (item[0].op not in STEP_OPS, -item[1] * _work(item[0]), item[0].op, item[0].label))
 
+    def todo(self, counts: dict[Bucket, int]) -> list[tuple[Bucket, int]]:
+        """The hot buckets of `counts` with no verdict yet (step buckets only with the model), in tuning order."""
+        tuned = self.table.tuned(self.env)
+        return [(b, n) for b, n in self.hot_buckets(counts) if b not in tuned and (b.op not in STEP_OPS or self.model is not None)]
+
     def tune(self, counts: dict[Bucket, int], budget_s: float = 300.0,
              progress: Callable[[Bucket, int, int], None] | None = None) -> list[Result]:
         """Tune the hot buckets of `counts` that have no verdict yet, until `budget_s` seconds are spent.
@@ -125,8 +139,7 @@ class Tuner:
         tuned by the next call. `progress(bucket, done, total)` is called before each bucket.
         """
         start = time.monotonic()
-        tuned = self.table.tuned(self.env)
-        todo = [(b, n) for b, n in self.hot_buckets(counts) if b not in tuned and (b.op not in STEP_OPS or self.model is not None)]
+        todo = self.todo(counts)
         written: list[Result] = []
         for i, (bucket, calls) in enumerate(todo):
             if time.monotonic() - start > budget_s:
@@ -156,10 +169,21 @@ class Tuner:
             # matmul's weight copies live for one timing (and with them the packs a variant caches).
             return self._time(fn, cases if bucket.op in STEP_OPS else self._streamed(bucket.op, (own or cases)[0]))
 
-        baseline = time_of(self._default(bucket))
+        # What was measured stays measured across a `TuningPreempted` (each measurement taken whole in an idle
+        # gap), so a bucket longer than any gap still completes over several: None -> the default's time.
+        done = self._partial.setdefault(bucket, {})
+        if None not in done:
+            done[None] = time_of(self._default(bucket))
+        baseline = done[None]
         results, timed = [], []
         for variant in candidates:
+            if variant.name in done:
+                results.append(done[variant.name])
+                if done[variant.name].status == "passed":
+                    timed.append((done[variant.name].median_ms, variant))
+                continue
             max_error = None
+            self._check_interrupt()
             try:
                 error, max_error = self._verify(variant, cases, dtype, bucket)
                 if error is None and not variant.is_lossy(dtype):
@@ -168,17 +192,22 @@ class Tuner:
                 if error is not None:
                     raise AssertionError(error)
                 median = time_of(variant.fn)
+            except TuningPreempted:
+                raise
             except Exception as exc:  # a failing candidate is a verdict, not a crash
                 logger.warning("rejected variant %s for %s %s [%s]: %s", variant.name, bucket.op, bucket.label, bucket.dtype, exc)
-                results.append(Result(bucket, variant.name, "rejected", baseline_ms=baseline, max_error=max_error, calls=calls,
-                                      message=str(exc)[:500]))
+                done[variant.name] = Result(bucket, variant.name, "rejected", baseline_ms=baseline, max_error=max_error,
+                                            calls=calls, message=str(exc)[:500])
+                results.append(done[variant.name])
                 continue
             finally:
                 torch.set_num_threads(threads)
             timed.append((median, variant))
             scale = " x the row's max |logit|" if bucket.op in STEP_OPS else ""
-            results.append(Result(bucket, variant.name, "passed", median, baseline, max_error, calls=calls,
-                                  message=f"atol {atol:g} rtol {rtol:g}{scale}"))
+            done[variant.name] = Result(bucket, variant.name, "passed", median, baseline, max_error, calls=calls,
+                                        message=f"atol {atol:g} rtol {rtol:g}{scale}")
+            results.append(done[variant.name])
+        del self._partial[bucket]
         best = min(timed, key=lambda t: t[0], default=None)
         if best is not None and baseline / best[0] >= self.min_speedup:
             results = [Result(r.bucket, r.variant, "winner", r.median_ms, r.baseline_ms, r.max_error, r.calls, r.message)
@@ -194,6 +223,10 @@ class Tuner:
         for result in results:
             self.table.put(self.env, result)
         return results
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt is not None and self.interrupt():
+            raise TuningPreempted("the engine has work")
 
     def _default(self, bucket: Bucket) -> Callable:
         if bucket.op == "decode_step":
@@ -292,10 +325,12 @@ class Tuner:
         """Median wall time in milliseconds of one call, a timed repeat calling fn once on each of `cases`
         in turn (their mean), after `warmup` such passes."""
         for _ in range(self.warmup):
+            self._check_interrupt()
             for args, kwargs in cases:
                 fn(*args, **kwargs)
         times = []
         for _ in range(self.repeats):
+            self._check_interrupt()
             start = time.perf_counter()
             for args, kwargs in cases:
                 fn(*args, **kwargs)
@@ -358,43 +393,3 @@ def install_stored(model_name: str, model=None, path=None, providers=None) -> in
     if count:
         logger.info("installed %d stored kernel winners for %s", count, model_name)
     return count
-
-
-class BackgroundTuner:
-    """Tuning rounds on a daemon thread: every `interval_s`, the buckets that were hot since the last round.
-
-    Args:
-        tuner: the `Tuner` of the served model.
-        recorder: the attached `ShapeRecorder`.
-        budget_s: seconds of tuning per round at most (the CPU budget; tuning runs with one thread).
-        interval_s: seconds between rounds.
-    """
-
-    def __init__(self, tuner: Tuner, recorder: ShapeRecorder, budget_s: float = 60.0, interval_s: float = 300.0):
-        self.tuner, self.recorder, self.budget_s, self.interval_s = tuner, recorder, budget_s, interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.rounds = 0
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kernel-tuner", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def run_round(self) -> list[Result]:
-        """One round now: save the counts recorded since the previous round and tune what was hot in them."""
-        self.rounds += 1
-        counts = self.recorder.since_mark()
-        self.tuner.table.add_counts(self.tuner.env.model, counts)
-        return self.tuner.tune(counts, budget_s=self.budget_s)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.run_round()
-            except Exception:  # the engine keeps serving; the next round tries again
-                logger.exception("background tuning round failed")
-

@@ -45,8 +45,10 @@ class EngineOptions(BaseModel):
         sliding_window_pool: Gemma 3: keep only the window's blocks for sliding-window layers (less memory, no
             prefix caching); false gives one pool for all layers, with prefix caching (raise `kv_cache_mb`).
         compile_tune: tune kernels in the background for the shapes this engine records (off by default;
-            `kernels.tuner.BackgroundTuner`): every `compile_interval_s` seconds, the buckets that were hot
+            `kernels.background.BackgroundTuner`): every `compile_interval_s` seconds, the buckets that were hot
             since the last round and have no verdict are verified, timed and swapped in between two steps.
+        auto_tune: tune kernels in the engine's idle gaps (`serving.tuning.auto_kernels`); unset = the gateway's
+            `LINK_LOCAL_AUTO_TUNE` (on unless `link serve --no-auto-tune`). Not used while `compile_tune` is on.
         compile_budget_s: CPU seconds of tuning per round at most (the round stops starting buckets after it).
         compile_interval_s: seconds between tuning rounds.
         speculative: `serving.spec_decode.SpeculativeConfig` fields (e.g. `{method: ngram}`); unset = off.
@@ -64,6 +66,7 @@ class EngineOptions(BaseModel):
     enable_prefix_caching: bool | None = None
     sliding_window_pool: bool | None = None
     compile_tune: bool = False
+    auto_tune: bool | None = None
     compile_budget_s: float = Field(60.0, gt=0, le=3600)
     compile_interval_s: float = Field(300.0, ge=1, le=86400)
     speculative: dict | None = None
@@ -81,8 +84,14 @@ class EngineOptions(BaseModel):
         """The `serving.engine.llm_engine.EngineConfig` these options give."""
         from serving.engine.llm_engine import EngineConfig
 
+<<<<<<< HEAD
         values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype",
                                                                 "weights"})
+=======
+        values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype"})
+        if self.compile_tune:  # the fixed rounds replace the idle-gap tuner
+            values["auto_tune"] = False
+>>>>>>> autotune
         if "kv_cache_mb" in values:
             values["kv_cache_bytes"] = values.pop("kv_cache_mb") * 2**20
         if "speculative" in values:

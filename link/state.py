@@ -119,7 +119,7 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
         if any(d.kind == "local" for d in config.models):
             from link.backends.local import EnginePool  # imports torch: only when a local model is configured
 
-            engine_pool = EnginePool(dtype=settings.local_dtype, weights=settings.local_weights)
+            engine_pool = EnginePool(dtype=settings.local_dtype, weights=settings.local_weights, auto_tune=settings.local_auto_tune)
         for name in config.model_names:
             backends = [make_backend(d, redactor=redactor, engine_pool=engine_pool) for d in config.deployments(name)]
             pools[name] = DeploymentPool(name, backends, cooldown_s=settings.eject_cooldown_s,

@@ -30,6 +30,7 @@ from protocol.openai import ChatCompletionRequest, CompletionRequest
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
 from serving.registry import ModelRegistry, ModelSpec, default_registry
+from serving.tuning.auto_kernels import start_auto_tune
 from serving.tuning.traffic import TrafficRecorder, save_mix, traffic_path
 
 logger = logging.getLogger(__name__)
@@ -47,17 +48,20 @@ class EnginePool:
         weights: a GGUF file's quantized matrices "auto", "packed" or "float" (`serving.model_loader.load_model`).
         engine_config: `serving.engine.llm_engine.EngineConfig` for every engine whose deployment sets no `engine`
             options (default: its defaults).
+        auto_tune: background kernel tuning of every engine whose deployment does not set `engine.auto_tune`
+            (`serving.tuning.auto_kernels`; idle means no engine of the pool has work).
     """
 
     def __init__(self, registry: ModelRegistry | None = None, *, dtype: str = "float32", weights: str = "auto",
-                 engine_config=None):
+                 engine_config=None, auto_tune: bool = True):
         self.registry = registry or default_registry()
         self.dtype, self.weights = dtype, weights
         self.engine_config = engine_config
+        self.auto_tune = auto_tune
         self._states: dict[str, object] = {}  # key -> serving.frontend.state.EngineState
         self._locks: dict[str, asyncio.Lock] = {}
         self.load_errors: dict[str, str] = {}
-        self._tuners: list = []  # kernels.tuner.BackgroundTuner per model with compile_tune
+        self._tuners: list = []  # kernels.background.BackgroundTuner / AutoTuner per model
 
     def spec_for(self, deployment: ModelDeployment) -> ModelSpec:
         """The `ModelSpec` of a local deployment, its `context_length` applied as a cap.
@@ -84,21 +88,30 @@ class EnginePool:
         from serving.engine.llm_engine import EngineConfig, LLMEngine
         from serving.frontend.state import EngineState
 
-        if deployment is not None and deployment.engine is not None:
-            config = deployment.engine.engine_config()
-        else:
-            config = self.engine_config or EngineConfig()
+        options = deployment.engine if deployment is not None else None
+        config = options.engine_config() if options is not None else self.engine_config or EngineConfig()
+        if options is None or (options.auto_tune is None and not options.compile_tune):
+            config = dataclasses.replace(config, auto_tune=config.auto_tune and self.auto_tune)
         _record_shapes()
-        if deployment is not None and deployment.engine is not None and deployment.engine.compile_tune:
-            self._start_tuner(loaded, deployment.engine)
+        if options is not None and options.compile_tune:
+            self._start_tuner(loaded, options)
         engine = AsyncLLMEngine(LLMEngine(loaded, config), step_in_thread=True)
         engine.traffic = TrafficRecorder()  # request shapes, saved in `aclose` for `link compile tune-config`
-        return EngineState(key, loaded, engine)
+        state = EngineState(key, loaded, engine)
+        state.auto_tuner = start_auto_tune(engine, is_busy=self.has_work)
+        if state.auto_tuner is not None:
+            self._tuners.append(state.auto_tuner)
+        return state
+
+    def has_work(self) -> bool:
+        """Whether any engine of the pool has requests or queued work (the background tuners' idle probe)."""
+        return any(state.engine.has_work for state in list(self._states.values()))
 
     def _start_tuner(self, loaded, options) -> None:
         """Background kernel tuning of one model (link.yaml `engine: {compile_tune: true}`); stopped in `aclose`."""
         from kernels.candidates import register_candidates
-        from kernels.tuner import BackgroundTuner, Tuner
+        from kernels.background import BackgroundTuner
+        from kernels.tuner import Tuner
         from kernels.winners import WinnerTable
 
         register_candidates()
@@ -155,7 +168,7 @@ class EnginePool:
         """Stop every engine loop and background tuner; save each model's recorded traffic mix to
         $LINK_HOME/compile/traffic/<model>.jsonl (`serving.tuning.traffic.traffic_path`)."""
         for tuner in self._tuners:
-            tuner.stop()
+            await asyncio.to_thread(tuner.stop)
         for state in self._states.values():
             await state.engine.shutdown()
             save_traffic(state)

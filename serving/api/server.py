@@ -18,10 +18,15 @@ one process.
 
 A request the engine stops (`SamplingTimeoutError`: a token over `EngineConfig.sample_timeout_s`) is a 400
 naming the field behind it, or, once a stream has started, one error event and `data: [DONE]`.
+
+Kernels tune themselves in the engine's idle gaps unless `EngineConfig.auto_tune` is off
+(`serving.tuning.auto_kernels`); `/metrics` says what was tuned (`link_kernel_autotune`) and installed
+(`link_kernel_winner_speedup`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from contextlib import asynccontextmanager
@@ -48,6 +53,7 @@ from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, 
 from serving.frontend.state import EngineState
 from serving.model_loader import LoadedModel, load_model
 from serving.registry import ModelRegistry, default_registry
+from serving.tuning.auto_kernels import start_auto_tune
 
 
 async def _state(request: Request) -> EngineState:
@@ -98,8 +104,11 @@ def create_engine_app(model: str, *, dtype: str = "float32", weights: str = "aut
         lm = loaded or load_model((registry or default_registry()).get(model), dtype, weights=weights)
         engine = AsyncLLMEngine(LLMEngine(lm, engine_config), step_in_thread=step_in_thread)
         engine.start()
-        app.state.engine_state = EngineState(model, lm, engine)
+        app.state.engine_state = state = EngineState(model, lm, engine)
+        state.auto_tuner = start_auto_tune(engine)  # None with EngineConfig.auto_tune off (--no-auto-tune)
         yield
+        if state.auto_tuner is not None:
+            await asyncio.to_thread(state.auto_tuner.stop)
         await engine.shutdown()
 
     app = FastAPI(title=f"TogetherLink engine: {model}", lifespan=lifespan, dependencies=[Depends(check_url_params)],

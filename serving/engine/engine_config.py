@@ -32,7 +32,11 @@ class EngineConfig:
             explicit `num_blocks` the smaller of it and `max_batch_blocks`).
         tuned_kernels: at start, install the winners `link compile tune` stored for this model, device
             and library versions ($LINK_HOME/compile/winners.sqlite, `kernels.tuner.install_stored`);
-            nothing happens when the file does not exist.
+            nothing happens when the file does not exist. Also stages the CPU's default kernels for the buckets no
+            winner covers (`kernels.cpu_defaults`, when our C++ kernel is already built here).
+        auto_tune: with `tuned_kernels`, the servers (`link engine serve`, the gateway's local engines) tune the
+            shapes their traffic records while the engine is idle and install the winners between steps
+            (`serving.tuning.auto_kernels`); the offline `LLMEngine` ignores it.
         speculative: speculative decoding (`serving.spec_decode`); None (the default) decodes one token
             per step.
         sample_timeout_s: seconds one sequence may take to choose one token (guided decoding's walk of the
@@ -54,6 +58,7 @@ class EngineConfig:
     sliding_window_pool: bool = True
     num_sliding_blocks: int | None = None
     tuned_kernels: bool = True
+    auto_tune: bool = True
     speculative: SpeculativeConfig | None = None
     sample_timeout_s: float = 5.0
     stall_timeout_s: float = 30.0

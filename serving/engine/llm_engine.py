@@ -67,8 +67,10 @@ class LLMEngine:
 
             self.speculator = Speculator(config.speculative, loaded)
         if config.tuned_kernels:
+            from kernels.cpu_defaults import install_cpu_defaults
             from kernels.tuner import install_stored
 
+            install_cpu_defaults()  # only where our C++ kernel is already built: no minute-long build here
             install_stored(loaded.spec.name, loaded.model)  # applied before the first step; compiled now
 
     @property

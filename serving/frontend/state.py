@@ -21,3 +21,4 @@ class EngineState:
         self.name, self.loaded, self.engine = name, loaded, engine
         self.metrics = EngineMetrics()
         self.created = int(time.time())
+        self.auto_tuner = None  # kernels.background.AutoTuner while background kernel tuning runs

@@ -15,7 +15,8 @@ import kernels
 import kernels.tuner as tuner_module
 from kernels import ref
 from kernels.recorder import Bucket
-from kernels.tuner import BackgroundTuner, Tuner
+from kernels.background import BackgroundTuner
+from kernels.tuner import Tuner
 from kernels.variants import Variant
 from kernels.winners import WinnerTable
 
