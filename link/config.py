@@ -84,14 +84,10 @@ class EngineOptions(BaseModel):
         """The `serving.engine.llm_engine.EngineConfig` these options give."""
         from serving.engine.llm_engine import EngineConfig
 
-<<<<<<< HEAD
         values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype",
                                                                 "weights"})
-=======
-        values = self.model_dump(exclude_none=True, exclude={"compile_tune", "compile_budget_s", "compile_interval_s", "dtype"})
         if self.compile_tune:  # the fixed rounds replace the idle-gap tuner
             values["auto_tune"] = False
->>>>>>> autotune
         if "kv_cache_mb" in values:
             values["kv_cache_bytes"] = values.pop("kv_cache_mb") * 2**20
         if "speculative" in values:

@@ -56,13 +56,10 @@ class Settings(BaseSettings):
         eject_cooldown_s: seconds a failing deployment stays out of rotation before it is probed again.
         local_dtype: weights and KV cache dtype of in-process local engines (`LINK_LOCAL_DTYPE`): "auto" (bf16
             on a GPU or a CPU with native bf16 such as AVX512_BF16, else fp32), "float32" or "bfloat16".
-<<<<<<< HEAD
         local_weights: how local engines keep a GGUF file's quantized matrices (`LINK_LOCAL_WEIGHTS`): "auto" (packed
             where the C++ GGUF module builds), "packed" (as blocks, float32 activations) or "float" (dequantized).
-=======
         local_auto_tune: tune local engines' kernels in their idle gaps and install the winners between steps
             (`LINK_LOCAL_AUTO_TUNE`, `link serve --no-auto-tune`); a link.yaml entry's `engine: {auto_tune: false}` wins.
->>>>>>> autotune
         instance_id: a stable name of this gateway replica (`LINK_INSTANCE_ID`, e.g. its host or pod name): its budget
             reservations carry it, and at start-up it releases those a previous process of the same name left (one
             killed before settling them). Two running replicas must never share one. None: a fresh id per process,
@@ -99,11 +96,8 @@ class Settings(BaseSettings):
     instance_id: str | None = Field(None, min_length=1, max_length=128)
     budget_lease_s: float = Field(30.0, gt=0, le=3600)
     local_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-<<<<<<< HEAD
     local_weights: Literal["auto", "packed", "float"] = "auto"
-=======
     local_auto_tune: bool = True
->>>>>>> autotune
     max_body_bytes: int = Field(16 * 2**20, ge=1024)
     max_json_depth: int = Field(64, ge=8, le=MAX_JSON_DEPTH_CEILING)
 

@@ -109,12 +109,9 @@ def source_digest(name: str) -> str:
     return digest.hexdigest()[:10]
 
 
-<<<<<<< HEAD
-def load_native(name: str, isa: str | None = None) -> ModuleType | None:
-=======
 def is_built(name: str) -> bool:
-    """Whether `name`.cpp is already compiled for this source on this machine (loading it is then a file check,
-    not a build of about a minute)."""
+    """Whether `name`.cpp (an AVX-512-only source, `load_native(name)`) is already compiled for this source on this
+    machine (loading it is then a file check, not a build of about a minute)."""
     if _loaded.get(name) is not None:
         return True
     from torch.utils.cpp_extension import _get_build_directory
@@ -123,8 +120,7 @@ def is_built(name: str) -> bool:
     return (Path(_get_build_directory(module_name, verbose=False)) / f"{module_name}.so").is_file()
 
 
-def load_native(name: str) -> ModuleType | None:
->>>>>>> autotune
+def load_native(name: str, isa: str | None = None) -> ModuleType | None:
     """The compiled module of `name`.cpp (built on the first call, thread-safe), or None where this machine
     cannot run or build it (no compiler or ninja, a failed build, or, for the AVX-512-only sources
     (`isa` None), no AVX-512: the reason is logged once and kept in `unavailable_reason(name)`).
