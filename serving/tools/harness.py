@@ -123,8 +123,9 @@ def native_tool_format(chat_format: Any, fmt: ToolCallFormat) -> ToolCallFormat 
     Native: the template reads `tools` (`TemplateChatFormat.renders_tools`, Qwen2.5's) and `fmt` is the default
     format, whose `<tool_call>` JSON blocks are that template's own call syntax. Then the messages go through
     `render_messages(..., native=True)` and the tools to `chat_format.render(messages, tools=...)` (unless
-    tool_choice is "none"). The returned format reads a reply that is only a Markdown code block holding a call as
-    that call (`fenced_calls="call"`): unforced, Qwen2.5-Coder often writes its call that way. The engine's chat path
+    tool_choice is "none"). The returned format reads a reply that is only a Markdown code block holding a call, or
+    only the call's JSON without its tags, as that call (`fenced_calls="call"`): unforced, Qwen2.5-Coder often
+    writes its call those ways. The engine's chat path
     (`serving.frontend.responses.plan_chat`) and post-training (`posttrain.dataset`) both decide here.
     """
     if getattr(chat_format, "renders_tools", False) and fmt == DEFAULT_FORMAT:
@@ -262,8 +263,11 @@ def parse_tool_calls(text: str, tools: Sequence[dict] | None = None, *, cut: boo
             calls.extend(found)
         pos = end + len(closer)
     if not calls:
-        fenced = _FENCED.fullmatch(text) if fmt.fenced_calls == "call" else None
-        found = fmt.parse_block(fenced.group(1), tools) if fenced else None
+        found = None
+        if fmt.fenced_calls == "call":  # one code block holding a call, or the call's JSON bare
+            fenced = _FENCED.fullmatch(text)
+            body = fenced.group(1) if fenced else text.strip() if text.strip().startswith("{") else None
+            found = fmt.parse_block(body, tools) if body else None
         return ParsedOutput(None, found) if found else ParsedOutput(text, [])
     pieces.append(current + text[pos:])
     # Trim only the whitespace next to blocks, so streamed content (sent before the first block) is a prefix.
@@ -310,6 +314,8 @@ def streamable_length(text: str, fmt: ToolCallFormat = DEFAULT_FORMAT) -> int:
     trimmed. With `fmt.fenced_calls` "call", nothing while the output may still be one code block holding a call."""
     head = text.lstrip()
     if fmt.fenced_calls == "call" and (head.startswith("```") or "```".startswith(head)) and not _closed_fence(head):
+        return 0
+    if fmt.fenced_calls == "call" and head.startswith("{"):  # maybe a bare call: known only once the output ends
         return 0
     return min(len(text[:_held_from(text, opener)].rstrip())
                for opener in (fmt.block_open, fmt.result_open, fmt.result_close) if opener)

@@ -1,5 +1,6 @@
-"""`fenced_calls="call"`: a reply that is only a Markdown code block holding a call is that call (Qwen2.5-Coder's
-unforced habit); anything else around or in the block leaves it content, and streaming holds it back meanwhile."""
+"""`fenced_calls="call"`: a reply that is only a Markdown code block holding a call, or only the call's JSON
+without tags, is that call (Qwen2.5-Coder's unforced habits); anything else around or in the block leaves it
+content, and streaming holds it back meanwhile."""
 
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ def test_a_reply_that_is_one_fenced_call_is_that_call():
 ])
 def test_anything_else_stays_content(text):
     assert parse_tool_calls(text, TOOLS, fmt=FENCED).tool_calls == [] and parse_tool_calls(text, TOOLS, fmt=FENCED).content == text
+
+
+BARE = '{"name": "get_weather", "arguments": {"city": "Tokyo"}}'  # the 0.5B's through the gateway, verbatim
+
+
+def test_a_reply_that_is_only_a_bare_call_is_that_call():
+    parsed = parse_tool_calls(" " + BARE + "\n", TOOLS, fmt=FENCED)
+    assert parsed.content is None and len(parsed.tool_calls) == 1
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {"city": "Tokyo"}
+    for text in (BARE.replace("get_weather", "get_time"), '{"city": "Tokyo"}', BARE + " Done.", "Sure: " + BARE):
+        parsed = parse_tool_calls(text, TOOLS, fmt=FENCED)
+        assert parsed.tool_calls == [] and parsed.content == text
+    assert parse_tool_calls(BARE, TOOLS).content == BARE  # the default format: content
+    assert all(streamable_length(BARE[:k], FENCED) == 0 for k in range(1, len(BARE) + 1))
 
 
 def test_the_default_format_leaves_the_block_as_content():
