@@ -110,7 +110,8 @@ def test_link_and_llama_cpp_interleave_on_a_fresh_home(data_dir, tmp_path, monke
     assert [w["concurrency"] for w in result["warmup"]] == [1, 2] and all(w["num_requests"] >= 1 for w in result["warmup"])
     assert [(p["system"], p["num_requests"], p["mean_prompt_tokens"]) for p in result["prefill"]] == [("link", 2, 64), ("llama-cpp", 2, 64)]
     link_memory = result["memory"]["link"]
-    assert 4 * 134_515_008 <= link_memory["resident_weight_bytes"] < 4 * 134_515_008 * 1.01  # SmolLM2-135M in float32
+    # SmolLM2-135M's GGUF kept as its blocks (96,576,768 bytes of tensors), or dequantized to float32
+    assert link_memory["resident_weight_bytes"] in (96_576_768, 4 * 134_515_008)
     assert link_memory["peak_rss_mb"] * 2**20 > link_memory["resident_weight_bytes"]
     lines = {line["metric"]: line for line in result["comparison"]}
     decode = lines["decode tok/s per stream (c=1)"]

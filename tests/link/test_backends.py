@@ -250,13 +250,14 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
 
 @pytest.mark.slow
 def test_a_deployments_engine_dtype_overrides_the_pools():
-    """`engine: {dtype: ...}` loads that deployment in its own dtype (the pool's, LINK_LOCAL_DTYPE, for the rest)."""
+    """`engine: {dtype: ...}` loads that deployment in its own dtype (the pool's, LINK_LOCAL_DTYPE, for the rest).
+    Float weights: packed GGUF blocks always compute in float32."""
     import torch
 
     from link.backends.local import EnginePool
 
     own = ModelDeployment(name="smol-bf16", kind="local", local="smollm2-135m-instruct", context_length=2048,
-                          engine={"kv_cache_mb": 32, "dtype": "bfloat16"})
+                          engine={"kv_cache_mb": 32, "dtype": "bfloat16", "weights": "float"})
 
     async def go():
         pool = EnginePool(dtype="float32")

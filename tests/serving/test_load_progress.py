@@ -31,11 +31,13 @@ def test_loading_smollm2_reports_rising_bytes_to_the_total_and_logs_start_and_re
     done = [d for d, _ in calls]
     assert len(calls) == len(tensors) and {of for _, of in calls} == {total}
     assert all(a < b for a, b in zip(done, done[1:])) and done[-1] == total
-    assert loaded.resident_bytes == 4 * SMOLLM2_PARAMETERS  # float32 weights, the tied embedding counted once
+    # packed (the C++ GGUF module built): every tensor as the file stores it, the tied embedding once; float: float32
+    resident = total if loaded.weights == "packed" else 4 * SMOLLM2_PARAMETERS
+    assert loaded.resident_bytes == resident
     start, ready = [r.getMessage() for r in caplog.records if r.name == "serving.model_loader"]
-    assert start == (f"loading model smollm2-135m-instruct from {smollm2_gguf_path} ({total / 1e6:.1f} MB of weights, "
-                     "float32)")
-    assert re.fullmatch(rf"model smollm2-135m-instruct is ready: loaded in \d+\.\d s, {4 * SMOLLM2_PARAMETERS / 1e6:.1f} "
+    how = "packed GGUF blocks on the C++ module, float32 activations" if loaded.weights == "packed" else "float32"
+    assert start == f"loading model smollm2-135m-instruct from {smollm2_gguf_path} ({total / 1e6:.1f} MB of weights, {how})"
+    assert re.fullmatch(rf"model smollm2-135m-instruct is ready: loaded in \d+\.\d s, {resident / 1e6:.1f} "
                         r"MB resident", ready), ready
 
 
