@@ -57,16 +57,41 @@ inline void tiny_tile(int type, const uint8_t* first_row, int64_t row_bytes, int
                       int64_t M, int64_t K, float* out, int64_t ldo, int64_t col) {
   with_type(type, [&](auto t) {
     constexpr int T = decltype(t)::value;
+    const int64_t ahead = 2 * row_bytes;  // prefetch distance: the next pair of rows (measured best of 2, 4, 8 rows)
     int64_t j = 0;
     if constexpr (T == Q4_K) {  // per-sub-block scaling: 1.1-1.3x at one row, about even at 2-4 (one path for
       for (; j + 2 <= rows; j += 2) {  // every row count keeps a row's result independent of its batch)
         const uint8_t* row = first_row + j * row_bytes;
         float* o = out + col + j;
         switch (M) {
-          case 1: dot_row2_q4_k<1>(row, row_bytes, K, x, K, xs, o, ldo); break;
-          case 2: dot_row2_q4_k<2>(row, row_bytes, K, x, K, xs, o, ldo); break;
-          case 3: dot_row2_q4_k<3>(row, row_bytes, K, x, K, xs, o, ldo); break;
-          default: dot_row2_q4_k<4>(row, row_bytes, K, x, K, xs, o, ldo); break;
+          case 1: dot_row2_q4_k<1>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
+          case 2: dot_row2_q4_k<2>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
+          case 3: dot_row2_q4_k<3>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
+          default: dot_row2_q4_k<4>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
+        }
+      }
+    }
+    if constexpr (T == Q4_0 || T == Q5_0 || T == Q8_0) {  // one scale a block, applied once
+      for (; j + 2 <= rows; j += 2) {
+        const uint8_t* row = first_row + j * row_bytes;
+        float* o = out + col + j;
+        switch (M) {
+          case 1: dot_row2_legacy<T, 1>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+          case 2: dot_row2_legacy<T, 2>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+          case 3: dot_row2_legacy<T, 3>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+          default: dot_row2_legacy<T, 4>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+        }
+      }
+    }
+    if constexpr (T == Q6_K) {  // values assembled as bytes first
+      for (; j + 2 <= rows; j += 2) {
+        const uint8_t* row = first_row + j * row_bytes;
+        float* o = out + col + j;
+        switch (M) {
+          case 1: dot_row2_q6_k<1>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+          case 2: dot_row2_q6_k<2>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+          case 3: dot_row2_q6_k<3>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+          default: dot_row2_q6_k<4>(row, row_bytes, K, x, K, o, ldo, ahead); break;
         }
       }
     }
@@ -74,10 +99,10 @@ inline void tiny_tile(int type, const uint8_t* first_row, int64_t row_bytes, int
       const uint8_t* row = first_row + j * row_bytes;
       float* o = out + col + j;
       switch (M) {
-        case 1: dot_row2<T, 1>(row, row_bytes, K, x, K, o, ldo); break;
-        case 2: dot_row2<T, 2>(row, row_bytes, K, x, K, o, ldo); break;
-        case 3: dot_row2<T, 3>(row, row_bytes, K, x, K, o, ldo); break;
-        default: dot_row2<T, 4>(row, row_bytes, K, x, K, o, ldo); break;
+        case 1: dot_row2<T, 1>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+        case 2: dot_row2<T, 2>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+        case 3: dot_row2<T, 3>(row, row_bytes, K, x, K, o, ldo, ahead); break;
+        default: dot_row2<T, 4>(row, row_bytes, K, x, K, o, ldo, ahead); break;
       }
     }
     for (; j < rows; ++j) {
