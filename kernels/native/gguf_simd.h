@@ -381,6 +381,38 @@ inline void dot_row2_q6_k(const uint8_t* row, int64_t row_bytes, int64_t K, cons
   }
 }
 
+// Q5_0 in the AVX2 build assembles a block's values as bytes (`q5_0_bytes`): 1.36x its per-lane bit insertion
+// (`or16_where`, five instructions a vector without AVX-512's masks); the AVX-512 build keeps the masked OR
+// (1.05x the bytes there). Measured on one core of an AMD EPYC (Zen 4).
+#if defined(__AVX2__) && !defined(__AVX512F__)
+constexpr bool kQ5Bytes = true;
+#else
+constexpr bool kQ5Bytes = false;
+#endif
+// The 32 values of a Q5_0 block as int8 q - 16 -> q [32] (32-byte aligned): the 32 high bits spread to bytes
+// (each byte picks its bit from a broadcast of qh, then a compare), then joined with the nibbles, 32 per instruction.
+inline void q5_0_bytes(const uint8_t* b, int8_t* q) {
+#if defined(__AVX2__)
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, 4);
+  const __m256i pick = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+  __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)), pick);
+  h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(0x10));
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_sub_epi8(_mm256_or_si256(nib, h), _mm256_set1_epi8(16)));
+#else
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, 4);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = static_cast<int8_t>(((b[6 + j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+    q[j + 16] = static_cast<int8_t>(((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+  }
+#endif
+}
+
 // dot_row2 for the 32-value types with one scale a block (Q4_0, Q5_0, Q8_0): per block d * sum_k x_k q_k, the
 // integer values met with x before the scale (one multiply a block instead of one per value): 1.1x
 // on Q5_0, 1.12x on Q8_0 against the generic dot_row2 (AMD EPYC Zen 4, one thread).
@@ -399,6 +431,15 @@ inline void dot_row2_legacy(const uint8_t* row, int64_t row_bytes, int64_t K, co
     vf s[M][2];
     for (int m = 0; m < M; ++m) s[m][0] = s[m][1] = zero();
     for (int r = 0; r < 2; ++r) {  // unrolled: r is a constant in each copy
+      if constexpr (T == Q5_0 && kQ5Bytes) {
+        alignas(32) int8_t q[32];
+        q5_0_bytes(b[r], q);
+        for (int l = 0; l < 32; l += kLanes) {
+          const vf w = to_f(load_i8(q + l));
+          for (int m = 0; m < M; ++m) s[m][r] = fmadd(w, load(xb + m * ldx + l), s[m][r]);
+        }
+        continue;
+      }
       for (int l = 0; l < (T == Q8_0 ? 32 : 16); l += kLanes) {
         vf w0, w1;
         if constexpr (T == Q8_0) {
