@@ -52,70 +52,40 @@ inline void decode_slice(int type, const uint8_t* first_row, int64_t row_bytes, 
   });
 }
 
-// out[m, col + j] for up to 4 input rows and `rows` weight rows from `first_row`, decoded in registers.
-// xs: run_sums of x (used by the Q4_K kernel).
+// f(std::integral_constant<int, M>{}) for the run-time input row count M (1-4).
+template <class F>
+inline void with_rows(int64_t M, F&& f) {
+  switch (M) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
+// out[m, col + j] for up to 4 input rows and `rows` weight rows from `first_row`, decoded in registers, two
+// weight rows at a time (the last odd one alone). xs: run_sums of x (used by the Q4_K kernel). Q4_K applies
+// its scales per 32-value sub-block (1.1-1.3x at one row, about even at 2-4: one path for every row count
+// keeps a row's result independent of its batch), Q6_K assembles its values as bytes first, and the types
+// with one scale a block apply it once.
 inline void tiny_tile(int type, const uint8_t* first_row, int64_t row_bytes, int64_t rows, const float* x, const float* xs,
                       int64_t M, int64_t K, float* out, int64_t ldo, int64_t col) {
   with_type(type, [&](auto t) {
     constexpr int T = decltype(t)::value;
     const int64_t ahead = 2 * row_bytes;  // prefetch distance: the next pair of rows (measured best of 2, 4, 8 rows)
-    int64_t j = 0;
-    if constexpr (T == Q4_K) {  // per-sub-block scaling: 1.1-1.3x at one row, about even at 2-4 (one path for
-      for (; j + 2 <= rows; j += 2) {  // every row count keeps a row's result independent of its batch)
-        const uint8_t* row = first_row + j * row_bytes;
-        float* o = out + col + j;
-        switch (M) {
-          case 1: dot_row2_q4_k<1>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
-          case 2: dot_row2_q4_k<2>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
-          case 3: dot_row2_q4_k<3>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
-          default: dot_row2_q4_k<4>(row, row_bytes, K, x, K, xs, o, ldo, ahead); break;
-        }
-      }
-    }
-    if constexpr (T == Q4_0 || T == Q5_0 || T == Q8_0) {  // one scale a block, applied once
+    with_rows(M, [&](auto m) {
+      constexpr int R = decltype(m)::value;
+      int64_t j = 0;
       for (; j + 2 <= rows; j += 2) {
         const uint8_t* row = first_row + j * row_bytes;
         float* o = out + col + j;
-        switch (M) {
-          case 1: dot_row2_legacy<T, 1>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-          case 2: dot_row2_legacy<T, 2>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-          case 3: dot_row2_legacy<T, 3>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-          default: dot_row2_legacy<T, 4>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-        }
+        if constexpr (T == Q4_K) dot_row2_q4_k<R>(row, row_bytes, K, x, K, xs, o, ldo, ahead);
+        else if constexpr (T == Q6_K) dot_row2_q6_k<R>(row, row_bytes, K, x, K, o, ldo, ahead);
+        else if constexpr (T == Q4_0 || T == Q5_0 || T == Q8_0) dot_row2_legacy<T, R>(row, row_bytes, K, x, K, o, ldo, ahead);
+        else dot_row2<T, R>(row, row_bytes, K, x, K, o, ldo, ahead);
       }
-    }
-    if constexpr (T == Q6_K) {  // values assembled as bytes first
-      for (; j + 2 <= rows; j += 2) {
-        const uint8_t* row = first_row + j * row_bytes;
-        float* o = out + col + j;
-        switch (M) {
-          case 1: dot_row2_q6_k<1>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-          case 2: dot_row2_q6_k<2>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-          case 3: dot_row2_q6_k<3>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-          default: dot_row2_q6_k<4>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-        }
-      }
-    }
-    for (; j + 2 <= rows; j += 2) {
-      const uint8_t* row = first_row + j * row_bytes;
-      float* o = out + col + j;
-      switch (M) {
-        case 1: dot_row2<T, 1>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-        case 2: dot_row2<T, 2>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-        case 3: dot_row2<T, 3>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-        default: dot_row2<T, 4>(row, row_bytes, K, x, K, o, ldo, ahead); break;
-      }
-    }
-    for (; j < rows; ++j) {
-      const uint8_t* row = first_row + j * row_bytes;
-      float* o = out + col + j;
-      switch (M) {
-        case 1: dot_row<T, 1>(row, K, x, K, o, ldo); break;
-        case 2: dot_row<T, 2>(row, K, x, K, o, ldo); break;
-        case 3: dot_row<T, 3>(row, K, x, K, o, ldo); break;
-        default: dot_row<T, 4>(row, K, x, K, o, ldo); break;
-      }
-    }
+      for (; j < rows; ++j) dot_row<T, R>(first_row + j * row_bytes, K, x, K, out + col + j, ldo);
+    });
   });
 }
 
