@@ -8,7 +8,7 @@
 // 5 to kGemmRows - 1 rows (larger decode batches): the weight rows go in tiles of kTile; a tile's rows are
 // decoded slice by slice (kSlice values along K, whole blocks, into a buffer that stays in L1) and each
 // slice meets the input rows 4 at a time in registers (`simd.h` dot_tile).
-// Many input rows (prefill): chunks of weight rows are decoded into a buffer of about kChunkBytes and
+// Many input rows (prefill): chunks of weight rows (about kChunkBytes, kGemmMinCols rows at least) are decoded and
 // multiplied with ATen's GEMM (one chunk per task, chunks spread over the intra-op threads).
 //
 // Built three times from this source (`kernels/native/__init__.py`): AVX-512F, AVX2 + FMA, and the x86-64
