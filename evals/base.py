@@ -17,6 +17,7 @@ calls a model (MT-Bench, AlpacaEval) set `needs_judge = True` and get a judge ta
 from __future__ import annotations
 
 import importlib
+import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -167,6 +168,20 @@ class Suite(ABC):
     @abstractmethod
     async def grade(self, item: Item, answer: Answer, judge: Target | None = None) -> Grade:
         """Score `answer` in [0, 1]. A judge-based suite raises ValueError when `judge` is None."""
+
+    def answer_key(self, item: Item, answer: Answer, grade: Grade) -> str | None:
+        """The answer's final answer in a normal form, compared across samples for the agreement signal
+        (`routers.signals.agreement`): the grade's extracted answer where the suite records one (`details`
+        "extracted": a number, a letter; None when none was found), else its calls ("calls": canonical JSON),
+        else the reply's text with whitespace collapsed; None for an empty reply."""
+        if "extracted" in grade.details:
+            value = grade.details["extracted"]
+            return None if value is None else str(value)
+        if "calls" in grade.details:
+            calls = grade.details["calls"]
+            return None if calls is None else json.dumps(calls, sort_keys=True, separators=(",", ":"), default=str)
+        text = " ".join(answer.text.split())
+        return text or None
 
 
 # name -> "module:Class"; a suite's module is imported when the suite is first built.

@@ -1,9 +1,10 @@
-"""`link eval replay` and `link eval report` (see evals/cli.py): offline, no model is called.
+"""`link eval replay`, `link eval report` and `link eval export` (see evals/cli.py): offline, no model is called.
 
     link eval replay routerbench:test --policy fallback:claude-instant-v1,gpt-4-1106-preview --out replay/
     link eval replay routellm-gsm8k --policy cheap --policy-type fallback --models a,b
     link eval replay runs/abc/outcomes.jsonl --policy mypkg.routing:TaskRouter --options '{"path": "r.json"}'
     link eval report RUN_ID runs/b/outcomes.jsonl --out report/ --title "GSM8K"
+    link eval export RUN_A RUN_B --out outcomes.jsonl.gz     # merged, without prompt or answer text
 
 Errors (a bad spec, a missing file, an unknown run) print one line `error: ...` and exit with code 2.
 """
@@ -179,5 +180,25 @@ def report(
         typer.echo("written: " + ", ".join(str(p) for p in paths.values()))
         if report_id:
             typer.echo(f"stored as report {report_id}")
+
+    _clean_errors(body)
+
+
+def export(
+    runs: list[str] = typer.Argument(..., help="Run ids, run folders or outcome files (.jsonl/.csv) to merge."),
+    out: Path = typer.Option(..., "--out", help="The file to write: .jsonl or .csv, gzip-compressed when it ends in .gz."),
+    text: bool = typer.Option(False, "--text/--no-text", help="Keep the prompt and answer texts (default: ids, "
+                              "scores, costs, tokens, latency and signals only)."),
+) -> None:
+    """Merge outcome tables into one file to ship or share: by default without prompt or answer text, so that
+    what leaves the machine is item ids, scores, costs and signal summaries (a benchmark's texts stay with it)."""
+    from evals.outcomes import OutcomeTable
+
+    def body() -> None:
+        tables = [_resolve(arg, None)[0] for arg in runs]
+        merged = OutcomeTable([row for table in tables for row in table])
+        path = merged.write(out, text=text)
+        models = ", ".join(merged.models)
+        typer.echo(f"wrote {len(merged)} outcomes ({len(merged.prompt_ids)} prompts; {models}) to {path}")
 
     _clean_errors(body)

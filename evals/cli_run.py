@@ -57,6 +57,16 @@ class RunSpec:
     out_dir: Path | None = None
     progress: bool = True
     options: dict = field(default_factory=dict)
+    signals: bool = False
+    samples: int = 0
+    sample_temperature: float = 0.7
+    top_logprobs: int = 5
+
+    def signal_options(self, cls):
+        """`cls(...)` (an `evals.runner.SignalOptions`) when --signals or --samples asks for signals, else None."""
+        if not (self.signals or self.samples):
+            return None
+        return cls(top_logprobs=self.top_logprobs, samples=self.samples, temperature=self.sample_temperature)
 
     def __post_init__(self) -> None:
         """Raises ValueError naming the flag of an out-of-range option."""
@@ -68,6 +78,9 @@ class RunSpec:
             (self.shard is None or parse_shard(self.shard) is not None,
              f"--shard must be K/N with 0 <= K < N (e.g. 0/4), got {self.shard!r}"),
             (self.shots is None or self.shots >= 0, f"--shots must be >= 0, got {self.shots}"),
+            (self.samples >= 0, f"--samples must be >= 0, got {self.samples}"),
+            (self.sample_temperature > 0, f"--sample-temperature must be > 0, got {self.sample_temperature}"),
+            (1 <= self.top_logprobs <= 20, f"--top-logprobs must be in 1..20, got {self.top_logprobs}"),
             (self.order in ("interleave", "by-target"), f"--order must be interleave or by-target, not {self.order!r}"),
             (self.style in ("auto", "chat", "completion"), f"--style must be auto, chat or completion, not {self.style!r}"),
             (self.options.get("scoring") in (None, "logprob", "generate"),
@@ -114,7 +127,7 @@ async def execute(spec: RunSpec):
 
     from evals.base import make_suite
     from evals.cache import EvalStore
-    from evals.runner import run_eval
+    from evals.runner import SignalOptions, run_eval
     from evals.target_gateway import in_process_gateway, remote_gateway
     from evals.target_factory import resolve_targets
 
@@ -156,7 +169,7 @@ async def execute(spec: RunSpec):
             return await run_eval(suite, items, targets, judge=judge, concurrency=spec.concurrency, retries=spec.retries,
                                   max_cost_usd=spec.max_cost_usd, store=store, progress=spec.progress, split=spec.split,
                                   params=params, out_dir=spec.out_dir, seed=spec.seed, suite_for=suite_for,
-                                  order=spec.order)
+                                  order=spec.order, signals=spec.signal_options(SignalOptions))
         finally:
             store.close()
 
@@ -282,6 +295,14 @@ def run(
     category: list[str] = typer.Option(None, "--category", help="bfcl: a category to run (repeat; default all five)."),
     scoring: str = typer.Option(None, "--scoring", help="mmlu: logprob (the likeliest letter as the next token; "
                                 "default) or generate (the letter read from a short reply)."),
+    signals: bool = typer.Option(False, "--signals", help="Record each answer's signals for routers: token "
+                                 "log-probabilities (mean, min, entropy), answer checks and its final-answer key "
+                                 "(the outcome rows' signals column)."),
+    samples: int = typer.Option(0, "--samples", help="With signals: this many extra sampled answers per item and "
+                                "target, graded, for the self-agreement signal (implies --signals)."),
+    sample_temperature: float = typer.Option(0.7, "--sample-temperature", help="Temperature of the --samples answers."),
+    top_logprobs: int = typer.Option(5, "--top-logprobs", help="With signals: alternatives per token (1-20) for "
+                                     "the entropy."),
     progress: bool = typer.Option(True, help="Show progress bars."),
 ) -> None:
     """Run a benchmark suite against targets; print scores, cost and latency; write the outcome table."""
@@ -297,7 +318,8 @@ def run(
         spec = RunSpec(suite=suite, targets=target, split=split, limit=limit, seed=seed, shard=shard, items_file=items, base_url=base_url,
                        api_key=api_key, config=config, data_dir=data_dir, shots=shots, style=style, concurrency=concurrency,
                        order=order, retries=retries, max_cost_usd=max_cost, judge=judge, out_dir=out, progress=progress,
-                       options=options)
+                       options=options, signals=signals, samples=samples, sample_temperature=sample_temperature,
+                       top_logprobs=top_logprobs)
         # SIGTERM (a scheduler or `kill`) stops the run like Ctrl-C: in-flight calls are cancelled, the
         # run is recorded as interrupted, and a rerun resumes from the cache.
         previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

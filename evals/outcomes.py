@@ -23,6 +23,10 @@ Columns (`OUTCOME_COLUMNS`):
     response           str | None     the answer text, where recorded
     has_tools          bool           the request offered tools (a tool-calling prompt); rows written before
                                       this column existed read as True for the tool suites (`TOOL_SUITES`)
+    signals            dict | None    what the answer itself says of its quality, recorded by
+                                      `link eval run --signals` (`routers.signals.answer_signals`: token
+                                      confidence, checks, the answer's key, and with --samples the extra samples'
+                                      keys, scores, agreement and cost); None where not recorded
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import IO
 import numpy as np
 
 OUTCOME_COLUMNS = ("prompt_id", "suite", "prompt", "model", "score", "cost_usd", "prompt_tokens",
-                   "completion_tokens", "latency_s", "response", "has_tools")
+                   "completion_tokens", "latency_s", "response", "has_tools", "signals")
 # Suites whose every request offers tools: what a row without a has_tools value means for them.
 TOOL_SUITES = frozenset({"bfcl", "nestful"})
 
@@ -63,6 +67,7 @@ class Outcome:
     latency_s: float | None = None
     response: str | None = None
     has_tools: bool = False
+    signals: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_id or not self.model:
@@ -86,7 +91,8 @@ class Outcome:
         return cls(prompt_id=str(row["prompt_id"]), suite=suite, prompt=str(row.get("prompt") or ""),
                    model=str(row["model"]), score=float(row["score"]), cost_usd=float(row.get("cost_usd") or 0.0),
                    prompt_tokens=opt("prompt_tokens", int), completion_tokens=opt("completion_tokens", int),
-                   latency_s=opt("latency_s", float), response=opt("response", str), has_tools=has_tools)
+                   latency_s=opt("latency_s", float), response=opt("response", str), has_tools=has_tools,
+                   signals=opt("signals", _signals_of))
 
 
 class OutcomeTable:
@@ -155,21 +161,24 @@ class OutcomeTable:
 
     # --- files ------------------------------------------------------------------------------------
 
-    def write(self, path: str | Path) -> Path:
+    def write(self, path: str | Path, *, text: bool = True) -> Path:
         """Write as JSON lines (`.jsonl`) or CSV (`.csv`), chosen by the suffix, gzip-compressed when the name
-        ends in `.gz` (`outcomes.jsonl.gz`). Returns the path."""
+        ends in `.gz` (`outcomes.jsonl.gz`). `text=False` leaves out the prompt and response texts (ids, scores,
+        costs and signals only: what may be shipped of a benchmark whose texts are not ours). Returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        records = [asdict(r) if text else {**asdict(r), "prompt": "", "response": None} for r in self.rows]
         if _is_csv(path):
             with _open_text(path, "w") as f:
                 writer = csv.DictWriter(f, fieldnames=OUTCOME_COLUMNS)
                 writer.writeheader()
-                for r in self.rows:
-                    writer.writerow({k: ("" if v is None else v) for k, v in asdict(r).items()})
+                for record in records:
+                    writer.writerow({k: ("" if v is None else json.dumps(v) if isinstance(v, dict) else v)
+                                     for k, v in record.items()})
         else:
             with _open_text(path, "w") as f:
-                for r in self.rows:
-                    f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
+                for record in records:
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
         return path
 
     @classmethod
@@ -195,6 +204,14 @@ class OutcomeTable:
                 except (ValueError, TypeError, AttributeError) as exc:   # AttributeError: a row that is not an object
                     raise ValueError(f"{path}:{number}: bad outcome row: {exc}") from exc
         return cls(rows)
+
+
+def _signals_of(value) -> dict:
+    """A `signals` cell: a dict (JSON lines) or its JSON text (CSV). Raises ValueError for anything else."""
+    value = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(value, dict):
+        raise ValueError(f"signals must be an object, got {type(value).__name__}")
+    return value
 
 
 def _is_csv(path: Path) -> bool:

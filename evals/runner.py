@@ -21,7 +21,7 @@ import asyncio
 import json
 import random
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from evals.cache import CachedTarget, EvalStore, utcnow
 from evals.cost_guard import BudgetExhausted, CostGuard, GuardedTarget
 from evals.outcomes import Outcome, OutcomeTable
 from evals.progress import RunProgress
-from evals.targets import Target
+from evals.targets import ParamsTarget, Target
 
 
 @dataclass
@@ -43,6 +43,7 @@ class PairResult:
     grade: Grade
     cache_hits: int = 0
     calls: int = 0
+    signals: dict[str, Any] | None = None
 
     @property
     def error(self) -> str | None:
@@ -99,10 +100,36 @@ def summarize(pairs: list[PairResult]) -> dict[str, Any]:
             "completion_tokens": sum(p.answer.completion_tokens for p in pairs)}
 
 
-async def _evaluate(suite: Suite, item: Item, target: Target, judge: Target | None, wrap) -> PairResult | None:
-    """Answer and grade one pair; None when the cost cap cut it. Errors (TargetError after the retries, or a
-    suite's own exception) are recorded in the pair, never raised."""
-    answering = wrap(target, item)
+@dataclass(frozen=True)
+class SignalOptions:
+    """What `run_eval(signals=...)` records of each answer besides its score (`routers.signals`).
+
+    Attributes:
+        top_logprobs: alternatives asked for per generated token (chat `logprobs` + `top_logprobs`, completions
+            `logprobs`), 1-20 (the OpenAI APIs' range); a suite that asks for its own keeps them.
+        samples: extra answers per (item, target) for the agreement signal, k >= 0, each sampled at
+            `temperature` with its own seed (seed + j + 1) and graded like the main one.
+        temperature: the extra samples' temperature (> 0).
+    Raises:
+        ValueError: a value out of range (the message names it).
+    """
+
+    top_logprobs: int = 5
+    samples: int = 0
+    temperature: float = 0.7
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_logprobs <= 20:
+            raise ValueError(f"top_logprobs must be in 1..20, got {self.top_logprobs}")
+        if self.samples < 0:
+            raise ValueError(f"samples must be >= 0, got {self.samples}")
+        if not self.temperature > 0:
+            raise ValueError(f"the samples' temperature must be > 0, got {self.temperature}")
+
+
+async def _answer_and_grade(suite: Suite, item: Item, answering: Target, judge: Target | None, wrap
+                            ) -> tuple[Answer, Grade] | None:
+    """One answer and its grade; None when the cost cap cut it. Errors are recorded, never raised."""
     try:
         answer = await suite.answer(item, answering)
     except BudgetExhausted:
@@ -110,15 +137,53 @@ async def _evaluate(suite: Suite, item: Item, target: Target, judge: Target | No
     except Exception as exc:  # noqa: BLE001  (an item never crashes the run)
         answer = Answer([], error=f"{type(exc).__name__}: {exc}")
     if answer.error:
-        grade = Grade(0.0, {"error": answer.error})
-    else:
-        try:
-            grade = await suite.grade(item, answer, wrap(judge, item) if judge is not None else None)
-        except BudgetExhausted:
-            return None
-        except Exception as exc:  # noqa: BLE001
-            grade = Grade(0.0, {"error": f"grading: {type(exc).__name__}: {exc}"})
-    return PairResult(item, target.name, answer, grade, answering.hits, answering.misses)
+        return answer, Grade(0.0, {"error": answer.error})
+    try:
+        grade = await suite.grade(item, answer, wrap(judge, item) if judge is not None else None)
+    except BudgetExhausted:
+        return None
+    except Exception as exc:  # noqa: BLE001
+        grade = Grade(0.0, {"error": f"grading: {type(exc).__name__}: {exc}"})
+    return answer, grade
+
+
+async def _evaluate(suite: Suite, item: Item, target: Target, judge: Target | None, wrap,
+                    signals: SignalOptions | None = None, seed: int = 0) -> PairResult | None:
+    """Answer and grade one pair (with `signals`, also its signal summary and extra samples); None when the cost
+    cap cut it. Errors (TargetError after the retries, or a suite's own exception) are recorded in the pair,
+    never raised."""
+    cached = wrap(target, item)
+    logprobs = ({"chat_defaults": {"logprobs": True, "top_logprobs": signals.top_logprobs},
+                 "completion_defaults": {"logprobs": signals.top_logprobs}} if signals is not None else {})
+    done = await _answer_and_grade(suite, item, ParamsTarget(cached, **logprobs), judge, wrap)
+    if done is None:
+        return None
+    answer, grade = done
+    pair = PairResult(item, target.name, answer, grade, cached.hits, cached.misses)
+    if signals is not None and not pair.error:
+        pair.signals = await _signals(suite, item, target, answer, grade, judge, wrap, signals, seed, logprobs)
+    return pair
+
+
+async def _signals(suite, item, target, answer, grade, judge, wrap, options: SignalOptions, seed: int,
+                   logprobs: dict) -> dict[str, Any]:
+    """The signal summary of a graded answer (`routers.signals.answer_signals`), with `options.samples` extra
+    sampled answers graded for the agreement signal (a sample that fails or is cut by the cost cap is left out)."""
+    from routers.signals import answer_signals
+
+    async def sample(j: int):
+        overrides = {"temperature": options.temperature, "seed": seed + j + 1}
+        return await _answer_and_grade(suite, item, ParamsTarget(wrap(target, item), **logprobs, overrides=overrides),
+                                       judge, wrap)
+
+    sampled = [s for s in await asyncio.gather(*(sample(j) for j in range(options.samples)))
+               if s is not None and not s[0].error]
+    last = answer.completions[-1] if answer.completions else None
+    return answer_signals(answer.text, last.token_logprobs if last else None, last.top_logprobs if last else None,
+                          key=suite.answer_key(item, answer, grade),
+                          sample_keys=[suite.answer_key(item, a, g) for a, g in sampled] if options.samples else None,
+                          sample_scores=[g.score for _, g in sampled] if options.samples else None,
+                          samples_cost_usd=sum(a.cost_usd for a, _ in sampled) if options.samples else None)
 
 
 async def run_eval(suite: Suite, items: list[Item], targets: list[Target], *, judge: Target | None = None,
@@ -126,7 +191,7 @@ async def run_eval(suite: Suite, items: list[Item], targets: list[Target], *, ju
                    store: EvalStore | None = None, progress: bool = True, run_id: str | None = None,
                    out_dir: Path | None = None, split: str = "", params: dict[str, Any] | None = None,
                    backoff_s: float = 0.5, seed: int = 0, suite_for: dict[str, Suite] | None = None,
-                   order: str = "interleave") -> RunResult:
+                   order: str = "interleave", signals: SignalOptions | None = None) -> RunResult:
     """Run `suite` on `items` for every target (module docstring).
 
     Args:
@@ -143,6 +208,8 @@ async def run_eval(suite: Suite, items: list[Item], targets: list[Target], *, ju
         order: "interleave" (item by item, every target in turn: spreads load over remote providers) or
             "by-target" (all items of the first target, then the next: local engines that share one machine
             then run one at a time, each with a full batch).
+        signals: record each answer's signal summary (`SignalOptions`; the outcome rows' `signals` column), or
+            None (the default: no logprobs asked for, no extra samples).
     Raises:
         ValueError: no targets, duplicate target names, concurrency < 1, an unknown order, or a judge-based
             suite without a judge.
@@ -169,7 +236,8 @@ async def run_eval(suite: Suite, items: list[Item], targets: list[Target], *, ju
 
     record = {"id": run_id, "suite": suite.name, "split": split, "targets": names, "status": "running",
               "params": {"concurrency": concurrency, "retries": retries, "max_cost_usd": max_cost_usd, "n_items": len(items),
-                         "judge": judge.name if judge else None, **(params or {})}}
+                         "judge": judge.name if judge else None,
+                         "signals": None if signals is None else asdict(signals), **(params or {})}}
     if store is not None:
         await asyncio.to_thread(store.save_run, record)
     queue: asyncio.Queue = asyncio.Queue()
@@ -186,7 +254,7 @@ async def run_eval(suite: Suite, items: list[Item], targets: list[Target], *, ju
                 item, target = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            pair = await _evaluate((suite_for or {}).get(target.name, suite), item, target, judge, wrap)
+            pair = await _evaluate((suite_for or {}).get(target.name, suite), item, target, judge, wrap, signals, seed)
             if pair is not None:
                 results.append(pair)
                 bars.advance(pair.target, pair.grade.score, pair.answer.cost_usd + pair.grade.judge_cost_usd, pair.error)
@@ -230,7 +298,7 @@ async def _finish(suite, items, targets, results, guard, store, run_id, out_dir)
                                     score=p.grade.score, cost_usd=p.answer.cost_usd, prompt_tokens=p.answer.prompt_tokens,
                                     completion_tokens=p.answer.completion_tokens,
                                     latency_s=p.answer.latency_s if not p.error else None, response=p.answer.text,
-                                    has_tools=has_tools[p.item.id])
+                                    has_tools=has_tools[p.item.id], signals=p.signals)
                             for p in pairs)
     stopped = "max_cost" if guard.is_exhausted else "completed"
     outcomes_path = outcomes.write(out_dir / "outcomes.jsonl")

@@ -26,7 +26,7 @@ import httpx
 import openai
 
 from evals.target_errors import target_error
-from evals.targets import CallBound, Completion, Prices, TargetError, top_logprobs_of
+from evals.targets import CallBound, Completion, Prices, TargetError, token_logprobs_of, top_logprobs_of
 
 COST_HEADER = "x-link-cost-usd"
 MODEL_HEADER = "x-link-model"
@@ -102,7 +102,8 @@ class GatewayTarget:
         return Completion(text=text, tool_calls=calls, finish_reason=choice.finish_reason, model=served,
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                           cost_usd=self._cost(raw.headers, billed, served, prompt_tokens, completion_tokens),
-                          latency_s=latency, top_logprobs=top_logprobs_of(choice, kind))
+                          latency_s=latency, top_logprobs=top_logprobs_of(choice, kind),
+                          token_logprobs=token_logprobs_of(choice, kind))
 
     def _cost(self, headers: httpx.Headers, billed: dict | None, served: str, prompt_tokens: int,
               completion_tokens: int) -> float:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from evals.target_errors import target_error
-from evals.targets import Completion, MissingCredentialsError, Prices, TargetError, top_logprobs_of
+from evals.targets import Completion, MissingCredentialsError, Prices, TargetError, token_logprobs_of, top_logprobs_of
 
 # Known key variables by provider prefix, used when LiteLLM cannot tell (its own check comes first).
 PROVIDER_KEYS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY",
@@ -123,4 +123,5 @@ class LiteLLMTarget:
             cost = self.prices.cost_usd(prompt_tokens, completion_tokens) if self.prices else 0.0
         return Completion(text=text, tool_calls=calls, finish_reason=choice.finish_reason, model=response.model or self.name,
                           prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost, latency_s=latency,
-                          top_logprobs=top_logprobs_of(choice, kind))
+                          top_logprobs=top_logprobs_of(choice, kind),
+                          token_logprobs=token_logprobs_of(choice, kind))

@@ -30,6 +30,8 @@ class Completion:
         latency_s: seconds from sending the request to the complete response.
         top_logprobs: per generated token, its most likely alternatives {token text: natural-log
             probability}, when the request asked for logprobs (chat `top_logprobs`, completions `logprobs`).
+        token_logprobs: per generated token, the natural-log probability of the token chosen, when the request
+            asked for logprobs (the confidence signals of `routers.signals`).
     """
 
     text: str
@@ -41,6 +43,7 @@ class Completion:
     cost_usd: float = 0.0
     latency_s: float = 0.0
     top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[float] | None = None
 
 
 def top_logprobs_of(choice: Any, kind: str) -> list[dict[str, float]] | None:
@@ -61,6 +64,24 @@ def top_logprobs_of(choice: Any, kind: str) -> list[dict[str, float]] | None:
     return [dict(position or {}) for position in (get(logprobs, "top_logprobs") or [])]
 
 
+def token_logprobs_of(choice: Any, kind: str) -> list[float] | None:
+    """The log-probability of each chosen token of an OpenAI choice (an SDK object or a dict), or None when absent.
+
+    Chat: `choice.logprobs.content[i].logprob`; completions: `choice.logprobs.token_logprobs[i]` (a null entry,
+    the first token of an echoed prompt, is skipped).
+    """
+    def get(obj: Any, key: str) -> Any:
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    logprobs = get(choice, "logprobs")
+    if logprobs is None:
+        return None
+    values = ([get(p, "logprob") for p in (get(logprobs, "content") or [])] if kind == "chat"
+              else list(get(logprobs, "token_logprobs") or []))
+    out = [float(v) for v in values if v is not None]
+    return out or None
+
+
 @runtime_checkable
 class Target(Protocol):
     """Something that answers OpenAI-style requests. `params` are OpenAI body fields
@@ -71,6 +92,27 @@ class Target(Protocol):
     async def chat(self, messages: list[dict[str, Any]], **params: Any) -> Completion: ...
 
     async def complete(self, prompt: str, **params: Any) -> Completion: ...
+
+
+class ParamsTarget:
+    """A target whose calls get extra OpenAI body fields: `defaults` where the call does not set them (chat and
+    completion defaults apart, as their logprob fields differ), then `overrides` over whatever it set.
+
+        ParamsTarget(target, chat_defaults={"logprobs": True, "top_logprobs": 5}, completion_defaults={"logprobs": 5})
+        ParamsTarget(target, overrides={"temperature": 0.7, "seed": 3})      # a sampled answer of a greedy suite
+    """
+
+    def __init__(self, target: Target, *, chat_defaults: dict[str, Any] | None = None,
+                 completion_defaults: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None):
+        self.target, self.name = target, target.name
+        self.chat_defaults, self.completion_defaults = dict(chat_defaults or {}), dict(completion_defaults or {})
+        self.overrides = dict(overrides or {})
+
+    async def chat(self, messages: list[dict[str, Any]], **params: Any) -> Completion:
+        return await self.target.chat(messages, **{**self.chat_defaults, **params, **self.overrides})
+
+    async def complete(self, prompt: str, **params: Any) -> Completion:
+        return await self.target.complete(prompt, **{**self.completion_defaults, **params, **self.overrides})
 
 
 class TargetError(RuntimeError):
