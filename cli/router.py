@@ -31,11 +31,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from cli.errors import fail
 from cli.progress import progress_bar
-from cli.tables import print_table
+from cli.router_report import print_report, split_reports
 
 router_app = typer.Typer(help="Learned routers: train on outcome tables, calibrate the cost knob, evaluate offline.",
                          no_args_is_help=True)
@@ -54,16 +53,28 @@ def load_data(specs: list[str], data_dir: Path | None = None, *, task_by: str = 
     """A `RoutingData` of the merged outcome tables of `specs`; `task_by` "subject" relabels each prompt's
     suite with its group (MMLU subjects), so per-task baselines and routers see subjects.
 
+    Every router embeds the prompt, so an outcome file's rows must carry prompt text; what a file holds but a
+    reader should hear (rows without cost_usd, read as 0 USD) is printed as a warning.
+
     Raises:
-        ValueError: no spec, or fewer than `min_models` models in the tables (routing chooses between two or
-            more; adding a model or fitting an answer checker reads one).
+        ValueError: no spec, an empty source or a row without prompt text (naming the file and line), or fewer
+            than `min_models` models in the tables (routing chooses between two or more; adding a model or
+            fitting an answer checker reads one).
     """
     from evals.recorded import load_source
     from routers.offline.data import RoutingData
 
     if not specs:
         raise ValueError("give at least one --data/--train source")
-    data = RoutingData.from_outcomes(itertools.chain.from_iterable(load_source(s, data_dir) for s in specs))
+    tables = []
+    for spec in specs:
+        table = load_source(spec, data_dir, require_prompt=True)
+        if not len(table):
+            raise ValueError(f"{spec}: no outcome rows (an empty file?)")
+        for warning in table.warnings:
+            _warn(warning)
+        tables.append(table)
+    data = RoutingData.from_outcomes(itertools.chain.from_iterable(tables))
     if data.num_models < min_models:
         raise ValueError(f"this needs outcomes of at least {min_models} model{'s' if min_models > 1 else ''}; {', '.join(specs)} "
                          f"{'has' if len(specs) == 1 else 'have'} only {', '.join(data.models) or 'none'}: "
@@ -125,7 +136,9 @@ def train(
                               info={"type": type_, "data": data, "task_by": task_by})
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
-    console.print(f"trained {type_} on {table.complete_rows().num_prompts} prompts x {table.num_models} models -> {path}")
+    console.print(f"trained {type_} on {table.complete_rows().num_prompts} of {table.num_prompts} prompts x "
+                  f"{table.num_models} models -> {path}", highlight=False)
+    _warn(table.incomplete_note())
 
 
 FEW_ANSWERS = 200
@@ -142,6 +155,9 @@ def train_checker(
     target: str = typer.Option(None, "--target", help="cost=USD | share:MODEL=FRACTION | quality=FRACTION, met by the "
                                "cascade [--model, --strong] on out-of-fold scores."),
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
+    signals: str = typer.Option("", "--signals", help="Signal families read besides the answer, comma-separated: "
+                                "confidence (token log-probabilities; the cascade asks the step for them), checks "
+                                "(needs outcomes recorded with `link eval run --signals`)."),
 ) -> None:
     """Train an answer checker on a model's recorded answers and save it (a cascade's `scorer: answer`)."""
     from routers.offline.calibration import CalibrationTarget
@@ -151,7 +167,8 @@ def train_checker(
         if components < 0:
             raise ValueError(f"--components must be >= 0, got {components}")
         result = train_checker_and_save(load_data(data, data_dir, min_models=1), model, out, num_components=components, strong=strong,
-                                        target=CalibrationTarget.parse(target) if target else None)
+                                        target=CalibrationTarget.parse(target) if target else None,
+                                        signal_families=[f.strip() for f in signals.split(",") if f.strip()])
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
     console.print(f"trained an answer checker on {result['num_answers']} answers of {model} "
@@ -189,6 +206,14 @@ def add_model(
         raise _fail(exc) from None
     console.print(f"added {result['model']} from {result['num_prompts']} labelled prompts: the router now chooses "
                   f"among {', '.join(result['models'])} -> {result['path']}", highlight=False)
+    for warning in result["warnings"]:
+        _warn(warning)
+
+
+def _warn(text: str | None) -> None:
+    """Print `text` (when there is one) as a warning line."""
+    if text:
+        console.print(f"warning: {text}", style="yellow", markup=False, highlight=False)
 
 
 @router_app.command("calibrate")
@@ -249,74 +274,10 @@ def _missed_target(goal, result: dict[str, Any], share_tolerance: float = 0.01) 
     return None
 
 
-def _reports(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every split report of a `run_evaluation` result (fixed split, re-drawn splits, CV folds)."""
-    out = [report["split"]] if "split" in report else []
-    for key, many in (("resplits", "splits"), ("kfold", "folds")):
-        out += (report.get(key) or {}).get(many, [])
-    return out
-
-
 def _names(text: str | None) -> list[str] | None:
     """"a,b" -> ["a", "b"]; None or "" -> None."""
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
     return names or None
-
-
-def _fmt(value: Any, total: int = 0) -> str:
-    """A metric, or a summary's mean±std (with n/total when some splits lack it)."""
-    if value is None:
-        return "-"
-    if isinstance(value, dict):
-        text = f"{value['mean']:.3f}±{value['std']:.3f}"
-        return text + (f" ({value['n']}/{total})" if total and value.get("n", total) < total else "")
-    return f"{value:.3f}"
-
-
-# report key -> column header (ref: the best single model on the test prompts)
-HEADERS = {"aiq": "AIQ", "accuracy_at_best_cost": "acc @ ref cost", "cost_ratio_at_best_accuracy": "cost/ref @ ref acc",
-           "accuracy_at_25pct_best_cost": "acc @ 25% ref cost", "accuracy_at_50pct_best_cost": "acc @ 50% ref cost",
-           "auc_within_suite": "AUC in suite", "apgr": "APGR", "cpt50": "CPT(50%)", "cpt80": "CPT(80%)"}
-
-
-def _metrics_table(title: str, rows: dict[str, dict[str, Any]], keys: list[str], total: int = 0) -> Table:
-    keys = [k for k in keys if any(metrics.get(k) is not None for metrics in rows.values())]
-    table = Table(title=title)
-    table.add_column("router", no_wrap=True)
-    for key in keys:
-        table.add_column(HEADERS.get(key, key), justify="right")
-    for name, metrics in rows.items():
-        table.add_row(name, *(_fmt(metrics.get(k), total) for k in keys))
-    return table
-
-
-def _print_report(report: dict[str, Any]) -> None:
-    keys = ["aiq", "accuracy_at_best_cost", "cost_ratio_at_best_accuracy", "accuracy_at_25pct_best_cost",
-            "accuracy_at_50pct_best_cost", "auc_within_suite"]
-    pair_keys = ["apgr", "cpt50", "cpt80"]
-    if "split" in report:
-        split = report["split"]
-        ref = split["reference"]
-        k = keys + (pair_keys if split["pair"] else [])
-        print_table(_metrics_table(f"{split['num_test']} test prompts; best single model {ref['model']}: "
-                                   f"accuracy {ref['accuracy']:.3f} at {ref['cost_usd']:.6f} USD/request; "
-                                   f"zero router AIQ {split['zero_router']['aiq']:.3f}", split["routers"], k))
-        steps = next((m["steps"] for n, m in split["routers"].items() if n.startswith("cascade:")), None)
-        if steps:
-            console.print(f"cascade:<router> escalates {' -> '.join(steps)} while the router's predicted quality of the "
-                          "step is below the threshold (paying the answering step); cascade:oracle is a perfect judge "
-                          "(paying every step called)")
-        if split.get("ensembles"):
-            console.print(f"routers choose among the single models; hybrid:<router> also among {', '.join(split['ensembles'])}")
-    for key, runs, title in (("resplits", "splits", "re-drawn splits, mean±std"), ("kfold", "folds", "cross-validation, mean±std")):
-        if key in report:
-            summary = {n: m for n, m in report[key]["summary"].items() if n != "reference"}
-            total = len(report[key][runs])
-            print_table(_metrics_table(f"{title} over {total}", summary, keys + pair_keys, total))
-    for type_, result in report.get("add_model", {}).items():
-        console.print(f"add {result['new_model']} to {type_} from {result['num_labelled']} prompts: AIQ "
-                      f"{result['added']['aiq']:.4f} vs full retrain {result['full']['aiq']:.4f} "
-                      f"(gap {result['aiq_gap']:+.4f}); its largest routing share {result['new_model_max_share']:.1%}")
 
 
 @router_app.command("eval")
@@ -377,14 +338,21 @@ def eval_(
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report, indent=1))
         if plot is not None:
-            plot_report(report, plot, title=f"{', '.join(train)} -> {', '.join(test) or f'{folds}-fold CV'}")
+            cv = f"{folds}-fold CV, mean of {folds * seeds} folds"
+            plot_report(report, plot, title=f"{', '.join(train)} -> {', '.join(test) or cv}")
     except (ValueError, KeyError, OSError) as exc:
         raise _fail(exc) from None
-    _print_report(report)
-    if answer_check and not any("cascade:answer" in (part.get("routers") or {}) for part in _reports(report)):
-        console.print("cascade:answer: not measured: every cascade step but the last needs a recorded answer (a "
-                      "response column) on every prompt, with right and wrong ones among the training answers",
-                      highlight=False)
+    for side, note in report.get("left_out", {}).items():
+        _warn(f"{side} data: {note}")
+    print_report(report)
+    parts = split_reports(report)
+    gaps = [part["not_measured"]["cascade:answer"] for part in parts if "cascade:answer" in part.get("not_measured", {})]
+    if gaps:
+        where = "" if len(parts) == 1 else f" in {len(gaps)} of {len(parts)} splits"
+        _warn(f"cascade:answer not measured{where}: {'; '.join(dict.fromkeys(gaps))}")
+    elif answer_check and not any("cascade:answer" in (part.get("routers") or {}) for part in parts):
+        _warn("cascade:answer not measured: no cascade of two or more models on the training cost-accuracy "
+              "frontier (name its steps with --cascade-models)")
     for path in (json_out, plot):
         if path is not None:
             console.print(f"wrote {path}")

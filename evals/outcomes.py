@@ -78,20 +78,32 @@ class Outcome:
             raise ValueError(f"cost_usd must be >= 0, got {self.cost_usd} ({self.model}, {self.prompt_id})")
 
     @classmethod
-    def from_dict(cls, row: dict) -> Outcome:
+    def from_dict(cls, row: dict, *, from_csv: bool = False) -> Outcome:
         """Build from a JSON/CSV row; empty strings become None for the optional columns; a missing
-        has_tools is True for the suites in `TOOL_SUITES`."""
+        has_tools is True for the suites in `TOOL_SUITES`; a missing cost_usd is 0 USD (`OutcomeTable.read`
+        counts such rows). A JSON row's empty response ("") is a recorded empty answer, its null one an
+        unrecorded answer; a CSV cell cannot tell the two apart (`from_csv`: both read as None).
+
+        Raises:
+            KeyError: no prompt_id, model or score. ValueError: a null or non-numeric value (the message names
+                the field), or a value `Outcome` refuses.
+        """
         def opt(name, cast):
             value = row.get(name)
-            return None if value in (None, "") else cast(value)
+            return None if value in (None, "") else _cast(name, value, cast)
         suite = str(row.get("suite") or "")
         tools = row.get("has_tools")
         has_tools = (suite in TOOL_SUITES if tools in (None, "")
                      else tools is True or str(tools).strip().lower() in ("true", "1"))
+        response = row.get("response")
+        response = None if response is None or (from_csv and response == "") else str(response)
+        score = row["score"]
+        if score in (None, ""):
+            raise ValueError("field 'score' is empty (null); every outcome row needs a score in [0, 1]")
         return cls(prompt_id=str(row["prompt_id"]), suite=suite, prompt=str(row.get("prompt") or ""),
-                   model=str(row["model"]), score=float(row["score"]), cost_usd=float(row.get("cost_usd") or 0.0),
+                   model=str(row["model"]), score=_cast("score", score, float), cost_usd=opt("cost_usd", float) or 0.0,
                    prompt_tokens=opt("prompt_tokens", int), completion_tokens=opt("completion_tokens", int),
-                   latency_s=opt("latency_s", float), response=opt("response", str), has_tools=has_tools,
+                   latency_s=opt("latency_s", float), response=response, has_tools=has_tools,
                    signals=opt("signals", _signals_of))
 
 
@@ -106,6 +118,7 @@ class OutcomeTable:
 
     def __init__(self, rows: Iterable[Outcome] = ()):
         self.rows: list[Outcome] = list(rows)
+        self.warnings: list[str] = []   # what `read` accepted but a reader should hear (rows without cost_usd)
         seen: set[tuple[str, str]] = set()
         for row in self.rows:
             key = (row.prompt_id, row.model)
@@ -182,28 +195,58 @@ class OutcomeTable:
         return path
 
     @classmethod
-    def read(cls, path: str | Path) -> OutcomeTable:
+    def read(cls, path: str | Path, *, require_prompt: bool = False) -> OutcomeTable:
         """Read a `.jsonl` or `.csv` outcome file, or either gzip-compressed (`.jsonl.gz`, `.csv.gz`).
 
+        Rows without cost_usd read as 0 USD and are counted in the table's `warnings`. A text-free file (every
+        prompt empty, as `write(text=False)` ships it) reads as it is: replay by prompt id needs no text.
+
+        Args:
+            require_prompt: refuse rows without prompt text (what a router reads: it embeds the prompt).
         Raises:
-            ValueError: a bad row (the message names its line).
+            ValueError: a bad row (the message names its line and field), or with `require_prompt` a row
+                without prompt text (its line; a file without any prompt text says so).
             OSError: the file is missing, or a `.gz` name holds no gzip data (gzip.BadGzipFile).
         """
         path = Path(path)
         rows: list[Outcome] = []
+        no_cost, no_prompt = 0, []          # rows without cost_usd; line numbers of rows without prompt text
+        is_csv = _is_csv(path)
         with _open_text(path, "r") as f:
             # (line number, raw record): blank JSON lines are skipped but still counted
-            numbered = (enumerate(csv.DictReader(f), start=2) if _is_csv(path)
+            numbered = (enumerate(csv.DictReader(f), start=2) if is_csv
                         else ((n, line) for n, line in enumerate(f, start=1) if line.strip()))
             for number, record in numbered:
                 try:
-                    rows.append(Outcome.from_dict(record if isinstance(record, dict) else json.loads(record)))
+                    record = record if isinstance(record, dict) else json.loads(record)
+                    rows.append(Outcome.from_dict(record, from_csv=is_csv))
                 except KeyError as exc:   # a required column is missing
                     raise ValueError(f"{path}:{number}: bad outcome row: missing field {exc}; an outcome row needs "
                                      "prompt_id, model and score") from exc
                 except (ValueError, TypeError, AttributeError) as exc:   # AttributeError: a row that is not an object
                     raise ValueError(f"{path}:{number}: bad outcome row: {exc}") from exc
-        return cls(rows)
+                no_cost += record.get("cost_usd") in (None, "")
+                if not rows[-1].prompt:
+                    no_prompt.append(number)
+        if require_prompt and no_prompt:
+            if len(no_prompt) == len(rows):
+                raise ValueError(f"{path}: no prompt text on any row (field 'prompt'; a text-free file, as shipped "
+                                 "with ids and scores only): a router embeds the prompt; join the prompts back in, "
+                                 "or replay it by prompt id (`link eval replay`)")
+            raise ValueError(f"{path}:{no_prompt[0]}: bad outcome row: no prompt text (field 'prompt'), nor on "
+                             f"{len(no_prompt) - 1} other rows; a router embeds the prompt")
+        table = cls(rows)
+        if no_cost:
+            table.warnings.append(f"{no_cost} rows of {path} have no cost_usd; read as 0 USD (a free model)")
+        return table
+
+
+def _cast(name: str, value, cast):
+    """`cast(value)`, its error naming the field `name`."""
+    try:
+        return cast(value)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"field {name!r}: {exc}") from exc
 
 
 def _signals_of(value) -> dict:

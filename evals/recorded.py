@@ -212,18 +212,20 @@ def load_recorded(spec: str, data_dir: Path | None = None, *, split: str | None 
     return RECORDED[name](Path(data_dir) if data_dir is not None else default_data_dir(), arg or None)
 
 
-def load_source(source: str, data_dir: Path | None = None, *, split: str | None = None) -> OutcomeTable:
+def load_source(source: str, data_dir: Path | None = None, *, split: str | None = None,
+                require_prompt: bool = False) -> OutcomeTable:
     """An outcome table from an outcome file (.jsonl/.csv, or either gzipped: .jsonl.gz/.csv.gz), a folder
-    holding outcomes.jsonl (a run's folder), or a recorded-set spec (see `load_recorded`).
+    holding outcomes.jsonl (a run's folder), or a recorded-set spec (see `load_recorded`); `require_prompt`
+    refuses a file's rows without prompt text (`OutcomeTable.read`).
 
     Raises:
         FileNotFoundError: a missing file. ValueError: neither a file nor a known spec, or a bad row.
     """
     path = Path(source)
     if path.is_file():
-        return OutcomeTable.read(path)
+        return OutcomeTable.read(path, require_prompt=require_prompt)
     if path.is_dir() and (path / "outcomes.jsonl").is_file():
-        return OutcomeTable.read(path / "outcomes.jsonl")
+        return OutcomeTable.read(path / "outcomes.jsonl", require_prompt=require_prompt)
     if is_recorded_spec(source):
         return load_recorded(source, data_dir, split=split)
     if path.suffix in (".jsonl", ".csv", ".gz") or path.is_dir():

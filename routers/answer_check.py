@@ -11,7 +11,7 @@ FrugalGPT's scorer (Chen, Zaharia and Zou 2023, arXiv:2305.05176, section 3) is 
 - the answer's structure (`ANSWER_FEATURE_NAMES`): its length, numerals and lines; a final-answer marker
   ("####", "answer is", \\boxed); the final number (size, integer or not, whether the prompt or the earlier
   working already has it); hedges ("approximately", "round", "assume");
-- its arithmetic (`check_arithmetic`): every chain "a op b = c (= d ...)" in the working and every GSM8K
+- its arithmetic (`routers.arithmetic.check_arithmetic`): every chain "a op b = c (= d ...)" in the working and every GSM8K
   calculator note "<<a op b=c>>" re-evaluated; a wrong step is strong evidence of a wrong answer
   (RouteLLM's GSM8K Mixtral answers: 8.9% have one, and 89% of those are wrong against 31% of the rest);
 - the prompt's cheap text features (`routers.features.text_features`), and optionally the principal
@@ -23,11 +23,9 @@ the one that answers (`measure_cascade(..., pays_rejected=True)`). Nothing here 
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import math
-import operator
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from routers.arithmetic import FINAL_MARKER, NUMBER, check_arithmetic, final_number, numbers_in
 from routers.calls import ModelCaller, last_user_text, response_text
 from routers.features import TEXT_FEATURE_NAMES, text_features
 
@@ -49,134 +48,8 @@ DEFAULT_PARAMS: dict[str, Any] = {"objective": "binary", "learning_rate": 0.03, 
                                   "feature_fraction": 0.5, "verbose": -1, "num_threads": 1, "seed": 0}
 DEFAULT_ROUNDS = 200
 
-_NUM = r"\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?"
-_OPERAND = rf"(?:\(\s*)*{_NUM}(?:\s*\))*"    # whitespace in one place only: no exponential backtracking
-_EXPR = rf"{_OPERAND}(?:\s*[-+*/x×÷]\s*{_OPERAND})*"
-_CHAIN = re.compile(rf"(?<![\w.]){_EXPR}(?:\s*=\s*{_EXPR})+")
-_OPERATOR_CHARS = set("+-*/×÷")
-_HAS_OPERATOR = re.compile(r"\d\s*\)*\s*[-+*/x×÷]\s*\(*\s*\$?\d")
-_CALCULATOR = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
-_FINAL_MARKER = re.compile(r"####|answer is|\\boxed|Answer:", re.I)
-_FINAL_AFTER_MARKER = re.compile(r"(?:####|answer is|\\boxed\{|Answer:)\s*[:$]*\s*(-?[\d,]*\.?\d+)", re.I)
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _HEDGE = re.compile(r"\b(?:approximately|about|round(?:ed|ing)?|assum(?:e|ing)|estimate|can't have|cannot have|"
                     r"not possible|however)\b", re.I)
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def evaluate_expression(text: str) -> float | None:
-    """The value of an arithmetic expression as written in a worked answer ("9 * $2", "2 + 1/2", "20% * 50",
-    "(3 + 4) x 2"): + - * / and parentheses; "x", "×" and "÷" as operators; "$" and thousands commas dropped;
-    "n%" read as n / 100. None when it is not such an expression or divides by zero (never `eval`)."""
-    cleaned = (text.replace("$", "").replace("×", "*").replace("÷", "/")
-               .replace(",", ""))
-    cleaned = re.sub(r"(?<=[\d)\s])x(?=[\s\d(])", "*", cleaned)
-    cleaned = re.sub(r"(\d+(?:\.\d+)?)%", r"(\1/100)", cleaned)
-    try:
-        tree = ast.parse(cleaned.strip(), mode="eval")
-    except SyntaxError:
-        return None
-
-    def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return float(node.value)
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
-        raise ValueError("not arithmetic")
-
-    try:
-        result = value(tree.body)
-    except (ValueError, ZeroDivisionError, OverflowError):
-        return None
-    return result if math.isfinite(result) else None
-
-
-def _agrees(a: float, b: float, stated: str | None = None) -> bool:
-    """Equal up to the rounding of the `stated` side as written ("3.33" allows 0.005, "3" allows 0.5); a stated
-    "n%" may stand for n / 100 or for n itself ("x 100 = 60%"); with no plain stated side, 1e-6 relative."""
-    floor = 1e-6 * max(1.0, abs(a), abs(b))
-    if stated is None:
-        return abs(a - b) <= floor
-    digits = stated.split(".", 1)[1] if "." in stated else ""
-    tolerance = max(0.5 * 10.0 ** -len(re.sub(r"\D.*", "", digits)), floor)
-    if stated.rstrip().endswith("%"):
-        return abs(a - b) <= tolerance / 100 or abs(a - 100 * b) <= tolerance
-    return abs(a - b) <= tolerance
-
-
-def _plain(side: str) -> str | None:
-    """The side itself when it is a plain number (no operator), else None."""
-    return None if _HAS_OPERATOR.search(side) else side.strip().strip("()$ ")
-
-
-def _truncated(text: str, start: int, end: int) -> tuple[bool, bool]:
-    """Whether the chain text[start:end] continues an expression before it ("lilies / 5 = ...") or after it
-    ("... = 1 * x"): its first or last side is then only part of one ("x" counts as an operator only as a
-    token of its own, not as the end of "Alex")."""
-    head, tail = text[:start].rstrip(), text[end:].lstrip()
-    before = head[-1:] in _OPERATOR_CHARS or bool(re.search(r"(?:^|[\s\d)])x$", head))
-    after = tail[:1] in _OPERATOR_CHARS or bool(re.match(r"x(?:$|[\s\d(])", tail))
-    return before, after
-
-
-def _step(left: str, right: str) -> bool | None:
-    """Whether one "left = right" holds (None: not a checkable claim)."""
-    if not (_HAS_OPERATOR.search(left) or _HAS_OPERATOR.search(right)):
-        return None
-    a, b = evaluate_expression(left), evaluate_expression(right)
-    if a is None or b is None:
-        return None
-    return _agrees(a, b, _plain(right) or _plain(left))
-
-
-def check_arithmetic(text: str) -> tuple[int, int]:
-    """(steps checked, steps wrong) of the arithmetic in a worked answer.
-
-    A step is one "=" of a chain "e1 = e2 (= e3 ...)" whose sides are numbers joined by + - * / x (with
-    parentheses, "$", "%"), checked when at least one side has an operator ("3 * 4 = 12"; "of 50 = 10" is not
-    a claim about arithmetic) and is not cut off by a variable or an operator outside the chain ("x / 5 = 40",
-    "3 * 45 = 1 * x"); and each calculator note "<<e=v>>" of GSM8K's format. Notes are checked first and then
-    removed, so "= $<<9*2=18>>18" counts once. A Markdown-escaped "\\*" is a "*".
-
-    Example: "16 - 3 = 13 eggs, then 13 - 4 = 8" -> (2, 1).
-    """
-    text = text.replace("\\*", "*")
-    steps = [_step(expr, result) for expr, result in _CALCULATOR.findall(text)]
-    plain = _CALCULATOR.sub("", text)
-    for match in _CHAIN.finditer(plain):
-        sides = [side.strip() for side in match.group(0).split("=")]
-        cut_first, cut_last = _truncated(plain, match.start(), match.end())
-        pairs = list(zip(sides, sides[1:]))
-        keep = range(1 if cut_first else 0, len(pairs) - 1 if cut_last else len(pairs))
-        steps.extend(_step(*pairs[i]) for i in keep)
-    checked = [ok for ok in steps if ok is not None]
-    return len(checked), sum(not ok for ok in checked)
-
-
-def final_number(text: str) -> float | None:
-    """The answer's final number: the one after its last final-answer marker ("#### 18", "the answer is 18"),
-    else its last numeral; None when it has none."""
-    marked = _FINAL_AFTER_MARKER.findall(text)
-    found = marked[-1] if marked else (_NUMBER.findall(text) or [None])[-1]
-    if found is None:
-        return None
-    try:
-        value = float(found.replace(",", ""))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _numbers(text: str) -> set[float]:
-    out = set()
-    for n in _NUMBER.findall(text):
-        try:
-            out.add(abs(float(n.replace(",", ""))))
-        except ValueError:
-            pass
-    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -191,15 +64,15 @@ def answer_row(prompt: str, answer: str) -> list[float]:
     """One answer's `ANSWER_FEATURE_NAMES` (see the module docstring)."""
     checked, wrong = check_arithmetic(answer)
     final = final_number(answer)
-    markers = list(_FINAL_MARKER.finditer(answer))
+    markers = list(FINAL_MARKER.finditer(answer))
     marker = markers[-1] if markers else None
-    numerals = list(_NUMBER.finditer(answer))
+    numerals = list(NUMBER.finditer(answer))
     working = answer[: marker.start()] if marker else answer[: numerals[-1].start()] if numerals else answer
     f = abs(final) if final is not None else 0.0
-    return [math.log1p(len(answer)), math.log1p(answer.count("\n")), math.log1p(len(_NUMBER.findall(answer))),
+    return [math.log1p(len(answer)), math.log1p(answer.count("\n")), math.log1p(len(NUMBER.findall(answer))),
             float(checked), float(wrong), float(wrong > 0), float(marker is not None), float(final is not None),
             math.log10(1 + f), float(final is not None and f == int(f)),
-            float(final is not None and f in _numbers(prompt)), float(final is not None and f in _numbers(working)),
+            float(final is not None and f in numbers_in(prompt)), float(final is not None and f in numbers_in(working)),
             float(bool(_HEDGE.search(answer))), float(final is not None and final < 0)]
 
 
@@ -221,13 +94,24 @@ class AnswerChecker:
             embeddings, and no encoder is ever loaded).
         num_rounds, params: LightGBM boosting rounds and parameters (default `DEFAULT_PARAMS`).
         embed: texts -> [N, D] embeddings (default `routers.embedding.Embedder().embed`, loaded on first use).
+        signal_families: families of `routers.signals.SIGNAL_FAMILIES` read besides the answer's text (e.g.
+            ("confidence", "checks"): the answer's token log-probabilities, which the cascade then asks the
+            step for); fit and predict take each answer's signal summary. A signal an answer lacks is NaN.
+    Raises:
+        ValueError: num_components < 0, num_rounds < 1, or an unknown signal family.
     """
 
     def __init__(self, num_components: int = 16, num_rounds: int = DEFAULT_ROUNDS, params: dict[str, Any] | None = None,
-                 embed=None):
+                 embed=None, signal_families: Sequence[str] = ()):
+        from routers.signals import SIGNAL_FAMILIES
+
         self.num_components, self.num_rounds = int(num_components), int(num_rounds)
         if self.num_components < 0 or self.num_rounds < 1:
             raise ValueError(f"need num_components >= 0 and num_rounds >= 1, got {num_components} and {num_rounds}")
+        unknown = [f for f in signal_families if f not in SIGNAL_FAMILIES]
+        if unknown:
+            raise ValueError(f"unknown signal families {unknown}; families: {', '.join(SIGNAL_FAMILIES)}")
+        self.signal_families = tuple(signal_families)
         self.params = {**DEFAULT_PARAMS, **(params or {})}
         self.encode = embed          # texts -> [N, D] embeddings; None: the shared default encoder
         self.booster = None
@@ -237,15 +121,35 @@ class AnswerChecker:
     @property
     def feature_names(self) -> list[str]:
         pcs = [f"{side}_pc{i}" for side in ("prompt", "answer") for i in range(self.num_components)]
-        return [*ANSWER_FEATURE_NAMES, *(f"prompt_{n}" for n in TEXT_FEATURE_NAMES), *pcs]
+        return [*ANSWER_FEATURE_NAMES, *(f"prompt_{n}" for n in TEXT_FEATURE_NAMES), *pcs,
+                *(f"signal_{n}" for n in self.signal_columns)]
+
+    @property
+    def signal_columns(self) -> list[str]:
+        """The `routers.signals.SIGNAL_FEATURE_NAMES` this checker reads, in order."""
+        from routers.signals import SIGNAL_FAMILIES
+
+        return [c for family in self.signal_families for c in SIGNAL_FAMILIES[family][0]]
+
+    def _signal_inputs(self, n: int, signals: Sequence[dict | None] | None) -> np.ndarray:
+        """[n, len(signal_columns)] float32 (NaN where a summary lacks a signal)."""
+        from routers.signals import SIGNAL_FEATURE_NAMES, signal_vector
+
+        if signals is not None and len(signals) != n:
+            raise ValueError(f"{n} answers but {len(signals)} signal summaries")
+        cols = [SIGNAL_FEATURE_NAMES.index(c) for c in self.signal_columns]
+        rows = [signal_vector(s)[cols] for s in (signals if signals is not None else [None] * n)]
+        return np.asarray(rows, dtype=np.float32).reshape(n, len(cols))
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return np.asarray((self.encode or _default_embedder().embed)(texts), dtype=np.float32)
 
-    def _inputs(self, prompts: Sequence[str], answers: Sequence[str], *, fit: bool = False) -> np.ndarray:
+    def _inputs(self, prompts: Sequence[str], answers: Sequence[str], signals: Sequence[dict | None] | None = None, *,
+                fit: bool = False) -> np.ndarray:
         x = answer_features(prompts, answers)
+        tail = [self._signal_inputs(len(answers), signals)] if self.signal_families else []
         if self.num_components <= 0:
-            return x
+            return np.concatenate([x, *tail], axis=1).astype(np.float32) if tail else x
         parts = [x]
         for side, texts in (("prompt", list(prompts)), ("answer", [a or "" for a in answers])):
             e = self.embed(texts)
@@ -257,11 +161,13 @@ class AnswerChecker:
                 _, _, vt = np.linalg.svd(e - mean, full_matrices=False)
                 self.pca[f"{side}_mean"], self.pca[f"{side}_components"] = mean, vt[: self.num_components]
             parts.append((e - self.pca[f"{side}_mean"]) @ self.pca[f"{side}_components"].T)
-        return np.concatenate(parts, axis=1).astype(np.float32)
+        return np.concatenate([*parts, *tail], axis=1).astype(np.float32)
 
-    def fit(self, prompts: Sequence[str], answers: Sequence[str], correct: Sequence[float]) -> AnswerChecker:
+    def fit(self, prompts: Sequence[str], answers: Sequence[str], correct: Sequence[float],
+            signals: Sequence[dict | None] | None = None) -> AnswerChecker:
         """Fit on [N] prompts, the model's [N] answers and whether each was correct ([N] 0/1, e.g. a
-        `RoutingData` score column). Raises ValueError on mismatched lengths, missing labels, a single class
+        `RoutingData` score column); `signals`: [N] signal summaries (`RoutingData.signals` column), read when the
+        checker has signal families. Raises ValueError on mismatched lengths, missing labels, a single class
         of labels, or more components than answers (or than the embedding's dimensions)."""
         import lightgbm
 
@@ -276,16 +182,17 @@ class AnswerChecker:
         y = (y >= 0.5).astype(np.float64)
         if y.min() == y.max():
             raise ValueError("the labels must hold both correct and wrong answers")
-        x = self._inputs(prompts, answers, fit=True)
+        x = self._inputs(prompts, answers, signals, fit=True)
         data = lightgbm.Dataset(x, label=y, feature_name=self.feature_names, params={"verbose": -1})
         self.booster = lightgbm.train(self.params, data, num_boost_round=self.num_rounds)
         return self
 
-    def predict(self, prompts: Sequence[str], answers: Sequence[str]) -> np.ndarray:
-        """[N] float64 P(the answer is correct). Raises RuntimeError before `fit`."""
+    def predict(self, prompts: Sequence[str], answers: Sequence[str],
+                signals: Sequence[dict | None] | None = None) -> np.ndarray:
+        """[N] float64 P(the answer is correct); `signals` as in `fit`. Raises RuntimeError before `fit`."""
         if self.booster is None:
             raise RuntimeError("the answer checker is not fitted; call fit() or load_answer_checker()")
-        return np.asarray(self.booster.predict(self._inputs(prompts, answers)), dtype=np.float64)
+        return np.asarray(self.booster.predict(self._inputs(prompts, answers, signals)), dtype=np.float64)
 
 
 class AnswerScorer:
@@ -316,17 +223,34 @@ class AnswerScorer:
         if self.checker.num_components > 0:
             threading.Thread(target=warm, name="answer-checker-warm-up", daemon=True).start()
 
+    @property
+    def step_fields(self) -> dict[str, Any]:
+        """Request fields the scored step is sent (a client's own values win): token log-probabilities with 5
+        alternatives when the checker reads the confidence signals."""
+        return {"logprobs": True, "top_logprobs": 5} if "confidence" in self.checker.signal_families else {}
+
+    def read_signals(self, response: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The answer's signal summary (`routers.signals.answer_signals`), or None when the checker reads none."""
+        if not self.checker.signal_families:
+            return None
+        from routers.signals import answer_signals, response_logprobs
+
+        tokens, alternatives = response_logprobs(response or {})
+        return answer_signals(response_text(response or {}), tokens, alternatives)
+
     async def score(self, caller: ModelCaller, body: dict[str, Any], model: str, response: dict[str, Any] | None) -> float:
         import asyncio
 
         answer = response_text(response or {})
-        p = await asyncio.to_thread(self.checker.predict, [last_user_text(body)], [answer])
+        signals = self.read_signals(response)
+        p = await asyncio.to_thread(self.checker.predict, [last_user_text(body)], [answer],
+                                    None if signals is None else [signals])
         return float(p[0])
 
 
 def save_answer_checker(checker: AnswerChecker, path: str | Path, *, info: dict[str, Any] | None = None) -> Path:
     """Write a fitted checker to one safetensors file: the PCA arrays, and in the header's metadata entry
-    "answer_checker" JSON {"format", "version", "num_components", "num_rounds", "params", "booster" (LightGBM's
+    "answer_checker" JSON {"format", "version", "num_components", "num_rounds", "params", "signal_families", "booster" (LightGBM's
     text model, no pickle), "info" (default: `checker.info`, so a loaded checker keeps its calibration)}.
     Raises RuntimeError before `fit`."""
     from safetensors.numpy import save_file
@@ -335,6 +259,7 @@ def save_answer_checker(checker: AnswerChecker, path: str | Path, *, info: dict[
         raise RuntimeError("the answer checker is not fitted")
     header = {"format": FORMAT, "version": FORMAT_VERSION, "num_components": checker.num_components,
               "num_rounds": checker.num_rounds, "params": checker.params, "booster": checker.booster.model_to_string(),
+              "signal_families": list(checker.signal_families),
               "info": checker.info if info is None else info}
     path = Path(path)
     if path.exists() and not path.is_file():
@@ -374,7 +299,8 @@ def load_answer_checker(path: str | Path, *, embed=None) -> AnswerChecker:
     if header.get("version", 0) > FORMAT_VERSION:
         raise ValueError(f"{path} has answer-checker format version {header['version']}; this build reads {FORMAT_VERSION}")
     try:
-        checker = AnswerChecker(header["num_components"], header["num_rounds"], header["params"], embed=embed)
+        checker = AnswerChecker(header["num_components"], header["num_rounds"], header["params"], embed=embed,
+                                signal_families=header.get("signal_families") or ())
         checker.booster = lightgbm.Booster(model_str=header["booster"])
     except (KeyError, TypeError, ValueError, lightgbm.basic.LightGBMError) as exc:
         raise ValueError(f"{path} is a damaged answer-checker file: {type(exc).__name__}: {exc}") from None

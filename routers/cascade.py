@@ -43,7 +43,12 @@ STEP_DROPPED = ("model", "stream", "stream_options")
 
 class Scorer(Protocol):
     """Scores one step's answer in [0, 1]. `needs_answer` False: the score depends on the request alone, so a
-    step scored below its threshold is skipped before its model is called (`response` is then None)."""
+    step scored below its threshold is skipped before its model is called (`response` is then None).
+
+    Optional members a scorer may have: `step_fields` (a dict of request fields the scored step is sent, under
+    the client's own: e.g. logprobs for a confidence signal; stripped from the answer again when the client did
+    not ask for them) and `read_signals(response)` (the signal summary it read, recorded in the step's trace).
+    """
 
     name: str
     needs_answer: bool
@@ -118,7 +123,8 @@ def judge_probability(verdict: dict[str, Any]) -> float:
 
 @dataclass
 class StepOutcome:
-    """One cascade step: its score (None when not scored), whether it answered the client, and any error."""
+    """One cascade step: its score (None when not scored), whether it answered the client, any error, and the
+    signals its scorer read of the answer (`routers.signals`; None when it read none)."""
 
     model: str
     threshold: float | None
@@ -127,10 +133,14 @@ class StepOutcome:
     skipped: bool = False
     error: str | None = None
     latency_s: float = 0.0
+    signals: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "threshold": self.threshold, "score": self.score, "accepted": self.accepted,
-                "skipped": self.skipped, "error": self.error, "latency_ms": round(self.latency_s * 1000, 1)}
+        out = {"model": self.model, "threshold": self.threshold, "score": self.score, "accepted": self.accepted,
+               "skipped": self.skipped, "error": self.error, "latency_ms": round(self.latency_s * 1000, 1)}
+        if self.signals is not None:
+            out["signals"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in self.signals.items()}
+        return out
 
 
 @dataclass
@@ -146,6 +156,11 @@ class CascadeTrace:
 
     def to_dict(self) -> dict[str, Any]:
         return {"scorer": self.scorer, "answered_by": self.answered_by, "steps": [s.to_dict() for s in self.steps]}
+
+
+def without_logprobs(response: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion dict with each choice's `logprobs` set to None (the rest shared, not copied)."""
+    return {**response, "choices": [{**c, "logprobs": None} for c in response.get("choices") or []]}
 
 
 class Cascade:
@@ -180,9 +195,14 @@ class Cascade:
                 if step.score < step.threshold:
                     step.skipped = True
                     return None
-            response = await caller.complete(step.model, body)
+            fields = getattr(self.scorer, "step_fields", None) or {}
+            response = await caller.complete(step.model, {**fields, **body})
             if self.scorer.needs_answer:
                 step.score = await self.scorer.score(caller, body, step.model, response)
+                read = getattr(self.scorer, "read_signals", None)
+                step.signals = read(response) if read is not None else None
+            if fields and not body.get("logprobs"):  # asked for the scorer only: not the client's to see
+                response = without_logprobs(response)
         except Exception as exc:  # noqa: BLE001 - a cheap step that fails escalates (the module docstring)
             step.error = f"{type(exc).__name__}: {exc}"
             return None

@@ -115,6 +115,11 @@ class KNNRouter(Router):
         self.bank_tools = np.concatenate([self.bank_tools, features.has_tools[keep]])
         self._means = {}
 
+    def add_model_minimum(self) -> int:
+        """Labelled prompts `add_model` needs for predictions that vary with the prompt: k + 1 (with k or fewer,
+        every query's k nearest are the model's whole bank of a kind, so it gets one constant prediction there)."""
+        return self.k + 1
+
     # --- prediction -------------------------------------------------------------------------------------
 
     def suite_means(self, has_tools: bool | None = None) -> dict[str, np.ndarray]:

@@ -28,6 +28,7 @@ from tool-calling prompts only would otherwise read plain prompts through the ba
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -286,6 +287,14 @@ class LGBMRouter(Router):
         self.added[name] = self._train(x[ok], y[ok], added=True)
         self.model_kinds = np.vstack([self.model_kinds, kinds])
         self.models.append(name)
+
+    def add_model_minimum(self) -> int:
+        """Labelled prompts `add_model` needs for its booster to split at all: two leaves of min_data_in_leaf
+        each, within a bag (bagging_fraction of the rows when bagging_freq > 0); with fewer its booster
+        predicts one constant, the model's mean."""
+        params = {**self.params, **self.add_params}
+        bag = float(params.get("bagging_fraction", 1.0)) if int(params.get("bagging_freq", 0)) > 0 else 1.0
+        return math.ceil(2 * int(params.get("min_data_in_leaf", 20)) / bag)
 
     def _added_inputs(self, x: np.ndarray, suites: Sequence[str] | None) -> np.ndarray:
         """[N, M0 + S] an added model's inputs: the base models' predicted quality and the suite one-hot."""

@@ -20,7 +20,7 @@ family needs k more samples of it), so each family is a cost a plan pays before 
   share of k extra samples whose answer key (a suite's normalized final answer: a number, a letter, a tool
   call) equals the greedy answer's.
 - Checks (`answer_checks`): what needs no model and no code execution: whether a final answer is present,
-  and how many arithmetic steps of the working re-check wrong (`routers.answer_check.check_arithmetic`).
+  and how many arithmetic steps of the working re-check wrong (`routers.arithmetic.check_arithmetic`).
 
 A backend that returns no log-probabilities (a provider) leaves the confidence family missing (NaN in
 `signal_vector`), never zero: a LightGBM router reads NaN as "unknown" and still decides.
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from routers.answer_check import check_arithmetic, final_number
+from routers.arithmetic import check_arithmetic, final_number
 
 # name -> (columns, what a plan pays before it can read them)
 SIGNAL_FAMILIES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -137,6 +137,18 @@ def answer_signals(text: str, token_logprobs: Sequence[float] | None = None,
     if samples_cost_usd is not None:
         out["samples_cost_usd"] = float(samples_cost_usd)
     return out
+
+
+def response_logprobs(response: Mapping[str, Any]) -> tuple[list[float] | None, list[dict[str, float]] | None]:
+    """(token log-probabilities [T], alternatives [T] {token: logprob}) of an OpenAI chat completion dict's first
+    choice (`choices[0].logprobs.content[i].logprob` / `.top_logprobs`), (None, None) when it carries none."""
+    choices = response.get("choices") or [{}]
+    content = ((choices[0] or {}).get("logprobs") or {}).get("content") or []
+    if not content:
+        return None, None
+    tokens = [float(p["logprob"]) for p in content if p.get("logprob") is not None]
+    alternatives = [{t["token"]: float(t["logprob"]) for t in (p.get("top_logprobs") or [])} for p in content]
+    return tokens or None, alternatives if any(alternatives) else None
 
 
 def signal_vector(signals: Mapping[str, Any] | None) -> np.ndarray:

@@ -182,10 +182,33 @@ def calibrate_cascade(step_scores: np.ndarray, steps: Sequence[int], target: Cal
     return float(result.knob[i])
 
 
+def answer_check_gap(train: RoutingData, test: RoutingData, steps: Sequence[int]) -> str | None:
+    """Why `cascade_answer_scores` cannot score the cascade over `steps` ([S] model columns, cheapest first), in
+    words naming the step's model and the count ("weak has no recorded answer on 7 of 80 prompts", counted
+    over train and test together); None when it can. An empty answer ("") is a recorded answer; only None is not.
+    """
+    num = train.num_prompts + test.num_prompts
+    for j in steps[:-1]:
+        model = train.models[j]
+        answers = [*(train.responses[:, j] if train.responses is not None else [None] * train.num_prompts),
+                   *(test.responses[:, j] if test.responses is not None else [None] * test.num_prompts)]
+        missing = sum(a is None for a in answers)
+        if missing:
+            return f"{model} has no recorded answer on {missing} of {num} prompts (a null or absent response)"
+        labels = train.scores[:, j]
+        if np.isnan(labels).any():
+            return f"{model} has no score on {int(np.isnan(labels).sum())} of {train.num_prompts} training prompts"
+        if (labels >= 0.5).all() or (labels < 0.5).all():
+            return (f"{model}'s {train.num_prompts} training answers are all {'right' if labels[0] >= 0.5 else 'wrong'}; "
+                    "a checker learns from right and wrong ones")
+    return None
+
+
 def cascade_answer_scores(train: RoutingData, test: RoutingData, steps: Sequence[int], **options) -> np.ndarray | None:
     """[N_test, S] an answer checker's P(correct) of each step's recorded answer on the test prompts (the last
     column 0: the last step always answers), each step's checker fitted on its training answers; None when a
-    step but the last has an answer missing or no wrong (or no right) training answer.
+    step but the last has an answer missing (None; an empty string is an answer) or no wrong (or no right)
+    training answer (`answer_check_gap` says which).
 
     Args:
         steps: [S] model columns of the cascade, cheapest first.
@@ -193,15 +216,10 @@ def cascade_answer_scores(train: RoutingData, test: RoutingData, steps: Sequence
     """
     from routers.answer_check import AnswerChecker
 
-    if train.responses is None or test.responses is None:
+    if answer_check_gap(train, test, steps) is not None:
         return None
     out = np.zeros((test.num_prompts, len(steps)))
     for s, j in enumerate(steps[:-1]):
-        if any(r is None for r in (*train.responses[:, j], *test.responses[:, j])):
-            return None
-        labels = train.scores[:, j]
-        if np.isnan(labels).any() or (labels >= 0.5).all() or (labels < 0.5).all():
-            return None
-        checker = AnswerChecker(**options).fit(train.prompts, list(train.responses[:, j]), labels)
+        checker = AnswerChecker(**options).fit(train.prompts, list(train.responses[:, j]), train.scores[:, j])
         out[:, s] = checker.predict(test.prompts, list(test.responses[:, j]))
     return out

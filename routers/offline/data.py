@@ -33,6 +33,8 @@ class RoutingData:
         has_tools: [P] bool, whether the prompt's request offered tools (None: none did).
         responses: [P, M] object array of each model's recorded answer text (None where not recorded), or None
             when no answer was recorded (an answer-reading cascade scorer trains on them, `routers.answer_check`).
+        signals: [P, M] object array of each answer's signal summary (`routers.signals.answer_signals`: a dict,
+            None where not recorded), or None when none was (`link eval run --signals`).
     Raises:
         ValueError: mismatched lengths or shapes, duplicated prompt ids or models, scores outside [0, 1],
             negative costs.
@@ -47,6 +49,7 @@ class RoutingData:
     completion_tokens: np.ndarray | None = None
     has_tools: np.ndarray | None = None
     responses: np.ndarray | None = None
+    signals: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.prompt_ids, self.prompts, self.suites, self.models = (
@@ -66,6 +69,11 @@ class RoutingData:
                           else np.asarray(self.has_tools, dtype=bool).reshape(p))
         if self.responses is not None:
             self.responses = np.asarray(self.responses, dtype=object).reshape(p, m)
+        if self.signals is not None:
+            grid = np.full((p, m), None, dtype=object)   # built cell by cell: numpy would unpack dicts' lists
+            for (i, j), value in np.ndenumerate(np.asarray(self.signals, dtype=object).reshape(p, m)):
+                grid[i, j] = value
+            self.signals = grid
         finite = self.scores[~np.isnan(self.scores)]
         if finite.size and (finite.min() < 0 or finite.max() > 1):
             raise ValueError("scores must lie in [0, 1]")
@@ -109,6 +117,7 @@ class RoutingData:
         costs = np.full((len(pi), len(mi)), np.nan)
         tokens = np.full((len(pi), len(mi)), np.nan)
         responses = np.full((len(pi), len(mi)), None, dtype=object)
+        signals = np.full((len(pi), len(mi)), None, dtype=object)
         for r in rows:
             i, j = pi[r.prompt_id], mi[r.model]
             if not np.isnan(scores[i, j]):
@@ -119,9 +128,11 @@ class RoutingData:
             if ct is not None:
                 tokens[i, j] = ct
             responses[i, j] = getattr(r, "response", None)
+            signals[i, j] = getattr(r, "signals", None)
         return cls(list(pi), prompts, suites, list(mi), scores, costs,
                    None if np.isnan(tokens).all() else tokens, np.array(tools, dtype=bool),
-                   None if all(x is None for x in responses.flat) else responses)
+                   None if all(x is None for x in responses.flat) else responses,
+                   None if all(x is None for x in signals.flat) else signals)
 
     # --- views ----------------------------------------------------------------------------------------
 
@@ -132,7 +143,8 @@ class RoutingData:
         return RoutingData([self.prompt_ids[i] for i in idx], [self.prompts[i] for i in idx],
                            [self.suites[i] for i in idx], self.models, self.scores[idx], self.costs[idx],
                            None if self.completion_tokens is None else self.completion_tokens[idx],
-                           self.has_tools[idx], None if self.responses is None else self.responses[idx])
+                           self.has_tools[idx], None if self.responses is None else self.responses[idx],
+                           None if self.signals is None else self.signals[idx])
 
     def select_models(self, names: Sequence[str]) -> RoutingData:
         """The columns of `names`, in that order. Raises KeyError naming an unknown model."""
@@ -143,16 +155,50 @@ class RoutingData:
         tokens = None if self.completion_tokens is None else self.completion_tokens[:, cols]
         return RoutingData(self.prompt_ids, self.prompts, self.suites, list(names), self.scores[:, cols],
                            self.costs[:, cols], tokens, self.has_tools,
-                           None if self.responses is None else self.responses[:, cols])
+                           None if self.responses is None else self.responses[:, cols],
+                           None if self.signals is None else self.signals[:, cols])
 
     def complete_rows(self) -> RoutingData:
         """Only the prompts every model has a score for (RouterBench test: 945 prompts)."""
         return self.subset(~np.isnan(self.scores).any(axis=1))
 
+    def num_scored(self) -> np.ndarray:
+        """[M] int, the number of prompts each model has a score for."""
+        return (~np.isnan(self.scores)).sum(axis=0)
+
+    def incomplete_note(self) -> str | None:
+        """Which prompts `complete_rows` leaves out and why, in words ("15 prompts left out: they lack a score of
+        weak (45 of 60 prompts)", the models with fewest scores first); None when it keeps every prompt."""
+        dropped = int(np.isnan(self.scores).any(axis=1).sum())
+        if dropped == 0:
+            return None
+        counts = self.num_scored()
+        short = [f"{self.models[j]} ({int(counts[j])} of {self.num_prompts} prompts)"
+                 for j in np.argsort(counts, kind="stable") if counts[j] < self.num_prompts]
+        return f"{dropped} prompt{'s' if dropped != 1 else ''} left out: they lack a score of {', '.join(short)}"
+
+    def aligned_to(self, models: Sequence[str], *, names: tuple[str, str] = ("training", "test")) -> RoutingData:
+        """The same data with its columns in the order of `models`, when both hold the same set of models (the
+        order a file lists them in means nothing).
+
+        Raises:
+            ValueError: other models, naming those only on one side (`names`: what to call the side `models`
+                come from and this data, in that order: "only in the test data: ...").
+        """
+        if list(models) == self.models:
+            return self
+        mine, theirs = set(self.models), set(models)
+        if mine != theirs:
+            only = [f"only in the {where} data: {', '.join(sorted(extra))}"
+                    for where, extra in ((names[0], theirs - mine), (names[1], mine - theirs)) if extra]
+            raise ValueError(f"the {names[0]} and {names[1]} data have different models ({'; '.join(only)}); "
+                             "give both the same models' outcomes")
+        return self.select_models(list(models))
+
     def with_suites(self, suites: Sequence[str]) -> RoutingData:
         """The same data with another task label per prompt (e.g. MMLU subjects as suites)."""
         return RoutingData(self.prompt_ids, self.prompts, list(suites), self.models, self.scores, self.costs,
-                           self.completion_tokens, self.has_tools, self.responses)
+                           self.completion_tokens, self.has_tools, self.responses, self.signals)
 
     def groups(self, by: str = "suite") -> list[str]:
         """[P] group label per prompt: "suite", or "subject" (the middle part of a RouteLLM MMLU prompt id,
@@ -206,7 +252,9 @@ class RoutingData:
                    np.vstack([widen(part, part.completion_tokens) for part in parts]) if has_tokens else None,
                    np.concatenate([part.has_tools for part in parts]),
                    np.vstack([widen(part, part.responses, None) for part in parts])
-                   if any(part.responses is not None for part in parts) else None)
+                   if any(part.responses is not None for part in parts) else None,
+                   np.vstack([widen(part, part.signals, None) for part in parts])
+                   if any(part.signals is not None for part in parts) else None)
 
 
 # --- splits ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import numpy as np
 
 from routers.base import Router, make_router
 from routers.features import Featurizer, Features
-from routers.offline.cascade_eval import cascade_answer_scores
+from routers.offline.cascade_eval import answer_check_gap, cascade_answer_scores
 from routers.offline.data import RoutingData
 from routers.offline.measure import measure, measure_cascade, split_context
 from routers.offline.metrics import aiq
@@ -71,13 +71,15 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
         {"models", "num_train", "num_test", "reference": {best single model, accuracy, cost_usd}, "cost_range",
          "pair", "ensembles", "single_models": {name: {accuracy, cost_usd}} (ensemble columns too),
          "zero_router": {aiq}, "routers": {name: metrics}}: metrics as in the module docstring; the cascade
-         entries also name their "steps"; costs in mean USD per request, shares and CPTs as fractions.
+         entries also name their "steps"; costs in mean USD per request, shares and CPTs as fractions; with
+         settings.answer_check and no "cascade:answer", "not_measured": {"cascade:answer": why, in words}.
+    The test columns are put in the training order when both hold the same models in another order.
+
     Raises:
-        ValueError: different models in train and test, or missing scores in test.
+        ValueError: different models in train and test (naming those on one side only), or missing scores in test.
         KeyError: settings name a model the data lacks.
     """
-    if train.models != test.models:
-        raise ValueError(f"train and test have different models: {train.models} vs {test.models}")
+    test = test.aligned_to(train.models)
     if np.isnan(test.scores).any():
         raise ValueError("the test set has missing scores; use complete_rows()")
     if features is None:
@@ -124,13 +126,15 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
         for type_, quality in learned.items():
             report["routers"][f"cascade:{type_}"] = measure_cascade(ctx, quality[:, ctx.steps])
         report["routers"]["cascade:oracle"] = measure_cascade(ctx, test.scores[:, ctx.steps], pays_rejected=True)
-        answer_scores = None
         if settings.answer_check:
-            embedder = getattr(featurizer, "embedder", None)   # the featurizer's encoder, else the default one
-            options = {"embed": getattr(embedder, "embed", None), **settings.options.get("answer", {})}
-            answer_scores = cascade_answer_scores(train, test, ctx.steps, **options)
-        if answer_scores is not None:
-            report["routers"]["cascade:answer"] = measure_cascade(ctx, answer_scores, pays_rejected=True)
+            gap = answer_check_gap(train, test, ctx.steps)
+            if gap is None:
+                embedder = getattr(featurizer, "embedder", None)   # the featurizer's encoder, else the default one
+                options = {"embed": getattr(embedder, "embed", None), **settings.options.get("answer", {})}
+                answer_scores = cascade_answer_scores(train, test, ctx.steps, **options)
+                report["routers"]["cascade:answer"] = measure_cascade(ctx, answer_scores, pays_rejected=True)
+            else:
+                report["not_measured"] = {"cascade:answer": gap}
     if settings.ensembles:
         for type_ in settings.types:
             report["routers"][f"hybrid:{type_}"] = measure(ctx, _fitted(type_, train, train_feats, settings)

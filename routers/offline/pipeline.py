@@ -31,6 +31,27 @@ from routers.offline.progress import ProgressSteps
 from routers.offline.settings import EvalSettings
 
 
+# Fewer prompts with every model's score and a learned router predicts little beyond each model's mean (kNN's
+# default k is 100); a model recorded on a handful of prompts would otherwise cut the training set to those.
+MIN_TRAIN_PROMPTS = 10
+
+
+def complete_prompts(data: RoutingData, needed: int, purpose: str) -> RoutingData:
+    """`data.complete_rows()`, checked to hold at least `needed` prompts (`purpose` says for what, in the error).
+
+    Raises:
+        ValueError: fewer complete prompts, naming the models with fewest scores and their counts
+            (`RoutingData.incomplete_note`).
+    """
+    complete = data.complete_rows()
+    if complete.num_prompts < needed:
+        why = data.incomplete_note() or f"the data holds {data.num_prompts}"
+        raise ValueError(f"{purpose} needs at least {needed} prompts with a score of every model; {complete.num_prompts} "
+                         f"of {data.num_prompts} have one ({why}): record those models on more prompts, or leave "
+                         "their rows out")
+    return complete
+
+
 def train_router(type_: str, data: RoutingData, *, options: dict[str, Any] | None = None,
                  featurizer: Featurizer | None = None,
                  prices: dict[str, tuple[float, float]] | None = None) -> tuple[Router, CostModel]:
@@ -39,11 +60,10 @@ def train_router(type_: str, data: RoutingData, *, options: dict[str, Any] | Non
     Args:
         prices: model -> (input, output) USD per million tokens, for the cost model (`CostModel.from_data`).
     Raises:
-        ValueError: no prompt has every model's score.
+        ValueError: fewer than `MIN_TRAIN_PROMPTS` prompts have every model's score (the message names the
+            models that lack scores, with their counts).
     """
-    data = data.complete_rows()
-    if data.num_prompts == 0:
-        raise ValueError("no prompt has a score for every model; nothing to train on")
+    data = complete_prompts(data, MIN_TRAIN_PROMPTS, "training a router")
     featurizer = featurizer or Featurizer()
     router = make_router(type_, data.models, **(options or {}))
     router.fit(data, featurizer.transform(data.prompts, data.has_tools))
@@ -76,7 +96,8 @@ def add_model_to_file(path: str | Path, data: RoutingData, model: str, *, out: s
         out: write here instead of updating `path`.
         prices: model -> (input, output) USD per million tokens for its cost column.
     Returns:
-        {"model", "num_prompts", "models", "path"}.
+        {"model", "num_prompts", "models", "path", "warnings": [text]}: a warning when the labelled prompts are
+        fewer than the router needs for predictions that vary with the prompt (its `add_model_minimum`).
     Raises:
         ValueError: `model` is already the router's, has no labelled prompt, or the router type cannot add one.
         KeyError: `data` has no column `model`.
@@ -100,7 +121,14 @@ def add_model_to_file(path: str | Path, data: RoutingData, model: str, *, out: s
     added = [*loaded.info.get("added_models", []), {"model": model, "num_prompts": labelled.num_prompts}]
     target = save_router(loaded.router, out or path, costs=costs, decision=loaded.decision,
                          info={**loaded.info, "added_models": added})
-    return {"model": model, "num_prompts": labelled.num_prompts, "models": list(loaded.models), "path": str(target)}
+    warnings = []
+    minimum = getattr(loaded.router, "add_model_minimum", None)    # kNN: k + 1; LightGBM: a split's rows
+    if minimum is not None and labelled.num_prompts < minimum():
+        warnings.append(f"{model} has {labelled.num_prompts} labelled prompts; a {loaded.router.type} router needs at "
+                        f"least {minimum()} for predictions that vary with the prompt: with fewer it predicts "
+                        f"(nearly) one quality of {model} for every prompt of a task. Label more prompts")
+    return {"model": model, "num_prompts": labelled.num_prompts, "models": list(loaded.models), "path": str(target),
+            "warnings": warnings}
 
 
 def calibrate_file(path: str | Path, data: RoutingData, target: CalibrationTarget, *, rule: str = "lambda",
@@ -122,14 +150,12 @@ def calibrate_file(path: str | Path, data: RoutingData, target: CalibrationTarge
         (+ "steps" for a cascade).
     Raises:
         ValueError: a threshold rule without strong and weak, a cascade of fewer than two models, an unknown
-            rule, or no complete prompt.
+            rule, or no complete prompt (naming the models short of scores).
         KeyError: the data lacks one of the router's models, or a cascade model is not the router's.
     """
     loaded = load_router(path)
     models = loaded.models
-    data = data.select_models(models).complete_rows()
-    if data.num_prompts == 0:
-        raise ValueError("no held-out prompt has a score for every model of the router")
+    data = complete_prompts(data.select_models(models), 1, "calibrating the router")
     if rule not in ("lambda", "threshold", "cascade"):
         raise ValueError(f"unknown rule {rule!r}; rules: lambda, threshold, cascade")
     if rule == "threshold" and (strong not in models or weak not in models):
@@ -193,7 +219,12 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
     With `test`: the fixed split ("split"), plus `num_splits` re-drawn splits ("resplits") when > 0, plus
     per learned type the add-a-model check ("add_model": {type: result}) when `add_model` names a model.
     Without: k-fold cross-validation of `train` ("kfold") over `seeds`, holding out whole `group_by` groups.
-    Every set is cut to its complete prompts first.
+    Every set is cut to its complete prompts first ("left_out": {"train"/"test": why, in words} when that
+    drops any); the test columns are put in the training order when both hold the same models.
+
+    Raises:
+        ValueError: fewer than `MIN_TRAIN_PROMPTS` (or `folds`) complete training prompts or no complete test
+            prompt (naming the models short of scores), or other models in test than in train.
 
     Args:
         progress: called with (steps done, total steps, label) as the evaluation goes: a step is one learned
@@ -201,19 +232,25 @@ def run_evaluation(train: RoutingData, test: RoutingData | None, settings: EvalS
             prompts are encoded. The last call has done == total.
     """
     featurizer = featurizer or Featurizer()
-    train = train.complete_rows()
+    notes = {side: note for side, part in (("train", train), ("test", test))
+             if part is not None and (note := part.incomplete_note()) is not None}
+    train = complete_prompts(train, max(MIN_TRAIN_PROMPTS, folds if test is None else 0),
+                             "training routers" if test is not None else f"{folds}-fold cross-validation")
+    if test is not None:
+        test = complete_prompts(test, 1, "testing routers").aligned_to(train.models)
     if settings.cascade and settings.cascade_models:       # once on all the training data, before any split
         check_step_order(settings.cascade_models, train.models, train.costs)
     out: dict[str, Any] = {"settings": {"types": list(settings.types), "baselines": list(settings.baselines),
                                         "options": settings.options, "num_lambdas": settings.num_lambdas,
                                         "cascade": settings.cascade, "cascade_models": settings.cascade_models,
                                         "ensembles": list(settings.ensembles)}}
+    if notes:
+        out["left_out"] = notes
     if test is None:
         out["kfold"] = evaluate_kfold(train, settings, k=folds, seeds=seeds, group_by=group_by, featurizer=featurizer,
                                       progress=progress)
         out["kfold"].update(k=folds, seeds=list(seeds), group_by=group_by)
         return out
-    test = test.complete_rows()
     num_types = len(settings.types)
     steps = ProgressSteps(num_types * (1 + num_splits + (add_model is not None)), progress)
     steps.start(f"encoding {train.num_prompts + test.num_prompts} prompts")
@@ -246,7 +283,7 @@ def _meets(point: dict[str, float], target: CalibrationTarget, strong: str, best
 
 def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, num_components: int = 16,
                            strong: str | None = None, target: CalibrationTarget | None = None, folds: int = 5,
-                           seed: int = 0) -> dict[str, Any]:
+                           seed: int = 0, signal_families: Sequence[str] = ()) -> dict[str, Any]:
     """Fit an answer checker (`routers.answer_check`) on `model`'s recorded answers and save it; with `strong`
     and `target`, also calibrate the escalation threshold of the cascade [model, strong] scored by it.
 
@@ -279,6 +316,10 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
     if not keep.any():
         raise ValueError(f"the data records no answers of {model!r}; train on outcomes with a response column")
     data, answers = data.subset(keep), list(answers[keep])
+    signals = list(data.signals[:, j]) if data.signals is not None else [None] * data.num_prompts
+    if signal_families and all(x is None for x in signals):
+        raise ValueError(f"the checker reads the signals {', '.join(signal_families)}, but the data records none for "
+                         f"{model!r}; record them with `link eval run --signals`")
     labels = data.scores[:, j]
     info: dict[str, Any] = {"model": model, "num_answers": data.num_prompts, "accuracy": float(np.mean(labels >= 0.5)),
                             "threshold": None, "steps": None, "auc": None, "operating_point": None}
@@ -295,9 +336,11 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
             if right[train_idx].all() or not right[train_idx].any():
                 raise ValueError(f"a calibration fold has only right or only wrong training answers; label more "
                                  f"answers (found {int((~right).sum())} wrong of {pair.num_prompts})")
-            fold = AnswerChecker(num_components=num_components).fit(
-                [pair.prompts[i] for i in train_idx], [answers[both[i]] for i in train_idx], pair.scores[train_idx, 0])
-            oof[test_idx] = fold.predict([pair.prompts[i] for i in test_idx], [answers[both[i]] for i in test_idx])
+            fold = AnswerChecker(num_components=num_components, signal_families=signal_families).fit(
+                [pair.prompts[i] for i in train_idx], [answers[both[i]] for i in train_idx], pair.scores[train_idx, 0],
+                [signals[both[i]] for i in train_idx])
+            oof[test_idx] = fold.predict([pair.prompts[i] for i in test_idx], [answers[both[i]] for i in test_idx],
+                                         [signals[both[i]] for i in test_idx])
         step_scores = np.stack([oof, np.zeros_like(oof)], axis=1)
         threshold = calibrate_cascade(step_scores, [0, 1], target, scores=pair.scores, costs=pair.costs,
                                       models=pair.models, pays_rejected=True)
@@ -307,6 +350,7 @@ def train_checker_and_save(data: RoutingData, model: str, out: str | Path, *, nu
                                            "escalated": float(at.share[0, 1])}
         point["target_met"] = _meets(point, target, strong, float(np.nanmax(np.nanmean(pair.scores, axis=0))))
         info.update(threshold=threshold, steps=[model, strong], auc=rank_auc(oof, right))
-    checker = AnswerChecker(num_components=num_components).fit(data.prompts, answers, labels)
+    checker = AnswerChecker(num_components=num_components, signal_families=signal_families).fit(
+        data.prompts, answers, labels, signals)
     info["path"] = str(save_answer_checker(checker, out, info={k: v for k, v in info.items() if k != "path"}))
     return info

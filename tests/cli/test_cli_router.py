@@ -397,3 +397,31 @@ def test_train_checker_says_what_to_fix(tmp_path, data_dir):
     with pytest.raises(PolicyError, match="fitted on answers of 'mistralai/Mixtral-8x7B-Instruct-v0.1'"):
         build_cascade(PolicyConfig(name="c", type="cascade", models=[strong, weak],
                                    options={"scorer": "answer", "checker": str(tmp_path / "c.safetensors")}))
+
+
+def test_train_checker_reads_recorded_signals(tmp_path):
+    from routers.answer_check import load_answer_checker
+    from routers.signals import answer_signals
+
+    rng = np.random.default_rng(0)
+    rows, text = [], "It is 42.\n#### 42"
+    for i, mean in enumerate(rng.uniform(-2.0, 0.0, 200)):
+        signals = answer_signals(text, [float(mean)] * 6, [{"It": float(mean)}] * 6)
+        rows.append(Outcome(f"q{i}", "toy", f"What is {i} x 7?", "cheap", float(mean > -1.0), 0.0, response=text,
+                            signals=signals))
+    data = OutcomeTable(rows).write(tmp_path / "outcomes.jsonl")
+    out = tmp_path / "checker.safetensors"
+    args = ["router", "train-checker", "--data", str(data), "--model", "cheap", "--out", str(out), "--components", "0"]
+    result = runner.invoke(app, [*args, "--signals", "confidence,checks"])
+    assert result.exit_code == 0, result.output
+    checker = load_answer_checker(out)
+    assert checker.signal_families == ("confidence", "checks")
+    sure, unsure = (answer_signals(text, [m] * 6, [{"It": m}] * 6) for m in (-0.3, -1.7))
+    p = checker.predict(["What is 3 x 7?"] * 2, [text] * 2, [sure, unsure])
+    assert p[0] > 0.5 > p[1]
+    result = runner.invoke(app, [*args, "--signals", "vibes"])
+    assert result.exit_code == 2 and "unknown signal families ['vibes']" in result.output
+    plain = OutcomeTable([Outcome(r.prompt_id, r.suite, r.prompt, r.model, r.score, 0.0, response=text) for r in rows])
+    result = runner.invoke(app, ["router", "train-checker", "--data", str(plain.write(tmp_path / "plain.jsonl")),
+                                 "--model", "cheap", "--out", str(out), "--components", "0", "--signals", "confidence"])
+    assert result.exit_code == 2 and "records none for 'cheap'" in result.output

@@ -32,9 +32,48 @@ def test_outcome_rejects_invalid_values(kwargs, message):
 def test_from_dict_reads_empty_optional_cells_as_none():
     row = {"prompt_id": 3, "suite": "", "prompt": "q", "model": "m", "score": "1", "cost_usd": "",
            "prompt_tokens": "", "completion_tokens": "4", "latency_s": "", "response": ""}
-    o = Outcome.from_dict(row)
+    o = Outcome.from_dict(row, from_csv=True)
     assert (o.prompt_id, o.score, o.cost_usd, o.prompt_tokens, o.completion_tokens, o.latency_s, o.response) == \
         ("3", 1.0, 0.0, None, 4, None, None)
+
+
+def test_an_empty_json_answer_is_recorded_and_a_null_one_is_not(tmp_path):
+    """Issue 37: "" read as unrecorded made `--answer-check` skip the cascade; only null is unrecorded."""
+    base = {"suite": "s", "prompt": "q", "score": 0.0, "cost_usd": 0.0}
+    path = tmp_path / "o.jsonl"
+    path.write_text("".join(json.dumps({**base, "prompt_id": f"p{i}", "model": "m", **extra}) + "\n"
+                            for i, extra in enumerate([{"response": ""}, {"response": None}, {}, {"response": "4"}])))
+    assert [o.response for o in OutcomeTable.read(path)] == ["", None, None, "4"]
+
+
+@pytest.mark.parametrize("cell, needle", [(None, "field 'score' is empty"), ("high", "field 'score'")])
+def test_a_bad_score_names_the_field_the_file_and_the_line(tmp_path, cell, needle):
+    path = tmp_path / "o.jsonl"
+    good = {"prompt_id": "p", "suite": "s", "prompt": "q", "model": "m", "score": 1.0}
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "prompt_id": "p2", "score": cell}) + "\n")
+    with pytest.raises(ValueError, match=f"{path}:3: bad outcome row: {needle}"):
+        OutcomeTable.read(path)
+
+
+def test_rows_without_cost_are_counted_and_rows_without_prompt_text_refused_on_request(tmp_path):
+    rows = [Outcome(f"p{i}", "s", f"q{i}", "m", 1.0, 0.5) for i in range(4)]
+    table = OutcomeTable(rows)
+    path = tmp_path / "o.jsonl"
+    records = [json.loads(line) for line in table.write(path).read_text().splitlines()]
+    del records[1]["cost_usd"]
+    records[2]["cost_usd"] = None
+    records[3]["prompt"] = ""
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    read = OutcomeTable.read(path)
+    assert [o.cost_usd for o in read] == [0.5, 0.0, 0.0, 0.5]
+    assert read.warnings == [f"2 rows of {path} have no cost_usd; read as 0 USD (a free model)"]
+    with pytest.raises(ValueError, match=f"{path}:4: bad outcome row: no prompt text \\(field 'prompt'\\)"):
+        OutcomeTable.read(path, require_prompt=True)
+    # a shipped text-free file reads for replay; a router's reader names it
+    shipped = table.write(tmp_path / "shipped.csv.gz", text=False)
+    assert [o.prompt for o in OutcomeTable.read(shipped)] == [""] * 4 and OutcomeTable.read(shipped).warnings == []
+    with pytest.raises(ValueError, match="no prompt text on any row"):
+        OutcomeTable.read(shipped, require_prompt=True)
 
 
 @pytest.mark.parametrize("suite, cell, expected", [

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from routers.answer_check import (ANSWER_FEATURE_NAMES, AnswerChecker, AnswerScorer, answer_features, answer_row,
-                                  check_arithmetic, evaluate_expression, final_number,
                                   load_answer_checker, save_answer_checker)
+from routers.arithmetic import check_arithmetic, evaluate_expression, final_number
 from routers.calls import response_text
 from routers.cascade import Cascade, CascadeTrace
 from routers.features import TEXT_FEATURE_NAMES, text_features
@@ -225,3 +225,75 @@ def test_real_gsm8k_answers_of_mixtral(data_dir):
     y = correct[~half]
     auc = (p[y][:, None] > p[~y][None, :]).mean()  # the probability a right answer outranks a wrong one
     assert auc > 0.7
+
+
+def confident(n: int, seed: int):
+    """Identical answer texts; right exactly when the answer's mean token log-probability is above -1 (the planted
+    rule only the confidence signal can read)."""
+    from routers.signals import answer_signals
+
+    rng = np.random.default_rng(seed)
+    means = rng.uniform(-2.0, 0.0, n)
+    text = "It is 42.\n#### 42"
+    signals = [answer_signals(text, [float(m)] * 8, [{"It": float(m)}] * 8) for m in means]   # as a served answer's
+    return ["What is 6 x 7?"] * n, [text] * n, (means > -1.0).astype(float), signals
+
+
+def test_a_checker_reading_the_confidence_signal_learns_what_the_text_cannot_show(tmp_path):
+    prompts, answers, correct, signals = confident(400, seed=0)
+    checker = AnswerChecker(num_components=0, num_rounds=60, signal_families=("confidence",))
+    checker.fit(prompts, answers, correct, signals)
+    assert checker.feature_names[-4:] == ["signal_logprob_mean", "signal_logprob_min", "signal_entropy_mean",
+                                          "signal_log_tokens"]
+    test_p, test_a, test_y, test_s = confident(200, seed=1)
+    margin = np.abs(np.array([s["logprob_mean"] for s in test_s]) + 1.0) > 0.1   # away from the boundary
+    assert test_s[0]["tokens"] == 8 and test_s[0]["has_final_answer"] == 1.0
+    p = checker.predict(test_p, test_a, test_s)
+    assert p[(test_y == 0) & margin].max() < p[(test_y == 1) & margin].min()
+    # without the signal (a provider's answer) the checker still answers, from the text alone: one value
+    blind = checker.predict(test_p, test_a)
+    assert np.ptp(blind) == 0.0 and 0.0 < blind[0] < 1.0
+    loaded = load_answer_checker(save_answer_checker(checker, tmp_path / "c.safetensors"))
+    assert loaded.signal_families == ("confidence",)
+    np.testing.assert_allclose(loaded.predict(test_p, test_a, test_s), p)
+    with pytest.raises(ValueError, match="unknown signal families"):
+        AnswerChecker(signal_families=("vibes",))
+    with pytest.raises(ValueError, match="2 answers but 1 signal"):
+        checker.predict(["a", "b"], ["x", "y"], [None])
+
+
+class LogprobCaller:
+    """The cheap step answers with token log-probabilities when asked (mean `level`); the strong one plainly."""
+
+    def __init__(self, level: float):
+        self.level, self.bodies = level, []
+
+    async def complete(self, model, body):
+        self.bodies.append((model, body))
+        choice = {"index": 0, "message": {"role": "assistant", "content": "It is 42.\n#### 42"}, "finish_reason": "stop"}
+        if model == "cheap" and body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": "It", "logprob": self.level, "top_logprobs":
+                                               [{"token": "It", "logprob": self.level}]}] * 8}
+        return {"choices": [choice]}
+
+    async def stream(self, model, body):  # pragma: no cover - whole answers only here
+        yield {}
+
+
+def test_the_cascade_asks_the_step_for_logprobs_reads_them_and_hides_them_from_the_client():
+    prompts, answers, correct, signals = confident(400, seed=0)
+    checker = AnswerChecker(num_components=0, num_rounds=60, signal_families=("confidence", "checks"))
+    cascade = Cascade(["cheap", "strong"], AnswerScorer(checker.fit(prompts, answers, correct, signals)), 0.5)
+    body = {"messages": [{"role": "user", "content": "What is 6 x 7?"}]}
+    sure, trace = LogprobCaller(-0.2), CascadeTrace()
+    response = asyncio.run(cascade.complete(sure, body, trace))
+    assert [m for m, _ in sure.bodies] == ["cheap"] and sure.bodies[0][1]["top_logprobs"] == 5
+    assert response["choices"][0]["logprobs"] is None                    # the client did not ask for them
+    step = trace.to_dict()["steps"][0]
+    assert step["accepted"] and step["signals"]["logprob_mean"] == -0.2 and step["signals"]["tokens"] == 8
+    unsure, trace = LogprobCaller(-1.8), CascadeTrace()
+    asyncio.run(cascade.complete(unsure, body, trace))
+    assert [m for m, _ in unsure.bodies] == ["cheap", "strong"] and trace.answered_by == "strong"
+    asked = LogprobCaller(-0.2)
+    response = asyncio.run(cascade.complete(asked, {**body, "logprobs": True, "top_logprobs": 2}, CascadeTrace()))
+    assert asked.bodies[0][1]["top_logprobs"] == 2 and response["choices"][0]["logprobs"] is not None

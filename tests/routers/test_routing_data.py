@@ -137,3 +137,19 @@ def test_real_routerbench_and_routellm_tables(data_dir):
     assert complete.mean_scores()[gpt4] == pytest.approx(0.879, abs=0.001)
     gsm = RoutingData.from_outcomes(load_source("routellm-gsm8k", data_dir))
     assert gsm.num_prompts == 1319 and gsm.num_models == 2 and not np.isnan(gsm.scores).any()
+
+
+def test_signals_follow_their_answers_through_every_view():
+    from evals.outcomes import Outcome
+
+    rows = [Outcome("p0", "s", "q0", "a", 1.0, signals={"key": "1", "logprob_mean": -0.1}),
+            Outcome("p0", "s", "q0", "b", 0.0),
+            Outcome("p1", "s", "q1", "a", 0.0, signals={"key": "2", "sample_keys": ["2", "3"]})]
+    data = RoutingData.from_outcomes(rows)
+    assert data.signals.shape == (2, 2) and data.signals[0, 0]["logprob_mean"] == -0.1 and data.signals[0, 1] is None
+    assert data.signals[1, 0]["sample_keys"] == ["2", "3"]                    # a list inside stays a list
+    assert data.subset([1]).signals[0, 0]["key"] == "2"
+    assert data.select_models(["b", "a"]).signals[0, 1]["key"] == "1"
+    both = RoutingData.concat([data.subset([0]), RoutingData.from_outcomes([Outcome("p2", "s", "q2", "c", 1.0)])])
+    assert both.models == ["a", "b", "c"] and both.signals[0, 0]["key"] == "1" and both.signals[1, 2] is None
+    assert RoutingData.from_outcomes([Outcome("p", "s", "q", "a", 1.0)]).signals is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from routers.offline.plot import _overlap_area, place_labels, plot_report, report_figure, split_report
@@ -33,10 +34,10 @@ def test_plot_report_writes_a_png(tmp_path, pair):
     assert "knn (AIQ 0.800)" in labels and not any(label.startswith("no-curve") for label in labels)
 
 
-def test_split_report_finds_the_first_split_and_free_models_plot():
+def test_split_report_finds_the_split_and_free_models_plot():
     inner = report(False)
-    assert split_report({"kfold": {"folds": [inner, {}]}}) is inner
-    assert split_report({"resplits": {"splits": [inner]}}) is inner
+    assert split_report({"split": inner, "resplits": {"splits": [report(True)]}}) is inner
+    assert split_report({"resplits": {"splits": [inner]}})["routers"]["knn"]["aiq"] == 0.8   # a mean of one
     with pytest.raises(ValueError):
         split_report({"nothing": 1})
     free = report(False)
@@ -70,3 +71,31 @@ def test_place_labels_overlap_area_by_hand():
     assert _overlap_area(Bbox([[0, 0], [1, 1]]), Bbox([[2, 2], [3, 3]])) == 0.0
     fig = report_figure(report(False))
     assert place_labels(fig.axes[0], []) == []
+
+
+def test_cross_validation_draws_the_mean_of_the_folds_and_its_legend_says_mean_and_std():
+    """Issue 37: the k-fold PNG drew the first fold; its legend must read the printed mean±std."""
+    folds = []
+    for hull, apgr_ in (([0.0, 0.5, 1.0], 0.6), ([0.2, 0.6, 1.0], 0.8)):   # the knn curve's quality at cost 0, 1, 2
+        fold = report(True)
+        fold["routers"]["knn"] = {"aiq": 0.5 if apgr_ == 0.6 else 0.6, "apgr": apgr_,
+                                  "curve": {"lambda": [2, 1, 0], "cost_usd": [0.0, 1.0, 2.0], "quality": hull},
+                                  "threshold_curve": {"strong_share": [0.0, 1.0], "quality": [hull[0], hull[2]]}}
+        fold["cost_range"] = [0.0, 2.0]
+        folds.append(fold)
+    fig = report_figure({"kfold": {"folds": folds}}, title="2-fold CV")
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    # mean 0.55, sample std |0.5 - 0.6| / sqrt(2) = 0.0707
+    assert "knn (AIQ 0.550±0.071)" in labels
+    assert "knn (APGR 0.700±0.141)" in fig.axes[1].get_legend_handles_labels()[1]
+    line = next(l for l in fig.axes[0].get_lines() if l.get_label().startswith("knn"))
+    x, y = line.get_xdata(), line.get_ydata()
+    # the mean hull: (0.1, 0.55, 1.0) at costs 0, 1, 2; at 0.5 it is halfway, (0.25 + 0.4) / 2 = 0.325
+    for at, expected in ((0.0, 0.1), (0.5, 0.325), (1.0, 0.55), (2.0, 1.0)):
+        assert np.interp(at, x, y) == pytest.approx(expected)
+    mean = split_report({"kfold": {"folds": folds}})
+    assert mean["num_runs"] == 2 and mean["routers"]["knn"]["threshold_curve"]["quality"] == pytest.approx([0.1, 1.0])
+    # its area over the common cost range is the mean of the folds' AIQs on these hulls: (0.5 + 0.6) / 2
+    from routers.offline.metrics import aiq
+    curve = mean["routers"]["knn"]["curve"]
+    assert aiq(curve["cost_usd"], curve["quality"], 0.0, 2.0) == pytest.approx(0.55)
