@@ -307,6 +307,10 @@ def eval_(
                                            "(LightGBM; one more encoder call per such prompt)."),
     answer_check: bool = typer.Option(False, "--answer-check/--no-answer-check", help="Also replay the cascade "
                                       "scored by answer checkers fitted on the steps' recorded answers (cascade:answer)."),
+    answer_signals: str = typer.Option("", "--answer-signals", help="With --answer-check: signal families its "
+                                       "checkers also read (confidence, checks, agreement; comma-separated), from "
+                                       "outcomes recorded with `link eval run --signals`; agreement also charges "
+                                       "the cheap steps' extra samples."),
     json_out: Path = typer.Option(None, "--json", help="Write the full report (curves included) here."),
     plot: Path = typer.Option(None, "--plot", help="Write the cost-quality plot (PNG) here."),
     data_dir: Path = typer.Option(None, "--data-dir", help="The shared data folder (default LINK_DATASETS_DIR)."),
@@ -320,10 +324,15 @@ def eval_(
     try:
         if answer_check and not cascade:
             raise ValueError("--answer-check replays a cascade: drop --no-cascade")
+        families = [f.strip() for f in answer_signals.split(",") if f.strip()]
+        if families and not answer_check:
+            raise ValueError("--answer-signals are read by the answer checkers: add --answer-check")
         types = list(LEARNED_TYPES) if type_ == "all" else [t.strip() for t in type_.split(",") if t.strip()]
         steps = _names(cascade_models)
         settings = EvalSettings(types=tuple(types), baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
-                                options=parse_options(option, types), num_lambdas=lambdas, seed=seed, cascade=cascade,
+                                options={**parse_options(option, types),
+                                         **({"answer": {"signal_families": families}} if families else {})},
+                                num_lambdas=lambdas, seed=seed, cascade=cascade,
                                 cascade_models=tuple(steps) if steps else None, ensembles=tuple(hybrid),
                                 answer_check=answer_check)
         train_data = load_data(train, data_dir, task_by=task_by)

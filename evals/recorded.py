@@ -3,6 +3,7 @@
     table = load_recorded("routerbench:test", data_dir)      # 11 models on ARC-Challenge, MBPP, Winogrande
     table = load_recorded("routellm-mmlu", data_dir)         # gpt-4-1106-preview vs Mixtral-8x7B on MMLU
     table = load_recorded("alpaca-eval", data_dir)           # 58 models' preferences against gpt4_1106_preview
+    table = load_recorded("local-pool:gsm8k", data_dir)      # our local models through the gateway, with signals
 
 A spec is `name` or `name:argument` with a name from `RECORDED`; the argument is the split for
 RouterBench ("train" or "test", default "test") and the baseline for AlpacaEval. The costs of
@@ -16,6 +17,7 @@ import csv
 import json
 import os
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from evals.outcomes import Outcome, OutcomeTable
@@ -177,14 +179,43 @@ def load_alpaca_eval_lengths(data_dir: Path, baseline: str = "gpt4_1106_preview"
             for r in _alpaca_rows(data_dir, baseline)}
 
 
+# The local pool's outcomes, measured through the gateway and shipped without prompt or answer text
+# (`link eval export`); README.md there gives the commands that remake them.
+POOL_DIR = Path(__file__).parent / "pool"
+
+
+def load_local_pool(data_dir: Path, suite: str | None = None) -> OutcomeTable:
+    """The shipped outcomes of the local pool (`POOL_DIR/*.jsonl.gz`; `suite`: only that suite's files, named
+    "<suite>-..."), each row's prompt text re-attached from the suite's own data by item id (the text is not
+    shipped: it is the benchmark's). Rows whose item the data folder lacks keep an empty prompt.
+
+    Raises:
+        FileNotFoundError: no shipped file (for `suite`). ValueError: a bad row.
+    """
+    from evals.base import make_suite
+
+    files = sorted(POOL_DIR.glob(f"{suite or ''}*.jsonl.gz"))
+    if not files:
+        raise FileNotFoundError(f"no shipped pool outcomes{f' of {suite!r}' if suite else ''} in {POOL_DIR}")
+    rows = [row for f in files for row in OutcomeTable.read(f)]
+    texts: dict[str, str] = {}
+    for name, split in sorted({(r.suite, r.prompt_id.split("/")[1]) for r in rows}):
+        try:
+            texts.update((item.id, item.prompt) for item in make_suite(name, data_dir).load(split))
+        except (FileNotFoundError, ValueError):
+            continue   # that suite's data is not here: its rows keep no text
+    return OutcomeTable(Outcome(**{**asdict(r), "prompt": texts.get(r.prompt_id, r.prompt)}) for r in rows)
+
+
 # name -> loader(data_dir, argument or None)
 RECORDED: dict[str, Callable[[Path, str | None], OutcomeTable]] = {
+    "local-pool": load_local_pool,
     "routerbench": lambda d, arg: load_routerbench(d, arg or "test"),
     "routellm-mmlu": lambda d, arg: load_routellm(d, "mmlu"),
     "routellm-gsm8k": lambda d, arg: load_routellm(d, "gsm8k"),
     "alpaca-eval": lambda d, arg: load_alpaca_eval_preferences(d, arg or "gpt4_1106_preview"),
 }
-_TAKES_ARGUMENT = {"routerbench", "alpaca-eval"}
+_TAKES_ARGUMENT = {"routerbench", "alpaca-eval", "local-pool"}
 
 
 def is_recorded_spec(spec: str) -> bool:

@@ -25,6 +25,7 @@ cost-quality curve, measured like a router's lambda sweep (AIQ, accuracy at cost
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -218,8 +219,24 @@ def cascade_answer_scores(train: RoutingData, test: RoutingData, steps: Sequence
 
     if answer_check_gap(train, test, steps) is not None:
         return None
+
+    def signals(data: RoutingData, j: int) -> list | None:
+        return None if data.signals is None else list(data.signals[:, j])
+
     out = np.zeros((test.num_prompts, len(steps)))
     for s, j in enumerate(steps[:-1]):
-        checker = AnswerChecker(**options).fit(train.prompts, list(train.responses[:, j]), train.scores[:, j])
-        out[:, s] = checker.predict(test.prompts, list(test.responses[:, j]))
+        checker = AnswerChecker(**options).fit(train.prompts, list(train.responses[:, j]), train.scores[:, j],
+                                               signals(train, j))
+        out[:, s] = checker.predict(test.prompts, list(test.responses[:, j]), signals(test, j))
     return out
+
+
+def with_sample_costs(data: RoutingData, columns: Sequence[int]) -> RoutingData:
+    """`data` with each answer of `columns` also charged its recorded extra samples (`signals` "samples_cost_usd":
+    what a plan reading the agreement signal pays before it decides); answers without them unchanged."""
+    costs = data.costs.copy()
+    if data.signals is not None:
+        for j in columns:
+            extra = [(s or {}).get("samples_cost_usd") or 0.0 for s in data.signals[:, j]]
+            costs[:, j] = costs[:, j] + np.asarray(extra, dtype=np.float64)
+    return replace(data, costs=costs)

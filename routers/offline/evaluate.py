@@ -32,13 +32,14 @@ The report is a JSON-able dict (`routers.offline.plot` draws it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from routers.base import Router, make_router
 from routers.features import Featurizer, Features
-from routers.offline.cascade_eval import answer_check_gap, cascade_answer_scores
+from routers.offline.cascade_eval import answer_check_gap, cascade_answer_scores, with_sample_costs
 from routers.offline.data import RoutingData
 from routers.offline.measure import measure, measure_cascade, split_context
 from routers.offline.metrics import aiq
@@ -132,7 +133,10 @@ def evaluate_split(train: RoutingData, test: RoutingData, settings: EvalSettings
                 embedder = getattr(featurizer, "embedder", None)   # the featurizer's encoder, else the default one
                 options = {"embed": getattr(embedder, "embed", None), **settings.options.get("answer", {})}
                 answer_scores = cascade_answer_scores(train, test, ctx.steps, **options)
-                report["routers"]["cascade:answer"] = measure_cascade(ctx, answer_scores, pays_rejected=True)
+                paying = ctx   # reading the agreement signal pays the cheap steps' extra samples too
+                if "agreement" in options.get("signal_families", ()):
+                    paying = replace(ctx, test=with_sample_costs(test, ctx.steps[:-1]))
+                report["routers"]["cascade:answer"] = measure_cascade(paying, answer_scores, pays_rejected=True)
             else:
                 report["not_measured"] = {"cascade:answer": gap}
     if settings.ensembles:
