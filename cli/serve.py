@@ -24,7 +24,7 @@ engine_app = typer.Typer(help="The inference engine on its own.", no_args_is_hel
 err_console = Console(stderr=True)
 # Our packages whose log records a server shows (a model's load and readiness, start-up problems): uvicorn configures
 # only its own loggers, so without a handler their INFO lines would be dropped.
-OUR_LOGGERS = ("link", "serving", "kernels", "routers")
+OUR_LOGGERS = ("link", "serving", "kernels", "routers", "protocol")
 
 
 def show_our_logs(log_level: str) -> logging.Handler:
@@ -75,7 +75,6 @@ def serve(
                                                                    "(default: LINK_LOCAL_AUTO_TUNE, on)."),
 ) -> None:
     """Run the gateway: one OpenAI-compatible API over the configured models and policies."""
-    import uvicorn
     from pydantic import ValidationError
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -85,6 +84,7 @@ def serve(
     from link.policies.store import check_config_policies
     from link.settings import get_settings
     from link.state import registered_model_names, served_config
+    from protocol.drain import serve_draining
 
     overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
     if no_auto_tune:
@@ -109,7 +109,9 @@ def serve(
                               f"{default_router_path()}; create it with: "
                               f"{DEFAULT_ROUTER_COMMAND.format(path=default_router_path())}")
     show_our_logs(log_level)
-    uvicorn.run(gateway, host=settings.host, port=settings.port, log_level=log_level, timeout_graceful_shutdown=5)
+    # SIGTERM drains: /health turns 503, requests in flight finish (LINK_DRAIN_TIMEOUT_S), then exit 0
+    serve_draining(gateway, gateway.state.drain, timeout_s=settings.drain_timeout_s, host=settings.host,
+                   port=settings.port, log_level=log_level)
 
 
 @engine_app.command("serve")
@@ -135,10 +137,11 @@ def engine_serve(
         True, help="With --speculative-adaptive: draft only in steps whose measured cost the expected accepted drafts repay."),
     auto_tune: bool = typer.Option(True, "--auto-tune/--no-auto-tune", help="Tune kernels for the recorded shapes while the "
                                    "engine is idle; winners persist in $LINK_HOME/compile and are installed between steps."),
+    drain_timeout_s: float = typer.Option(30.0, min=0, envvar="LINK_DRAIN_TIMEOUT_S", help="On SIGTERM, seconds the "
+                                          "requests in flight get to finish while /health answers 503 (then exit 0)."),
 ) -> None:
     """Serve one local model over the OpenAI API (chat, completions, models, health, metrics)."""
-    import uvicorn
-
+    from protocol.drain import serve_draining
     from serving import ServingError
     from serving.api.server import create_engine_app
     from serving.engine.llm_engine import EngineConfig
@@ -163,4 +166,5 @@ def engine_serve(
     except ServingError as exc:
         raise fail(exc) from None
     show_our_logs("info")
-    uvicorn.run(create_engine_app(model, engine_config=config, loaded=loaded), host=host, port=port, log_level="info")
+    engine = create_engine_app(model, engine_config=config, loaded=loaded)
+    serve_draining(engine, engine.state.drain, timeout_s=drain_timeout_s, host=host, port=port, log_level="info")

@@ -7,13 +7,13 @@
 The lifespan builds everything (link/state.py): the database engine (migrated to the newest schema),
 the request-log writer, the rate limiter, the budget ledger, the local engine pool and one deployment
 pool per model name with its health checks; shutdown closes them all and drains the log writer.
-Routes: link/routes/ (openai: /v1/*, policies: /api/policies, route: /api/route, requests: /api/requests,
+Routes: link/routes/ (openai: /v1/*, anthropic: /v1/messages, responses: /v1/responses, policies: /api/policies, route: /api/route, requests: /api/requests,
 traffic: /api/traffic, keys: /api/keys, models: /api/models, evals: /api/evals, traces: /api/traces, system:
 /health and /metrics); the console under /console, mounted by `web` through the entry point group
 `togetherlink.apps` (`link` never imports `web`). Every API error is an OpenAI error object.
 Before any route, every request passes the request boundary (protocol/boundary.py, the engine server's
 too): a body over `Settings.max_body_bytes` is a 413, one nested deeper than `Settings.max_json_depth` a 400
-(on `/v1/chat/completions` and `/v1/completions` answered by the route, to log the request like any other).
+(on `/v1/chat/completions`, `/v1/completions` and `/v1/messages` answered by the route, to log the request like any other).
 The routes' path and query parameters follow the bodies' text rule (protocol/url_params.py): a NUL in one
 is a 400 naming it, never a database error. `/docs` and `/redoc` load their scripts from package files, not a CDN
 (protocol/docs.py), so they render offline.
@@ -31,12 +31,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from link.config import LinkConfig, load_config
-from link.routes import evals, keys, models, openai, policies, requests, route, system, traces, traffic
+from link.routes import (anthropic, evals, keys, models, openai, policies, requests, responses, route, system, traces,
+                         traffic)
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
 from protocol.boundary import RequestBoundary
 from protocol.docs import mount_offline_docs
+from protocol.drain import Drain, DrainGuard
 from protocol.errors import ValidationProblem
 from protocol.url_params import check_url_params
 
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 # Packages that add to the gateway app (the console in web/) register `mount(app, settings)` under this group
 # (pyproject.toml [project.entry-points."togetherlink.apps"]), so dependencies keep pointing web -> link.
 APP_EXTENSIONS = "togetherlink.apps"
+# the routes whose every request gets a request-log row, refusals by the request boundary included
+LOGGED_PATHS = (*openai.LOGGED_PATHS, *anthropic.LOGGED_PATHS, *responses.LOGGED_PATHS)
 
 
 def mount_extensions(app: FastAPI, settings: Settings) -> list[str]:
@@ -96,12 +100,15 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
     mount_offline_docs(app)
     # path prefix -> render(request, status_code, message): an extension's own error pages (the console's HTML)
     app.state.error_pages = {}
-    for module in (openai, policies, route, requests, traffic, keys, models, evals, traces, system):
+    for module in (openai, anthropic, responses, policies, route, requests, traffic, keys, models, evals, traces, system):
         app.include_router(module.router, dependencies=[Depends(check_url_params)])
     mount_extensions(app, settings)
-    # the OpenAI routes answer a refused body themselves, so that it gets its x-link-* headers and log row
+    # the OpenAI and Anthropic routes answer a refused body themselves, so that it gets its x-link-* headers and log row
     app.add_middleware(RequestBoundary, limits=settings.body_limits,
-                       defer=lambda scope: scope["method"] == "POST" and scope["path"] in openai.LOGGED_PATHS)
+                       defer=lambda scope: scope["method"] == "POST" and scope["path"] in LOGGED_PATHS)
+    # outermost: on SIGTERM `link serve` drains (protocol/drain.py); /health answers 503, new requests are refused
+    app.state.drain = Drain()
+    app.add_middleware(DrainGuard, drain=app.state.drain)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):

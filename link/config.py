@@ -130,6 +130,11 @@ class ModelDeployment(BaseModel):
         tool_format: kind local: the tool-call harness format of requests with `tools` (a registered name such as
             "json" (default) or "xml", or a dict of `serving.tools.formats.ToolCallFormat` fields with an optional
             `base`); per deployment, so two deployments of one model may speak two harnesses.
+        replica_routing: how the gateway picks among `name`'s replicas: "fewest_outstanding" (default) or
+            "cache_aware" (the one sent the longest prefix of this prompt, under a load bound;
+            link/replica_routing.py). Replicas of one name share the first's value.
+        replica_load_eps: cache_aware: a replica holds at most ceil((1 + eps) * average) requests in flight
+            (bounded-load consistent hashing, Mirrokni et al. 2018). Shared like `replica_routing`.
         deployment_id: derived, "{name}#{index among replicas}".
     """
 
@@ -151,6 +156,8 @@ class ModelDeployment(BaseModel):
     max_connections: int = Field(256, ge=1)
     engine: EngineOptions | None = None
     tool_format: str | dict[str, Any] | None = None
+    replica_routing: Literal["fewest_outstanding", "cache_aware"] = "fewest_outstanding"
+    replica_load_eps: float = Field(0.25, ge=0, le=100)
     deployment_id: str = ""
 
     @field_validator("name")

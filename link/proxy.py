@@ -8,7 +8,10 @@ Retries happen only before the first byte reaches the client: a retryable failur
 timeout, 5xx, a dropped connection) moves on to the model's next replica, then to the plan's next
 model; a provider's 4xx goes straight back to the client. A stream is opened by waiting for its first
 chunk, so the client's 200 and headers go out only once a backend is actually answering. A stream that
-fails after that ends with one OpenAI error event `data: {"error": {...}}` and `data: [DONE]`.
+fails after that ends with one OpenAI error event `data: {"error": {...}}` and `data: [DONE]`, unless the
+policy sets `continue_on_failure` (`open_stream(..., continue_on_failure=True)`): then the next candidate (the
+model's next replica, then the plan's next model) continues the same answer from what was already streamed
+(link/stream_resume.py), the client sees one stream, and every call is charged (`RequestRecord.add_call`).
 
 The backend is always asked for stream usage (`stream_options.include_usage`) so every stream is
 accounted; the usage chunk is passed on only when the client asked for it. Every backend answer's `usage` is
@@ -30,6 +33,7 @@ from link.backends.usage import Estimate, checked_response, checked_stream
 from link.config import ModelDeployment
 from link.deployments import DeploymentPool
 from link.policies import Plan
+from link.stream_resume import Transcript, continuation_body, length_end, resumed_usage
 from protocol.sse import DONE, frame
 
 _NOT_SENT = ("stream", "stream_options")
@@ -42,8 +46,11 @@ def usage_estimate(endpoint: str, body: dict[str, Any]) -> Estimate:
 
 
 async def _first_answer(pools: dict[str, DeploymentPool], plan: Plan, record: RequestRecord,
-                        call: Callable[[Backend, ModelDeployment], Awaitable[Any]]) -> tuple[Any, Any]:
-    """Try `call` on the plan's models (each model's replicas first) until one succeeds.
+                        call: Callable[[Backend, ModelDeployment], Awaitable[Any]], *,
+                        num_tried_first: int = 0, routing_body: dict | None = None) -> tuple[Any, Any]:
+    """Try `call` on the plan's models (each model's replicas first) until one succeeds; the first model gets
+    `num_tried_first` fewer tries (replicas already tried). `routing_body` (the request) lets a cache-aware pool
+    pick the replica holding its prompt's prefix (link/replica_routing.py).
 
     Returns (call's result, the open `acquire()` lease, which the caller must exit). Sets record.model
     and record.deployment, and appends each failed attempt to record.decision["attempts"].
@@ -52,10 +59,10 @@ async def _first_answer(pools: dict[str, DeploymentPool], plan: Plan, record: Re
     """
     attempts = record.decision.setdefault("attempts", [])
     last: BackendError | None = None
-    for model in plan.models:
+    for i, model in enumerate(plan.models):
         pool = pools[model]
-        for _ in range(len(pool.replicas)):
-            lease = pool.acquire()
+        for _ in range(len(pool.replicas) - (num_tried_first if i == 0 else 0)):
+            lease = pool.acquire(routing_body)
             try:
                 replica = await lease.__aenter__()
             except BackendError as exc:  # every replica of this model is ejected: next model
@@ -90,11 +97,21 @@ async def complete(pools: dict[str, DeploymentPool], plan: Plan, record: Request
         response = await backend.complete(endpoint, {**sent, "model": deployment.provider_model})
         return checked_response(response, deployment, usage_estimate(endpoint, sent))
 
-    response, lease = await _first_answer(pools, plan, record, call)
+    response, lease = await _first_answer(pools, plan, record, call, routing_body=sent)
     await lease.__aexit__(None, None, None)
     record.add_usage(response.get("usage"))
     response["model"] = record.model
     return response
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """What a stream under `continue_on_failure` needs to ask the next candidate to continue it."""
+
+    pools: dict[str, DeploymentPool]
+    plan: Plan
+    endpoint: str
+    body: dict[str, Any]
 
 
 @dataclass
@@ -105,6 +122,12 @@ class LiveStream:
     first: dict
     lease: Any
     is_closed: bool = False
+    resume: Resumable | None = None  # continue_on_failure: how to ask the next candidate
+
+    async def swap(self, failure: BaseException, chunks: AsyncIterator[dict], first: dict, lease: Any) -> None:
+        """Replace a stream that failed (closed, its replica's failure reported) with a continuing one."""
+        await self.close(failure)
+        self.chunks, self.first, self.lease, self.is_closed = chunks, first, lease, False
 
     async def close(self, failure: BaseException | None = None) -> None:
         """Close the backend stream (aborting it if unfinished) and release the replica; idempotent.
@@ -121,11 +144,21 @@ class LiveStream:
 
 
 async def open_stream(pools: dict[str, DeploymentPool], plan: Plan, record: RequestRecord, endpoint: str,
-                      body: dict[str, Any]) -> LiveStream:
-    """Start streaming from the first candidate that yields a first chunk. Raises BackendError."""
-    sent = {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+                      body: dict[str, Any], *, continue_on_failure: bool = False) -> LiveStream:
+    """Start streaming from the first candidate that yields a first chunk. Raises BackendError.
+    `continue_on_failure`: a failure after the first chunk is continued by the next candidate (`sse_frames`)."""
+    (chunks, first), lease = await _first_answer(pools, plan, record, _stream_call(endpoint, body), routing_body=body)
+    return LiveStream(chunks, first, lease, resume=Resumable(pools, plan, endpoint, body) if continue_on_failure else None)
+
+
+def _stream_call(endpoint: str, body: dict[str, Any] | Callable[[ModelDeployment], dict[str, Any]]
+                 ) -> Callable[[Backend, ModelDeployment], Awaitable[tuple]]:
+    """A `_first_answer` call that opens `body` (or the body `body(deployment)` for the replica tried) as a stream
+    (usage always asked) and waits for its first chunk."""
 
     async def call(backend: Backend, deployment: ModelDeployment):
+        request = body(deployment) if callable(body) else body
+        sent = {**request, "stream": True, "stream_options": {**(request.get("stream_options") or {}), "include_usage": True}}
         chunks = checked_stream(backend.stream(endpoint, {**sent, "model": deployment.provider_model}), deployment,
                                 usage_estimate(endpoint, sent))
         try:
@@ -137,8 +170,7 @@ async def open_stream(pools: dict[str, DeploymentPool], plan: Plan, record: Requ
             raise
         return chunks, first
 
-    (chunks, first), lease = await _first_answer(pools, plan, record, call)
-    return LiveStream(chunks, first, lease)
+    return call
 
 
 def has_output(chunk: dict) -> bool:
@@ -186,8 +218,10 @@ def sse_frames(live: LiveStream, record: RequestRecord, include_usage: bool) -> 
 
     Sets record.status: "ok", "error"/"timeout" (the backend failed midway: one error event is sent)
     or "client_disconnected" (the client left: the backend stream is closed, which aborts it); see `ended_stream`.
+    A stream opened with `continue_on_failure` is continued by the next candidate instead (`_resumed_frames`).
     """
-    return ended_stream(_chunk_frames(live, record, include_usage), record, live.close, "after the first byte")
+    frames = _chunk_frames(live, record, include_usage) if live.resume is None else _resumed_frames(live, record, include_usage)
+    return ended_stream(frames, record, live.close, "after the first byte")
 
 
 async def _chunk_frames(live: LiveStream, record: RequestRecord, include_usage: bool) -> AsyncIterator[bytes]:
@@ -217,3 +251,98 @@ async def _chunk_frames(live: LiveStream, record: RequestRecord, include_usage: 
     if include_usage and pending_usage is not None:
         yield frame({"id": live.first.get("id"), "object": live.first.get("object"), "created": live.first.get("created"),
                      "model": record.model, "choices": [], "usage": pending_usage})
+
+
+async def _tapped(chunks: AsyncIterator[dict], transcript: Transcript) -> AsyncIterator[dict]:
+    try:
+        async for chunk in chunks:
+            transcript.take(chunk)
+            yield chunk
+    finally:
+        await chunks.aclose()
+
+
+def _charge(record: RequestRecord, sent: dict[str, Any], usage: dict | None, num_chunks: int) -> None:
+    """Account one call of a continued answer at the prices of the deployment that served it (`record.deployment`):
+    its usage, else the prompt estimated and a token per content chunk."""
+    if usage:
+        record.add_call(record.model, record.deployment, int(usage.get("prompt_tokens") or 0),
+                        int(usage.get("completion_tokens") or 0))
+    else:
+        record.add_call(record.model, record.deployment, estimate_prompt_tokens(record.endpoint, sent), num_chunks,
+                        estimated=True)
+
+
+async def _resumed_frames(live: LiveStream, record: RequestRecord, include_usage: bool) -> AsyncIterator[bytes]:
+    """`_chunk_frames` while the first call lasts; after a failure, the next candidates' continuations (each call
+    accounted with `_charge`), then the usage of every call when asked (`resumed_usage`). Raises the failure that
+    could not be continued (a BackendError)."""
+    resume = live.resume
+    transcript = Transcript(resume.endpoint, resume.body)
+    live.first["model"] = record.model  # the public name, as `_chunk_frames` sends it
+    transcript.take(live.first)
+    live.chunks = _tapped(live.chunks, transcript)
+    first_call = _chunk_frames(live, record, include_usage)
+    try:
+        async for data in first_call:
+            yield data
+        return
+    except BackendError as exc:
+        failure = exc
+    finally:
+        await first_call.aclose()
+    if not transcript.is_resumable:
+        raise failure
+    record.prompt_tokens = record.completion_tokens = 0  # from here on the sums of `add_call`
+    record.has_usage = False
+    _charge(record, resume.body, None, transcript.num_tokens)
+    while True:  # `failure` ended the last call; continue on the next candidate
+        record.decision.setdefault("attempts", []).append(
+            {"model": record.model, "deployment": record.deployment.deployment_id, "error": failure.message,
+             "code": failure.code, "after_first_byte": True})
+        left = transcript.tokens_left()
+        if left is not None and left < 1:  # the dead calls wrote all the answer may hold
+            await live.close(failure)
+            yield frame(length_end(transcript))
+            break
+        models = resume.plan.models[resume.plan.models.index(record.model):]
+        await live.close(failure)  # the dead replica's failure is reported (and ejects it) before the next pick
+
+        def continuing(deployment: ModelDeployment) -> dict[str, Any]:
+            return continuation_body(resume.endpoint, resume.body, transcript, deployment.kind)
+
+        try:
+            (chunks, first), lease = await _first_answer(resume.pools, Plan(resume.plan.policy, models), record,
+                                                         _stream_call(resume.endpoint, continuing), num_tried_first=1)
+        except BackendError:
+            raise failure from None
+        await live.swap(failure, chunks, first, lease)
+        sent = continuing(record.deployment)
+        record.decision.setdefault("continued", []).append({"model": record.model, "after_chars": len(transcript.text)})
+        usage, num_chunks, chunk = None, 0, first
+        try:
+            while chunk is not None:
+                usage = chunk.get("usage") or usage
+                if chunk.get("choices") and (out := transcript.continued(chunk)) is not None:
+                    if include_usage:
+                        out["usage"] = None
+                    else:
+                        out.pop("usage", None)
+                    if has_output(out):
+                        num_chunks += 1
+                        record.num_content_chunks += 1
+                    yield frame(out)
+                chunk = await anext(live.chunks, None)
+        except BackendError as exc:
+            _charge(record, sent, usage, num_chunks)
+            if not transcript.is_resumable:
+                raise
+            failure = exc
+            continue
+        except BaseException:
+            _charge(record, sent, usage, num_chunks)
+            raise
+        _charge(record, sent, usage, num_chunks)
+        break
+    if include_usage:
+        yield frame({**transcript.identity, "object": live.first.get("object"), "choices": [], "usage": resumed_usage(record)})

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
         redis_breaker_failures: Redis failures in a row after which the rate limits use the database's counters
             (`LINK_REDIS_BREAKER_FAILURES`; the circuit breaker of link/redis_breaker.py).
         redis_breaker_cooldown_s: seconds the breaker keeps Redis out before probing it (`LINK_REDIS_BREAKER_COOLDOWN_S`).
+        cache_redis_prefix: the Redis key prefix of the response cache's answers (`LINK_CACHE_REDIS_PREFIX`, default
+            "link:cache"; link/response_cache.py), so that gateways of different deployments can share one Redis.
         master_key: the admin key (`LINK_MASTER_KEY`); placeholders are refused outside development.
         environment: "development" or "production".
         host, port: where `link serve` listens.
@@ -54,6 +56,8 @@ class Settings(BaseSettings):
         datasets_dir: benchmark and routing data; default `{home}/datasets` (`LINK_DATASETS_DIR`).
         health_interval_s: seconds between health checks of every deployment.
         eject_cooldown_s: seconds a failing deployment stays out of rotation before it is probed again.
+        replica_state_interval_s: seconds between polls of each replica's reported load by models with
+            `replica_routing: cache_aware` (`LINK_REPLICA_STATE_INTERVAL_S`, default 2; link/replica_state.py).
         local_dtype: weights and KV cache dtype of in-process local engines (`LINK_LOCAL_DTYPE`): "auto" (bf16
             on a GPU or a CPU with native bf16 such as AVX512_BF16, else fp32), "float32" or "bfloat16".
         local_weights: how local engines keep a GGUF file's quantized matrices (`LINK_LOCAL_WEIGHTS`): "auto" (packed
@@ -70,6 +74,8 @@ class Settings(BaseSettings):
             master key whenever one is set (a Prometheus scraper sends it as a bearer token).
         max_body_bytes: the largest request body, in bytes (`LINK_MAX_BODY_BYTES`, default 16 MiB, at least 1 KiB);
             a larger one is a 413 (protocol/boundary.py).
+        drain_timeout_s: the longest graceful drain after SIGTERM, in seconds (`LINK_DRAIN_TIMEOUT_S`, default 30):
+            requests and streams in flight get this long to finish (protocol/drain.py).
         max_json_depth: the deepest nesting of arrays and objects in a JSON body (`LINK_MAX_JSON_DEPTH`, default
             64, 8 to 128); a deeper one is a 400.
     """
@@ -83,6 +89,7 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(0.25, gt=0, le=30)
     redis_breaker_failures: int = Field(3, ge=1, le=1000)
     redis_breaker_cooldown_s: float = Field(5.0, gt=0, le=3600)
+    cache_redis_prefix: str = Field("link:cache", min_length=1, max_length=200)
     master_key: SecretStr | None = None
     environment: Literal["development", "production"] = "development"
     host: str = "127.0.0.1"
@@ -92,6 +99,7 @@ class Settings(BaseSettings):
     datasets_dir: Path | None = None
     health_interval_s: float = Field(5.0, gt=0)
     eject_cooldown_s: float = Field(10.0, ge=0)
+    replica_state_interval_s: float = Field(2.0, gt=0, le=3600)
     metrics_public: bool = False
     instance_id: str | None = Field(None, min_length=1, max_length=128)
     budget_lease_s: float = Field(30.0, gt=0, le=3600)
@@ -100,6 +108,7 @@ class Settings(BaseSettings):
     local_auto_tune: bool = True
     max_body_bytes: int = Field(16 * 2**20, ge=1024)
     max_json_depth: int = Field(64, ge=8, le=MAX_JSON_DEPTH_CEILING)
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> Settings:

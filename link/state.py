@@ -37,6 +37,7 @@ from link.policies.store import PolicyStore
 from link.readiness import ReadinessProblem, log_problems, readiness_problems
 from link.redact import Redactor, RedactingFilter, attach_log_filter, detach_log_filter
 from link.request_log import RequestLogWriter
+from link.response_cache import ResponseCache
 from link.settings import Settings
 from link.traces import TraceRecorder
 
@@ -65,6 +66,7 @@ class GatewayState:
     log_filter: RedactingFilter | None = None  # the redactor on the loggers, until close_gateway
     ledger_heartbeat: asyncio.Task | None = None  # renews the budget ledger's lease (link/budget_leases.py)
     readiness: list[ReadinessProblem] = field(default_factory=list)  # found at start-up (link/readiness.py)
+    response_cache: ResponseCache = field(default_factory=ResponseCache)  # policies' `cache` option (link/response_cache.py)
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -123,7 +125,8 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
         for name in config.model_names:
             backends = [make_backend(d, redactor=redactor, engine_pool=engine_pool) for d in config.deployments(name)]
             pools[name] = DeploymentPool(name, backends, cooldown_s=settings.eject_cooldown_s,
-                                         health_interval_s=settings.health_interval_s)
+                                         health_interval_s=settings.health_interval_s,
+                                         state_interval_s=settings.replica_state_interval_s)
             pools[name].start()
         registry = engine_pool.registry if engine_pool is not None else None
         readiness = await asyncio.to_thread(readiness_problems, config, registry)
@@ -140,7 +143,10 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
                         accounting=Accounting(metrics, log_writer, ledger, limiter, redactor=redactor),
                         limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),
                         traces=TraceRecorder(db), redactor=redactor, log_filter=attach_log_filter(redactor),
-                        ledger_heartbeat=heartbeat, readiness=readiness)
+                        ledger_heartbeat=heartbeat, readiness=readiness,
+                        response_cache=ResponseCache(settings.redis_url, redis_prefix=settings.cache_redis_prefix,
+                                                     redis_timeout_s=settings.redis_timeout_s,
+                                                     redis_cooldown_s=settings.redis_breaker_cooldown_s))
 
 
 async def _close_parts(pools, engine_pool, limiter, log_writer, db, log_timeout_s: float = LOG_DRAIN_TIMEOUT_S) -> None:
@@ -176,5 +182,6 @@ async def close_gateway(state: GatewayState, *, log_timeout_s: float = LOG_DRAIN
             logger.exception("budget ledger %s: releasing its holds at shutdown failed (its lease will expire)",
                              ledger.owner)
     await _close_parts(state.pools, state.engine_pool, state.limiter, state.log_writer, state.db, log_timeout_s)
+    state.response_cache.close()
     if state.log_filter is not None:
         detach_log_filter(state.log_filter)

@@ -2,7 +2,9 @@
 
 Field names, defaults and ranges follow the OpenAI API reference; vLLM's extra sampling fields
 (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`, `min_tokens`) are accepted
-too. As with OpenAI, a field the reference does not list is a 400 ("Unrecognized request argument
+too, and its chat-template fields `add_generation_prompt` (default true) and `continue_final_message` (default
+false: true continues a trailing assistant message instead of starting a new turn; it needs
+`add_generation_prompt: false` and a last message of role assistant, else a 400 naming the field). As with OpenAI, a field the reference does not list is a 400 ("Unrecognized request argument
 supplied: foo"), at the top level and inside messages, content parts, tools, tool_choice,
 response_format and stream_options (`protocol/chat_fields.py`); types are strict ("n": "2" or
 "max_tokens": 5.0 is a 400 naming the field; a float field still takes an integer), `seed` is a signed
@@ -117,6 +119,9 @@ class ChatCompletionRequest(SamplingFields):
     functions: list[dict[str, Any]] | None = None  # legacy, superseded by tools / tool_choice
     function_call: str | dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
+    # vLLM's chat-template extensions: continue a trailing assistant message (serving/text/chat_format.py)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     @field_validator("metadata")
     @classmethod
@@ -144,6 +149,13 @@ class ChatCompletionRequest(SamplingFields):
         check_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
         if self.response_format is not None:
             check_response_format(self.response_format)
+        if self.continue_final_message and self.add_generation_prompt:  # vLLM's rule
+            raise problem("invalid_parameter_combination", "continue_final_message and add_generation_prompt cannot both "
+                          "be true: set add_generation_prompt to false to continue the final assistant message.",
+                          "continue_final_message")
+        if self.continue_final_message and self.messages[-1].get("role") != "assistant":
+            raise problem("invalid_value", "continue_final_message needs the last message to be the assistant's "
+                          "(the partial reply to continue).", "continue_final_message")
         if self.max_tokens is not None and self.max_completion_tokens is not None:  # as OpenAI (invalid_parameter_combination)
             raise problem("invalid_parameter_combination", "Setting 'max_tokens' and 'max_completion_tokens' at the same "
                           "time is not supported.", "max_tokens")

@@ -4,8 +4,9 @@
     upgrade(settings.database_url)           # schema to head; idempotent, safe across processes
 """
 
-from link.db import evals, ledger  # importing them registers the eval and budget reservation tables on SQLModel.metadata
+from link.db import evals, ledger, responses  # importing them registers the eval, budget reservation and stored
+# response tables on SQLModel.metadata
 from link.db.engine import make_db_engine, normalize_url
 from link.db.migrate import upgrade
 
-__all__ = ["evals", "ledger", "make_db_engine", "normalize_url", "upgrade"]
+__all__ = ["evals", "ledger", "responses", "make_db_engine", "normalize_url", "upgrade"]

@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable, Literal
 from pydantic import ValidationError
 
 from link.config import PolicyConfig
+from link.policies.cache_options import CacheOptions, cache_options
 from link.policies.options import PolicyError, bool_option, check_name, check_options
 from link.policies.registry import POLICIES
 
@@ -136,7 +137,12 @@ class CostBound:
 # Options every policy type takes beside its own; the gateway acts on them, not the policy:
 #   capture_traces (bool, default false): record the policy's chat requests with `tools` as tool-call traces
 #   (link/traces.py; GET /api/traces).
-COMMON_OPTIONS = ("capture_traces",)
+#   continue_on_failure (bool, default false): a stream one model answers whose backend dies after its first
+#   byte is continued by the next candidate (link/proxy.py, link/stream_resume.py); refused by the types whose
+#   plans make several calls (`CONTINUES_STREAMS` false: cascade, moa).
+#   cache (object, default none): serve repeated requests from the response cache (link/response_cache.py; its
+#   fields in link/policies/cache_options.py).
+COMMON_OPTIONS = ("capture_traces", "continue_on_failure", "cache")
 
 
 class Policy(ABC):
@@ -153,6 +159,8 @@ class Policy(ABC):
     # The type's own option names (besides COMMON_OPTIONS); another key is refused. None (a user's subclass
     # that declares nothing): any key, still only finite numbers.
     OPTIONS: tuple[str, ...] | None = None
+    # Whether the type's plans stream from one model, so that `continue_on_failure` can apply.
+    CONTINUES_STREAMS: bool = True
 
     def __init__(self, config: PolicyConfig, model_names: tuple[str, ...] | list[str]):
         self.config = config
@@ -172,11 +180,28 @@ class Policy(ABC):
         if unknown:
             raise PolicyError(f"unknown model(s) {unknown}; the gateway serves {sorted(model_names)}", param="models")
         bool_option(config.options, "capture_traces", False)
+        cache_options(config.options)
+        if bool_option(config.options, "continue_on_failure", False) and not cls.CONTINUES_STREAMS:
+            raise PolicyError(f"continue_on_failure applies to streams one model answers; a {config.type!r} policy's "
+                              "answer comes from several calls: remove the option", param="options.continue_on_failure")
 
     @property
     def capture_traces(self) -> bool:
         """True when the policy's requests with `tools` are recorded as tool-call traces (`COMMON_OPTIONS`)."""
         return self.config.options.get("capture_traces") is True
+
+    @property
+    def continue_on_failure(self) -> bool:
+        """True when a stream whose backend dies after its first byte is continued by the next candidate
+        (`COMMON_OPTIONS`)."""
+        return self.config.options.get("continue_on_failure") is True
+
+    @property
+    def cache(self) -> CacheOptions | None:
+        """The policy's response-cache settings, None when it does not cache (`COMMON_OPTIONS`)."""
+        if "_cache" not in self.__dict__:
+            self._cache = cache_options(self.config.options)
+        return self._cache
 
     @abstractmethod
     async def plan(self, request: PolicyRequest) -> Plan:

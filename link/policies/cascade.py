@@ -244,6 +244,7 @@ class CascadePolicy(Policy):
 
     type = "cascade"
     OPTIONS = OPTIONS
+    CONTINUES_STREAMS = False  # the answer comes from several calls
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:

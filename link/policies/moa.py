@@ -185,6 +185,7 @@ class MoAPolicy(Policy):
 
     type = "moa"
     OPTIONS = OPTIONS
+    CONTINUES_STREAMS = False  # the answer comes from several calls
 
     @classmethod
     def check(cls, config: PolicyConfig, model_names: tuple[str, ...]) -> None:

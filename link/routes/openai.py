@@ -7,6 +7,7 @@ A request's life (`handle`):
     4. resolve the model name or policy (404) and plan the candidates      link/policies/
        (a max_tokens / max_completion_tokens beyond every candidate's context length: 400 naming the field)
     5. reserve the request's maximum cost in the key's budget (429 insufficient_quota)  link/accounting.py
+       (a policy with the `cache` option: a cached answer serves the request here, at cost 0: link/response_cache.py)
     6. call the backends: fallback across replicas and models before the first byte   link/proxy.py
        (a plan with an executor, cascade or MoA, makes several calls: link/executor.py)
     7. settle the real cost, count tokens, write the request-log row, observe metrics (always, in `finally`)
@@ -14,6 +15,8 @@ A request's life (`handle`):
 A body over the size or depth limit is not read here: the request boundary (protocol/boundary.py) hands its
 refusal (413, or 400 `json_too_deep`) to `handle`, which answers it after step 2 like any invalid body, with
 its x-link-* headers and its request-log row (nothing was served or billed).
+Another wire format runs the same steps through a `Dialect` that translates its request into an OpenAI chat
+request and the answer, stream and errors back (Anthropic's Messages API: link/routes/anthropic.py).
 Every answer, errors included, carries `x-link-request-id`, `x-link-policy` (the policy that planned it,
 else the requested name) and `x-link-model` (the model that answered, else the last one tried, else the
 requested name). Their values are UTF-8 percent-encoded outside printable ASCII, and "%" itself, so
@@ -47,6 +50,8 @@ from link.deps import StateDep
 from link.executor import ExecutedStream, GatewayCaller, execute_whole, executed_frames, start_executed_stream
 from link.policies import PolicyRequest
 from link.proxy import LiveStream, complete, open_stream, sse_frames
+from link.cache_replay import Hit
+from link.response_cache import NO_CACHE, NoCache, Ticket
 from protocol.openapi_body import json_body
 from link.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError, model_card, model_not_found,
                           parse_json_object, validate_request)
@@ -69,10 +74,10 @@ class GatewayStream(StreamingResponse):
     """A streamed answer that finishes its accounting however the stream ends (also when never started).
     `live` is a proxy.LiveStream or an executor.ExecutedStream; `frames` its SSE bytes."""
 
-    def __init__(self, live: LiveStream | ExecutedStream, record: RequestRecord, accounting: Accounting,
-                 frames: AsyncIterator[bytes]):
+    def __init__(self, live: LiveStream | ExecutedStream | Hit, record: RequestRecord, accounting: Accounting,
+                 frames: AsyncIterator[bytes], ticket: Ticket | NoCache = NO_CACHE):
         super().__init__(frames, media_type="text/event-stream", headers=_headers(record, record.model or ""))
-        self.live, self.record, self.accounting = live, record, accounting
+        self.live, self.record, self.accounting, self.ticket = live, record, accounting, ticket
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -84,6 +89,7 @@ class GatewayStream(StreamingResponse):
                     await self.live.close(asyncio.CancelledError())
                     self.record.status, self.record.http_status = "client_disconnected", 499
                     self.record.error = "the client disconnected before the stream started"
+                self.ticket.release()
                 await self.accounting.finish(self.record)
 
 
@@ -115,6 +121,8 @@ def _headers(record: RequestRecord, requested: str) -> dict[str, str]:
         headers["x-link-chosen"] = header_value(record.decision["chosen"])
     if record.decision.get("over_max_cost"):
         headers["x-link-over-max-cost"] = "true"
+    if "cache" in record.decision:
+        headers["x-link-cache"] = record.decision["cache"].get("outcome", "bypass")
     return headers
 
 
@@ -155,6 +163,49 @@ def _check_completion_tokens(state: GatewayState, body: dict, models: list[str])
                               log_status="invalid_request")
 
 
+class Dialect:
+    """The wire format a client speaks over `handle`'s OpenAI pipeline; this base is OpenAI's own (every method
+    passes its input through). Another API (Anthropic's Messages, link/routes/anthropic.py) subclasses it to
+    translate its request into an OpenAI one and the answer, stream and errors back.
+
+    Attributes:
+        path: the route, recorded as `decision["endpoint"]` in the request-log row (None: not recorded).
+    """
+
+    path: str | None = None
+
+    def authorization(self, request: Request) -> str | None:
+        """The `Authorization` header value that `Authenticator.identify` reads."""
+        return request.headers.get("authorization")
+
+    async def load(self, body: dict, record: RequestRecord) -> None:
+        """Read what `to_openai` needs from storage, once the key is known (`record.identity`): the Responses API's
+        earlier turns (`previous_response_id`, link/routes/responses.py). Raises OpenAIError (a 4xx)."""
+
+    def to_openai(self, request: Request, body: dict) -> dict:
+        """The OpenAI request body of the client's `body` (a JSON object). Raises OpenAIError (a 4xx)."""
+        return body
+
+    def for_candidates(self, body: dict, deployments: list[ModelDeployment]) -> dict:
+        """The body fitted to the deployments that may answer it. Raises OpenAIError (a 4xx)."""
+        return body
+
+    def answer(self, response: dict, record: RequestRecord) -> dict:
+        """The whole answer as the client reads it. Raises BackendError when it cannot be written."""
+        return response
+
+    def frames(self, frames: AsyncIterator[bytes], record: RequestRecord) -> AsyncIterator[bytes]:
+        """The stream's OpenAI SSE bytes as the client reads them."""
+        return frames
+
+    def error(self, status_code: int, body: dict) -> dict:
+        """An OpenAI error object (`{"error": {...}}`) as the client reads it."""
+        return body
+
+
+OPENAI = Dialect()
+
+
 def _requested_model(raw: bytes) -> tuple[dict | None, OpenAIError | None, str]:
     """(the body, or None and the error that refuses it, the `model` it names or "") — read before the key is
     checked only so that every answer can name the requested model; errors are raised in their turn."""
@@ -166,11 +217,12 @@ def _requested_model(raw: bytes) -> tuple[dict | None, OpenAIError | None, str]:
     return body, None, model if isinstance(model, str) else ""
 
 
-async def handle(request: Request, state: GatewayState, endpoint: str) -> Response:
-    """One OpenAI request, steps 1-7 of the module docstring; never raises."""
-    record = RequestRecord(endpoint=endpoint)
+async def handle(request: Request, state: GatewayState, endpoint: str, dialect: Dialect = OPENAI) -> Response:
+    """One OpenAI request, steps 1-7 of the module docstring, in the wire format of `dialect`; never raises."""
+    record = RequestRecord(endpoint=endpoint, decision={"endpoint": dialect.path} if dialect.path else {})
     is_streaming = False
     requested = ""
+    ticket = NO_CACHE  # the request's passage through its policy's response cache (link/response_cache.py)
     try:
         refused = getattr(request.state, REFUSAL, None)  # a body over the size or depth limits (RequestBoundary)
         if refused is not None:
@@ -178,10 +230,12 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
                                                code=refused.code, log_status="invalid_request")
         else:
             body, bad_json, requested = _requested_model(await request.body())
-        record.identity = await state.auth.identify(request.headers.get("authorization"))
+        record.identity = await state.auth.identify(dialect.authorization(request))
         await _rate_limit(state, record)
         if bad_json is not None:
             raise bad_json
+        await dialect.load(body, record)
+        body = dialect.to_openai(request, body)
         parsed = validate_request(body, endpoint)
         record.body, record.stream, record.policy = body, parsed.stream, parsed.model
         policy = await state.policies.resolve(parsed.model)
@@ -189,7 +243,8 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
             raise model_not_found(parsed.model, [*state.model_names, *state.policies.configured,
                                                  *(p.name for p in state.policies.stored_policies())])
         plan = await policy.plan(PolicyRequest(endpoint, body, state.model_names))
-        record.policy, record.decision = plan.policy, {**plan.decision, "candidates": list(plan.models)}
+        record.policy, record.decision = plan.policy, {**record.decision, **plan.decision, "candidates": list(plan.models)}
+        body = record.body = dialect.for_candidates(body, [d for m in plan.models for d in state.config.deployments(m)])
         _check_completion_tokens(state, body, plan.models)
         executor = plan.executor
         if executor is None:
@@ -198,18 +253,25 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
         else:
             max_cost = executor.max_cost_usd(endpoint, body, state.config.deployments)
         await state.accounting.reserve(record, max_cost)
-        capture = state.traces.start(record, policy, body) if state.traces is not None else None
         include_usage = bool(parsed.stream and parsed.stream_options and parsed.stream_options.include_usage)
+        ticket = state.response_cache.ticket(policy.cache, plan.policy, endpoint, body, record)
+        if (hit := await ticket.lookup()) is not None:  # at cost 0, whole or replayed (which finishes its accounting)
+            hit.charge(record)
+            if is_streaming := bool(parsed.stream):
+                return GatewayStream(hit, record, state.accounting, dialect.frames(hit.stream(record, include_usage), record))
+            return JSONResponse(dialect.answer(hit.whole(record.request_id), record), headers={**_headers(record, requested), "x-link-cost-usd": "0.000000000"})
+        capture = state.traces.start(record, policy, body) if state.traces is not None else None
         if parsed.stream and executor is None:
-            live = await open_stream(state.pools, plan, record, endpoint, body)
+            live = await open_stream(state.pools, plan, record, endpoint, body, continue_on_failure=policy.continue_on_failure)
             is_streaming = True
-            return GatewayStream(live, record, state.accounting, watch(capture, sse_frames(live, record, include_usage)))
+            frames = dialect.frames(watch(capture, ticket.tap(sse_frames(live, record, include_usage), record)), record)
+            return GatewayStream(live, record, state.accounting, frames, ticket)
         if parsed.stream:
             caller = GatewayCaller(state.pools, record, plan.policy)
             executed = await start_executed_stream(executor, caller, record, body)
             is_streaming = True
-            frames = executed_frames(executed, record, caller, include_usage)
-            return GatewayStream(executed, record, state.accounting, watch(capture, frames))
+            frames = dialect.frames(watch(capture, ticket.tap(executed_frames(executed, record, caller, include_usage), record)), record)
+            return GatewayStream(executed, record, state.accounting, frames, ticket)
         if executor is None:
             response = await unless_disconnected(request, complete(state.pools, plan, record, endpoint, body))
         else:
@@ -218,15 +280,18 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
         record.status, record.http_status = "ok", 200
         record.estimate_missing_usage()
         finish_whole(capture, response)
+        await ticket.keep_whole(response, record)
         # The cost of a whole answer is known now (a stream's only after its last chunk): clients such as
         # `link eval` read it without a request-log lookup.
-        return JSONResponse(response, headers={**_headers(record, requested), "x-link-cost-usd": f"{record.cost_usd:.9f}"})
+        return JSONResponse(dialect.answer(response, record), headers={**_headers(record, requested), "x-link-cost-usd": f"{record.cost_usd:.9f}"})
     except OpenAIError as exc:
         record.fail(exc)
-        return JSONResponse(exc.body(), status_code=exc.status_code, headers={**_headers(record, requested), **exc.headers})
+        return JSONResponse(dialect.error(exc.status_code, exc.body()), status_code=exc.status_code,
+                            headers={**_headers(record, requested), **exc.headers})
     except BackendError as exc:
         record.fail(exc)
-        return JSONResponse(exc.to_openai(), status_code=exc.status_code, headers=_headers(record, requested))
+        return JSONResponse(dialect.error(exc.status_code, exc.to_openai()), status_code=exc.status_code,
+                            headers=_headers(record, requested))
     except (ClientDisconnected, asyncio.CancelledError) as exc:
         record.status, record.http_status, record.error = "client_disconnected", 499, "the client disconnected"
         if isinstance(exc, asyncio.CancelledError):
@@ -235,12 +300,15 @@ async def handle(request: Request, state: GatewayState, endpoint: str) -> Respon
     except Exception as exc:
         logger.exception("request %s failed", record.request_id)
         record.fail(exc)
-        return JSONResponse({"error": {"message": f"internal error ({type(exc).__name__}); request id {record.request_id}",
-                                       "type": "server_error", "param": None, "code": None}},
+        return JSONResponse(dialect.error(500, {"error": {"message": f"internal error ({type(exc).__name__}); request id "
+                                                                    f"{record.request_id}", "type": "server_error",
+                                                         "param": None, "code": None}}),
                             status_code=500, headers=_headers(record, requested))
     finally:
         if not is_streaming:
+            ticket.release()
             await state.accounting.finish(record)
+
 
 
 # The chat messages as OpenAI documents them (the request model types them loosely: link/schemas.py checks

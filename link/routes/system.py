@@ -11,6 +11,9 @@
                    every replica of the gateway shares the config and environment, so a load balancer dropping
                    this one would take down the models it can serve and gain nothing. Only when no model can
                    serve is it a 503 ("unready_models" names those that cannot).
+                   While `link serve` drains after SIGTERM (protocol/drain.py) it is a 503 {"status": "draining"}.
+    GET /health/live  liveness: 200 {"status": "ok"} while the process answers HTTP, draining included (a model
+                   without a replica is no reason to restart the gateway). No key needed.
     GET /metrics   the master key (`Authorization: Bearer`) when one is configured, unless LINK_METRICS_PUBLIC=true.
 """
 
@@ -39,6 +42,12 @@ async def health(state: StateDep) -> JSONResponse:
         body["problems"] = [p.to_dict() for p in state.readiness]
     serves_none = bool(state.pools) and len(body.get("unready_models", ())) == len(state.pools)
     return JSONResponse({**body, "models": models}, status_code=503 if unavailable or serves_none else 200)
+
+
+@router.get("/health/live")
+async def live() -> dict:
+    """Liveness (see the module docstring): the event loop answers."""
+    return {"status": "ok"}
 
 
 @router.get("/metrics")

@@ -1,9 +1,10 @@
 """The OpenAI-compatible server of one engine: `link engine serve --model NAME --port P`.
 
 Routes: POST /v1/chat/completions and /v1/completions (whole or streamed as server-sent events,
-`stream_options.include_usage` adding a final usage chunk), GET /v1/models, /v1/models/{id}, /health
-and /metrics (Prometheus). Every error, unknown routes and wrong methods included, is an OpenAI error
-object with a 4xx status; a bad request never disturbs the others. Bodies pass the request boundary
+`stream_options.include_usage` adding a final usage chunk), GET /v1/models, /v1/models/{id}, /health,
+/metrics (Prometheus) and /v1/engine/state (KV block size, prefix-cache and queue state, which a gateway polls
+to route by cached prefix: `serving.engine.cache_state`). Every error, unknown routes and wrong methods
+included, is an OpenAI error object with a 4xx status; a bad request never disturbs the others. Bodies pass the request boundary
 first (`protocol/boundary.py`: 413 over `BodyLimits.max_body_bytes`, 400 nested deeper than `max_json_depth`) and
 are read as strict JSON, as the gateway reads them (`protocol/strict_json.py`: no NaN, NUL or lone surrogate, each
 refusal naming its field); path and query parameters follow the same text rule (`protocol/url_params.py`). A
@@ -15,6 +16,10 @@ one process.
                   503 {"status": "error" | "degraded", "model": name, "detail": ...} once the engine loop
                   failed, or stalled (no step finished for `EngineConfig.stall_timeout_s` while requests
                   wait; `serving.engine.async_engine.AsyncLLMEngine.problem`).
+                  503 {"status": "draining", "in_flight": n} after SIGTERM, while the requests in flight finish
+                  and new ones are refused with a 503 (`link engine serve`; protocol/drain.py).
+    GET /health/live  liveness: 200 {"status": "ok"}, draining included; 503 {"status": "error", ...} once the engine
+                  loop died (a stall may pass; a dead loop never serves again, so the process is worth restarting).
 
 A request the engine stops (`SamplingTimeoutError`: a token over `EngineConfig.sample_timeout_s`) is a 400
 naming the field behind it, or, once a stream has started, one error event and `data: [DONE]`.
@@ -41,12 +46,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from protocol.boundary import BodyLimits, RequestBoundary
 from protocol.disconnect import ClientDisconnected, unless_disconnected
 from protocol.docs import mount_offline_docs
+from protocol.drain import Drain, DrainGuard
 from protocol.errors import ValidationProblem, describe_errors, error_body
 from protocol.openai import ChatCompletionRequest, CompletionRequest
 from protocol.openapi_body import json_body
 from protocol.strict_json import parse_json_object
 from protocol.url_params import check_url_params
 from serving.engine.async_engine import AsyncLLMEngine
+from serving.engine.cache_state import engine_state
 from serving.engine.llm_engine import EngineConfig, LLMEngine
 from serving.errors import ContextLengthError, SamplingTimeoutError, ServingError
 from serving.frontend.responses import RequestPlan, plan_chat, plan_completion, stream_events, whole_response
@@ -115,6 +122,8 @@ def create_engine_app(model: str, *, dtype: str = "float32", weights: str = "aut
                   docs_url=None, redoc_url=None)
     mount_offline_docs(app)  # /docs and /redoc from package files: no CDN
     app.add_middleware(RequestBoundary, limits=body_limits)
+    app.state.drain = Drain()  # outermost: SIGTERM drains under `link engine serve` (protocol/drain.py)
+    app.add_middleware(DrainGuard, drain=app.state.drain)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -151,6 +160,12 @@ def create_engine_app(model: str, *, dtype: str = "float32", weights: str = "aut
             return JSONResponse({"status": status, "model": state.name, "detail": problem}, status_code=503)
         return {"status": "ok"}
 
+    @app.get("/health/live")
+    async def live(state: State):
+        if state.engine.errored is not None:
+            return JSONResponse({"status": "error", "model": state.name, "detail": state.engine.problem}, status_code=503)
+        return {"status": "ok"}
+
     @app.get("/v1/models")
     async def models(state: State):
         return {"object": "list", "data": [_model_card(state)]}
@@ -166,6 +181,10 @@ def create_engine_app(model: str, *, dtype: str = "float32", weights: str = "aut
 
         state.metrics.refresh(state.engine)
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/engine/state")
+    async def routing_state(state: State):
+        return engine_state(state.engine).to_dict()
 
     @app.post("/v1/chat/completions", openapi_extra=_documented(ChatCompletionRequest))
     async def chat_completions(body: ChatBody, state: State, request: Request):

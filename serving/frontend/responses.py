@@ -114,7 +114,9 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int,
     setup = prepare_chat(body, tool_format, native)  # unservable fields refused; tools rendered; response_format schema
     if body.top_logprobs is not None and not body.logprobs:
         raise ValidationProblem("top_logprobs requires logprobs to be true", param="top_logprobs")
-    prompt = fmt.render(setup.messages, tools=setup.template_tools)
+    # continue_final_message (vLLM's): the prompt ends inside the assistant's partial reply, which the output extends
+    prompt = fmt.render(setup.messages, tools=setup.template_tools, add_generation_prompt=body.add_generation_prompt,
+                        continue_final_message=body.continue_final_message)
     ids = lm.tokenizer.encode(prompt, add_special_tokens=fmt.add_special_tokens)
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = _max_tokens(getattr(body, budget_param), [len(ids)], max_model_len, None,
@@ -124,7 +126,8 @@ def plan_chat(body: ChatCompletionRequest, lm: LoadedModel, max_model_len: int,
     # after a tool result: an echoed result block is skipped before the answer, and stops the output after it
     params = dataclasses.replace(_sampling(body, max_tokens, stops, top), guided_json=setup.guided_json,
                                  structural_tag=setup.structural_tag, echo_markers=setup.echo_markers)
-    params = fmt.reply_params(params)  # the format's turn markers as stop strings, after the client's; its reply's opening space
+    # the format's turn markers as stop strings, after the client's; its reply's opening space (not a continuation's)
+    params = fmt.reply_params(params, continuing=body.continue_final_message)
     return RequestPlan("chat", body.model, params, [ids], [prompt], body.stream,
                        bool(body.stream_options and body.stream_options.include_usage), top,
                        tools=setup.tools, parallel_tool_calls=setup.parallel, forced_tool_calls=setup.forced,

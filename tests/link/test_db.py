@@ -23,7 +23,7 @@ from link.db.models import ModelRow, PolicyPublic, PolicyRow, RequestLog, Reques
 ROOT = Path(__file__).resolve().parents[2]
 
 TABLES = {"api_key", "policy", "model", "request_log", "rate_limit_counter", "tool_trace", "console_session",
-          "budget_reservation", "budget_lease"}
+          "budget_reservation", "budget_lease", "stored_response"}
 
 
 def test_normalize_url():
@@ -58,7 +58,7 @@ def test_upgrade_creates_the_tables_and_is_idempotent(backend, new_database_url)
     assert current_revision(engine) is None and not TABLES & set(inspect(engine).get_table_names())
     upgrade(url)
     assert TABLES | {"alembic_version"} <= set(inspect(engine).get_table_names())
-    assert current_revision(engine) == head_revision() == "0006"
+    assert current_revision(engine) == head_revision() == "0007"
     with Session(engine) as session:
         session.add(PolicyRow(name="keep-me", type="fixed", models=["a"]))
         session.commit()

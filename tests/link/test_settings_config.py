@@ -260,7 +260,7 @@ policies:
         "raise timeout_s; kind 'openai' needs `api_base`, e.g. 'http://127.0.0.1:8001/v1'",
         f"  {path}: policies[0].models (name 'cheap-first'): unknown model(s) ['gtp']; known: ['gpt', 'remote', 'smol']",
         f"  {path}: policies[1].options.colour (name 'safe'): unknown option 'colour' of a 'fallback' policy; "
-        "its options: capture_traces",
+        "its options: capture_traces, continue_on_failure, cache",
         f"  {path}: policies[2].name: 'safe' is already the name of policies[1]; keep one",
     ]
 
