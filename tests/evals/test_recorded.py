@@ -144,3 +144,20 @@ def test_specs_and_sources(data_dir, tmp_path):
         load_source(str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="neither"):
         load_source("not-a-source")
+
+
+def test_the_local_pool_reattaches_prompt_texts_by_item_id(data_dir, tmp_path, monkeypatch):
+    import evals.recorded as recorded
+
+    gsm8k = [json.loads(line) for line in (data_dir / "gsm8k" / "train.jsonl").read_text().splitlines()[:3]]
+    shipped = OutcomeTable([Outcome(f"gsm8k/train/{i}", "gsm8k", "", "m", float(i % 2), 0.001,
+                                    signals={"key": str(i), "logprob_mean": -0.5}) for i in range(3)]
+                           + [Outcome("gsm8k/train/999999", "gsm8k", "", "m", 0.0)])   # not in the data: no text
+    shipped.write(tmp_path / "gsm8k-train-0.jsonl.gz", text=False)
+    monkeypatch.setattr(recorded, "POOL_DIR", tmp_path)
+    table = load_recorded("local-pool:gsm8k", data_dir)
+    assert [r.prompt for r in table.rows[:3]] == [row["question"] for row in gsm8k]
+    assert table.rows[3].prompt == "" and table.rows[1].signals == {"key": "1", "logprob_mean": -0.5}
+    assert [r.score for r in table.rows] == [0.0, 1.0, 0.0, 0.0]
+    with pytest.raises(FileNotFoundError, match="no shipped pool outcomes of 'mmlu'"):
+        load_recorded("local-pool:mmlu", data_dir)
