@@ -234,10 +234,10 @@ def test_link_serve_refuses_a_bad_policy_before_the_server_starts(tmp_path):
 def test_link_serve_checks_policies_against_the_registered_models_too(tmp_path, monkeypatch):
     """A cascade judged by a model registered in the database (not in link.yaml) is served: the start-up check
     sees the database's models as the gateway does."""
-    import uvicorn
     from sqlmodel import Session
     from typer.testing import CliRunner
 
+    import protocol.drain
     from cli.app import app
     from link.db import make_db_engine, upgrade
     from link.db.models import ModelRow
@@ -254,7 +254,7 @@ def test_link_serve_checks_policies_against_the_registered_models_too(tmp_path, 
         "models": [{"name": n, "kind": "openai", "api_base": "http://127.0.0.1:9/v1"} for n in ("m1", "m2")],
         "policies": [{"name": "judged", "type": "cascade", "models": ["m1", "m2"], "options": {"judge": "m3"}}]}))
     started = []
-    monkeypatch.setattr(uvicorn, "run", lambda app_, **kwargs: started.append(kwargs["port"]))
+    monkeypatch.setattr(protocol.drain, "serve_draining", lambda app_, drain, **kwargs: started.append(kwargs["port"]))
     monkeypatch.setenv("LINK_DATABASE_URL", url)
     result = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", "8799"])
     assert result.exit_code == 0 and started == [8799], result.output

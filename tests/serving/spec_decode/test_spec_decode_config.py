@@ -39,17 +39,24 @@ def test_engine_options_reject_unknown_speculative_fields():
 
 
 def test_engine_serve_builds_the_speculative_config(monkeypatch):
-    import uvicorn
+    from types import SimpleNamespace
+
     from typer.testing import CliRunner
 
+    import protocol.drain
     import serving.api.server
     import serving.model_loader
     from cli.app import app
 
     seen = {}
+
+    def fake_app(model, engine_config, loaded):
+        seen["config"] = engine_config
+        return SimpleNamespace(state=SimpleNamespace(drain=None))
+
     monkeypatch.setattr(serving.model_loader, "load_model", lambda spec, dtype, weights="auto": "loaded")
-    monkeypatch.setattr(serving.api.server, "create_engine_app", lambda model, engine_config, loaded: seen.setdefault("config", engine_config))
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: None)
+    monkeypatch.setattr(serving.api.server, "create_engine_app", fake_app)
+    monkeypatch.setattr(protocol.drain, "serve_draining", lambda app, drain, **kwargs: None)
     runner = CliRunner()
     result = runner.invoke(app, ["engine", "serve", "--speculative", "ngram", "--num-speculative-tokens", "3", "--no-speculative-adaptive",
                                  "--speculative-disable-by-batch-size", "6"])
