@@ -1,6 +1,7 @@
 """`link serve` and `link engine serve`: the two servers, the gateway and one engine on its own.
 
     link serve [--config link.yaml] [--port 8000]    the gateway (OpenAI API over every configured model)
+    link serve --workers 4                          the gateway in 4 processes on one port (link/workers.py)
     link engine serve --model NAME --port 8000      one engine as an OpenAI-compatible server
     link engine serve --speculative ngram           with speculative decoding (serving/spec_decode/)
     link engine serve --no-auto-tune                without background kernel tuning (on by default)
@@ -40,8 +41,9 @@ def show_our_logs(log_level: str) -> logging.Handler:
     return handler
 
 
-def check_port(host: str, port: int, *, command: str, hint: str) -> None:
-    """Bind `host:port` once and let go, as uvicorn will (SO_REUSEADDR set, so a socket in TIME_WAIT is no conflict).
+def check_port(host: str, port: int, *, command: str, hint: str, listen: bool = False) -> socket.socket | None:
+    """Bind `host:port` once and let go, as uvicorn will (SO_REUSEADDR set, so a socket in TIME_WAIT is no conflict);
+    with `listen`, keep it: return the listening socket the workers of `link serve --workers N` share.
 
     Args:
         host: the interface ("127.0.0.1", "0.0.0.0", "::", a host name).
@@ -51,19 +53,20 @@ def check_port(host: str, port: int, *, command: str, hint: str) -> None:
     Raises:
         typer.Exit (code 2, after one `error:` line): the port is in use, or the address cannot be bound.
     """
+    from link.workers import bind_listener
+
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        sock = bind_listener(host, port)
     except socket.gaierror as exc:
         raise fail(f"cannot listen on {host}: {exc.strerror}; pass an interface such as 127.0.0.1 with --host") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise fail(f"port {port} on {host} is in use (another `{command}`?); pick another with {hint}") from None
-            raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another with {hint}") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise fail(f"port {port} on {host} is in use (another `{command}`?); pick another with {hint}") from None
+        raise fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another with {hint}") from None
+    if listen:
+        return sock
+    sock.close()
+    return None
 
 
 def serve(
@@ -73,6 +76,8 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn log level."),
     no_auto_tune: bool = typer.Option(False, "--no-auto-tune", help="Do not tune local models' kernels in the background "
                                                                    "(default: LINK_LOCAL_AUTO_TUNE, on)."),
+    workers: int = typer.Option(None, min=1, max=64, help="Gateway processes sharing the port (default: LINK_WORKERS "
+                                "or 1); budgets and rate limits stay exact across them."),
 ) -> None:
     """Run the gateway: one OpenAI-compatible API over the configured models and policies."""
     from pydantic import ValidationError
@@ -86,7 +91,8 @@ def serve(
     from link.state import registered_model_names, served_config
     from protocol.drain import serve_draining
 
-    overrides = {k: v for k, v in {"config": config, "host": host, "port": port}.items() if v is not None}
+    overrides = {k: v for k, v in {"config": config, "host": host, "port": port, "workers": workers}.items()
+                 if v is not None}
     if no_auto_tune:
         overrides["local_auto_tune"] = False
     try:
@@ -100,7 +106,8 @@ def serve(
         raise fail(f"cannot open the database: {str(exc).splitlines()[0]}") from None
     except (ValidationError, ConfigError, PolicyError) as exc:
         raise fail(exc) from None
-    check_port(settings.host, settings.port, command="link serve", hint="--port N or LINK_PORT=N")
+    listener = check_port(settings.host, settings.port, command="link serve", hint="--port N or LINK_PORT=N",
+                          listen=settings.workers > 1)
     if settings.config is None:
         from link.config import DEFAULT_AUTO_POLICY, DEFAULT_ROUTER_COMMAND, default_router_path
 
@@ -109,6 +116,10 @@ def serve(
                               f"{default_router_path()}; create it with: "
                               f"{DEFAULT_ROUTER_COMMAND.format(path=default_router_path())}")
     show_our_logs(log_level)
+    if listener is not None:  # N processes on one socket; SIGTERM is forwarded to each, each drains, exit 0
+        from link.workers import serve_gateway_workers
+
+        raise typer.Exit(serve_gateway_workers(listener, settings, link_config, log_level=log_level))
     # SIGTERM drains: /health turns 503, requests in flight finish (LINK_DRAIN_TIMEOUT_S), then exit 0
     serve_draining(gateway, gateway.state.drain, timeout_s=settings.drain_timeout_s, host=settings.host,
                    port=settings.port, log_level=log_level)

@@ -35,6 +35,7 @@ from link.backends import BackendError, BackendTimeout
 from link.config import ModelDeployment
 from link.db.models import RequestLogCreate
 from link.keys import KeyIdentity
+from link.budgets import LedgerUnavailable
 from link.limits import BudgetExceeded, BudgetLedger, RateLimiter, Reservation
 from link.metrics import GatewayMetrics
 from link.redact import Redactor
@@ -193,19 +194,27 @@ class Accounting:
         ledger: the budget ledger (None when `LINK_BUDGETS=false`).
         limiter: the rate limiter (tokens per minute are counted after each request).
         redactor: cleans the log row's error and decision of secrets (link/redact.py); default: the token shapes only.
+        instance: the gateway process that serves, its log rows' `instance` (the budget ledger's owner id:
+            LINK_INSTANCE_ID, "-w<i>" for worker i of `link serve --workers N`; else an id fresh per process).
     """
 
     def __init__(self, metrics: GatewayMetrics, writer: RequestLogWriter | None, ledger: BudgetLedger | None,
-                 limiter: RateLimiter | None, *, redactor: Redactor | None = None):
+                 limiter: RateLimiter | None, *, redactor: Redactor | None = None, instance: str | None = None):
         self.metrics, self.writer, self.ledger, self.limiter = metrics, writer, ledger, limiter
         self.redactor = redactor or Redactor()
+        self.instance = instance
 
     async def reserve(self, record: RequestRecord, max_cost_usd: float) -> None:
         """Hold the request's maximum cost (USD) in its key's budget before any backend call.
 
+        While the ledger's database is unreachable, a key with a budget is refused (fail closed: nothing could stop it
+        overspending) and a key without one goes on with a reservation that holds nothing, whose spend is added once
+        the database answers again (link/budgets.py).
+
         Raises:
             OpenAIError: 429 `insufficient_quota` when it does not fit in what is left of the budget (with
-                `Retry-After` when it would fit once the reservations of requests in flight are settled).
+                `Retry-After` when it would fit once the reservations of requests in flight are settled); 503
+                `budget_ledger_unavailable` (with `Retry-After`) for a key with a budget while the ledger is unreachable.
         """
         identity = record.identity
         if self.ledger is None or identity is None or identity.key_id is None:
@@ -220,6 +229,14 @@ class Accounting:
                                                                          if fits_later else ""),
                               type_="insufficient_quota", code="insufficient_quota", log_status="budget_exceeded",
                               headers={"Retry-After": str(RETRY_AFTER_IN_FLIGHT_S)} if fits_later else None) from None
+        except LedgerUnavailable as exc:
+            if identity.has_budget:
+                raise OpenAIError(503, f"API key {identity.name!r} has a budget, and {exc}, so its requests are refused "
+                                  "until the database answers again; retry shortly.", type_="server_error",
+                                  code="budget_ledger_unavailable", headers={"Retry-After": str(RETRY_AFTER_IN_FLIGHT_S)},
+                                  log_status="error") from None
+            record.reservation = Reservation.unheld(identity.key_id)
+            record.decision["budget"] = "ledger_unavailable"
 
     def _settle(self, record: RequestRecord, cost_usd: float) -> None:
         if record.reservation is not None and record.reservation.is_open:
@@ -261,7 +278,7 @@ class Accounting:
                 prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens, cost_usd=cost,
                 ttft_ms=None if record.ttft_s is None else record.ttft_s * 1000, latency_ms=latency_s * 1000,
                 status=record.status, http_status=record.http_status, error=self.redactor.redact(record.error),
-                stream=record.stream,
+                stream=record.stream, instance=self.instance,
                 user=user[:256] if isinstance(user, str) else None,
                 request_metadata=metadata if isinstance(metadata, dict) else None))
         except Exception:

@@ -30,9 +30,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from link import tracing
 from link.config import LinkConfig, load_config
-from link.routes import (anthropic, evals, keys, models, openai, policies, requests, responses, route, system, traces,
-                         traffic)
+from link.routes import (anthropic, evals, keys, model_cards, models, openai, policies, requests, responses, route,
+                         system, traces, traffic)
 from link.schemas import OpenAIError, describe_errors, error_body
 from link.settings import Settings, get_settings
 from link.state import close_gateway, open_gateway
@@ -90,17 +91,21 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        is_traced = tracing.configure(settings)  # OpenTelemetry, when LINK_OTEL_* / OTEL_* ask for it (link/tracing.py)
         app.state.gateway = await open_gateway(settings, config)
         try:
             yield
         finally:
             await close_gateway(app.state.gateway)
+            if is_traced:
+                tracing.shutdown()
 
     app = FastAPI(title="TogetherLink gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     mount_offline_docs(app)
     # path prefix -> render(request, status_code, message): an extension's own error pages (the console's HTML)
     app.state.error_pages = {}
-    for module in (openai, anthropic, responses, policies, route, requests, traffic, keys, models, evals, traces, system):
+    for module in (openai, model_cards, anthropic, responses, policies, route, requests, traffic, keys, models, evals,
+                   traces, system):
         app.include_router(module.router, dependencies=[Depends(check_url_params)])
     mount_extensions(app, settings)
     # the OpenAI and Anthropic routes answer a refused body themselves, so that it gets its x-link-* headers and log row
@@ -109,6 +114,8 @@ def create_app(settings: Settings | None = None, config: LinkConfig | None = Non
     # outermost: on SIGTERM `link serve` drains (protocol/drain.py); /health answers 503, new requests are refused
     app.state.drain = Drain()
     app.add_middleware(DrainGuard, drain=app.state.drain)
+    if tracing.is_enabled(settings) or tracing.is_active():  # outermost: a stream's span lasts until its last byte
+        app.add_middleware(tracing.RequestSpans)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError):

@@ -2,7 +2,9 @@
 
 The master key (`LINK_MASTER_KEY`) always works and is the admin (management API). Stored keys
 (`link keys create`) are checked by their sha256; a verified key is remembered for `ttl_s` seconds
-(so a revocation takes effect within that time in every gateway).
+(so a revocation takes effect within that time in every gateway). While the database does not answer, a key this
+process verified in the last `stale_s` seconds keeps its identity (the gateway keeps serving keys without a budget
+through a database restart); any other stored key is refused with a 503 that names the cause.
 
 Open mode, for trying the gateway out: when `LINK_ENVIRONMENT=development` (the default), no master key
 is set and the database holds no API key at all, every request is let in as the anonymous admin,
@@ -21,6 +23,7 @@ import time
 from sqlalchemy import Engine, select
 from sqlmodel import Session
 
+from link.db.engine import is_unreachable, unreachable_cause
 from link.db.models import ApiKey
 from link.keys import KeyIdentity, hash_key, verify_key
 from link.schemas import OpenAIError
@@ -52,10 +55,11 @@ class Authenticator:
         engine: the database holding the API keys.
         settings: master key and environment.
         ttl_s: seconds a verified key (and the open-mode check) is cached.
+        stale_s: seconds after its verification a cached key is still accepted while the database is unreachable.
     """
 
-    def __init__(self, engine: Engine, settings: Settings, *, ttl_s: float = 2.0):
-        self.engine, self.settings, self.ttl_s = engine, settings, ttl_s
+    def __init__(self, engine: Engine, settings: Settings, *, ttl_s: float = 2.0, stale_s: float = 600.0):
+        self.engine, self.settings, self.ttl_s, self.stale_s = engine, settings, ttl_s, stale_s
         self._cache: dict[str, tuple[KeyIdentity, float]] = {}
         self._open_until = 0.0
 
@@ -79,7 +83,9 @@ class Authenticator:
         """The caller's identity.
 
         Raises:
-            OpenAIError: 401 (`invalid_api_key`) for a missing, unknown or revoked key outside open mode.
+            OpenAIError: 401 (`invalid_api_key`) for a missing, unknown or revoked key outside open mode; 503
+                (`database_unavailable`) for a stored key the database cannot verify now and this process has not
+                verified in the last `stale_s` seconds.
         """
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""
@@ -88,7 +94,16 @@ class Authenticator:
             cached = self._cache.get(digest)
             if cached is not None and cached[1] > time.monotonic():
                 return cached[0]
-            identity = await asyncio.to_thread(self._verify, token)
+            try:
+                identity = await asyncio.to_thread(self._verify, token)
+            except Exception as exc:
+                if not is_unreachable(exc):
+                    raise
+                if cached is not None and cached[1] - self.ttl_s + self.stale_s > time.monotonic():
+                    return cached[0]
+                raise OpenAIError(503, f"The API key cannot be verified: the gateway's database is unreachable "
+                                  f"({unreachable_cause(exc)}); retry shortly.", type_="server_error",
+                                  code="database_unavailable", headers={"Retry-After": "1"}) from None
             if identity is not None:
                 if len(self._cache) > 10_000:
                     self._cache.clear()

@@ -16,6 +16,13 @@ represent: a cost is held as at most MAX_HOLD_NUSD (just above the largest budge
 still fits no budget), the holds of a key without a budget stop at the column's range (a refusal, not
 an overflow), and spend saturates there. All methods block: call them from the event loop through
 `asyncio.to_thread`.
+
+While the database does not answer, `reserve` raises `LedgerUnavailable` (the gateway refuses a key with a budget:
+fail closed), and a `settle` or `release` is kept in memory and applied by the next `heartbeat` (or `close`) that
+reaches the database, so a hold taken before an outage is neither lost nor left held. The kept closings are the
+reservations open when the database went away (no new hold is taken while it is away) and the spend of keys without
+a budget answered meanwhile (`Reservation.unheld`); these last stop at MAX_UNAPPLIED, past which such a spend is
+logged and not counted.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -30,6 +38,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, and_, case, delete, insert, or_, select, update
 
 from link.budget_leases import DEFAULT_LEASE_S, database_now, drop_lease, new_owner_id, release_holds, renew_lease
+from link.db.engine import is_unreachable, unreachable_cause
 from link.db.ledger import BudgetReservation
 from link.db.models import MAX_BUDGET_USD, ApiKey, nano_to_usd, usd_to_nano
 from link.keys import KeyNotFound
@@ -40,6 +49,7 @@ MAX_NUSD = 2**63 - 1  # the BIGINT range of the ledger's columns (SQLite's INTEG
 # The most one request holds or spends: one nano-dollar above the largest budget the API accepts, so a cost
 # at or beyond it fits no budget, and nine such holds still add up inside MAX_NUSD.
 MAX_HOLD_NUSD = usd_to_nano(MAX_BUDGET_USD) + 1
+MAX_UNAPPLIED = 100_000  # closings kept while the database is unreachable, at most (holds are always kept)
 
 
 def ledger_nano(usd: float, what: str) -> int:
@@ -72,6 +82,11 @@ class BudgetExceeded(Exception):
                          f"${max_cost_usd:.6f}")
 
 
+class LedgerUnavailable(Exception):
+    """The ledger's database did not answer (refused, dropped, restarting); the message names the driver's cause.
+    Nothing was held."""
+
+
 @dataclass
 class Reservation:
     """Money held for one request in flight, in integer nano-dollars; settled or released exactly once."""
@@ -84,6 +99,12 @@ class Reservation:
     @property
     def amount_usd(self) -> float:
         return nano_to_usd(self.amount_nusd)
+
+    @classmethod
+    def unheld(cls, key_id: int) -> Reservation:
+        """A reservation that holds nothing (no `budget_reservation` row): settling it only adds the spend. What a
+        key without a budget is given while the ledger is unavailable, so its spend is still counted afterwards."""
+        return cls(key_id, 0)
 
 
 class BudgetLedger:
@@ -108,6 +129,8 @@ class BudgetLedger:
             raise ValueError(f"lease_s must be > 0, got {lease_s}")
         self.engine, self.owner, self.lease_s = engine, owner or new_owner_id(), float(lease_s)
         self._renew_at = 0.0  # time.monotonic() when the lease is next due for renewal; 0: not taken yet
+        self._unapplied: list[tuple[Reservation, int]] = []  # settles/releases the database missed (spend, nusd)
+        self._unapplied_lock = threading.Lock()
 
     def open(self) -> tuple[int, int]:
         """Start-up: release the holds left under this owner id and those of owners whose lease expired, and take
@@ -131,8 +154,10 @@ class BudgetLedger:
         return released
 
     def heartbeat(self) -> tuple[int, int]:
-        """Renew this owner's lease and release the holds of owners whose lease expired (rule 2); returns what was
-        released, as `open`. Raises sqlalchemy.exc.SQLAlchemyError when the database is unreachable."""
+        """Apply the settles and releases the database missed while it was away, renew this owner's lease and release
+        the holds of owners whose lease expired (rule 2); returns what was released, as `open`. Raises
+        sqlalchemy.exc.SQLAlchemyError when the database is unreachable (the missed closings are kept)."""
+        self.apply_unapplied()
         with self.engine.begin() as connection:
             now = database_now(connection)
             released = release_holds(connection, now)
@@ -147,7 +172,9 @@ class BudgetLedger:
         return released
 
     def close(self) -> None:
-        """Shutdown: release the holds still open under this owner (requests that never settled) and drop its lease."""
+        """Shutdown: apply the closings the database missed, release the holds still open under this owner (requests
+        that never settled) and drop its lease."""
+        self.apply_unapplied()
         with self.engine.begin() as connection:
             release_holds(connection, database_now(connection), owner=self.owner)
             drop_lease(connection, self.owner)
@@ -168,9 +195,18 @@ class BudgetLedger:
         Raises:
             BudgetExceeded: it does not fit; nothing is held.
             KeyNotFound: no key with this id.
+            LedgerUnavailable: the database did not answer; nothing is held.
             ValueError: a negative cost or NaN.
         """
         amount = ledger_nano(max_cost_usd, "max_cost_usd")
+        try:
+            return self._reserve(key_id, amount, max_cost_usd)
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise LedgerUnavailable(f"the budget ledger's database is unreachable: {unreachable_cause(exc)}") from exc
+            raise
+
+    def _reserve(self, key_id: int, amount: int, max_cost_usd: float) -> Reservation:
         self._renew_if_due()
         c = ApiKey.__table__.c
         # Written as "room >= amount" rather than "spend + reserved + amount <= budget": the database never adds up
@@ -197,6 +233,7 @@ class BudgetLedger:
         """Replace the hold by the real cost (USD, >= 0, capped at MAX_HOLD_NUSD like a hold): reserved -= held,
         spend += actual (saturating at MAX_NUSD), atomically. A hold already released because this owner's lease
         expired (link/budget_leases.py, rule 4) is not given back twice: only the spend is added.
+        While the database is unreachable the closing is kept in memory and applied by a later `heartbeat`.
 
         Raises:
             ValueError: the reservation was already settled or released, or a negative cost or NaN.
@@ -215,6 +252,48 @@ class BudgetLedger:
         if not reservation.is_open:
             raise ValueError(f"reservation of key {reservation.key_id} was already settled or released")
         reservation.is_open = False
+        try:
+            self._apply_close(reservation, spend_nusd)
+        except Exception as exc:
+            if not is_unreachable(exc):
+                raise
+            with self._unapplied_lock:
+                num_kept = len(self._unapplied)
+                if reservation.amount_nusd == 0 and num_kept >= MAX_UNAPPLIED:
+                    logger.error("budget ledger %s: %d settlements wait for the database already; the spend of key "
+                                 "%d (%d nano-dollars) is not counted", self.owner, num_kept, reservation.key_id,
+                                 spend_nusd)
+                    return
+                self._unapplied.append((reservation, spend_nusd))
+                num_kept += 1
+            logger.warning("budget ledger %s: the database is unreachable (%s); settling key %d's reservation is kept "
+                           "in memory (%d kept) until it answers", self.owner, unreachable_cause(exc),
+                           reservation.key_id, num_kept)
+
+    def apply_unapplied(self) -> int:
+        """Apply the settles and releases kept while the database was unreachable, oldest first; returns how many were
+        applied. Stops at the first that fails again (kept, with the rest). Raises what a statement error raises."""
+        with self._unapplied_lock:
+            kept, self._unapplied = self._unapplied, []
+        applied = 0
+        try:
+            for reservation, spend_nusd in kept:
+                self._apply_close(reservation, spend_nusd)
+                applied += 1
+        finally:
+            with self._unapplied_lock:
+                self._unapplied[:0] = kept[applied:]
+        if applied:
+            logger.warning("budget ledger %s: the database answers again; applied %d settlements kept meanwhile",
+                           self.owner, applied)
+        return applied
+
+    @property
+    def num_unapplied(self) -> int:
+        """Settles and releases waiting for the database to answer."""
+        return len(self._unapplied)
+
+    def _apply_close(self, reservation: Reservation, spend_nusd: int) -> None:
         c, holds = ApiKey.__table__.c, BudgetReservation.__table__
         with self.engine.begin() as connection:
             is_held = connection.execute(delete(holds).where(holds.c.id == reservation.id)).rowcount == 1

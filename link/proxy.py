@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 
+from link import tracing
 from link.accounting import RequestRecord, estimate_completion_tokens, estimate_prompt_tokens
 from link.backends import Backend, BackendError, BackendUnavailable
 from link.backends.usage import Estimate, checked_response, checked_stream
@@ -94,8 +95,11 @@ async def complete(pools: dict[str, DeploymentPool], plan: Plan, record: Request
     sent = {k: v for k, v in body.items() if k not in _NOT_SENT}
 
     async def call(backend: Backend, deployment: ModelDeployment) -> dict:
-        response = await backend.complete(endpoint, {**sent, "model": deployment.provider_model})
-        return checked_response(response, deployment, usage_estimate(endpoint, sent))
+        with tracing.model_call(endpoint, sent, deployment) as span:  # one span per attempt (link/tracing.py)
+            response = await backend.complete(endpoint, {**sent, "model": deployment.provider_model})
+            response = checked_response(response, deployment, usage_estimate(endpoint, sent))
+            tracing.record_answer(span, response, deployment)
+            return response
 
     response, lease = await _first_answer(pools, plan, record, call, routing_body=sent)
     await lease.__aexit__(None, None, None)
@@ -159,8 +163,8 @@ def _stream_call(endpoint: str, body: dict[str, Any] | Callable[[ModelDeployment
     async def call(backend: Backend, deployment: ModelDeployment):
         request = body(deployment) if callable(body) else body
         sent = {**request, "stream": True, "stream_options": {**(request.get("stream_options") or {}), "include_usage": True}}
-        chunks = checked_stream(backend.stream(endpoint, {**sent, "model": deployment.provider_model}), deployment,
-                                usage_estimate(endpoint, sent))
+        chunks = tracing.traced_stream(checked_stream(backend.stream(endpoint, {**sent, "model": deployment.provider_model}),
+                                                      deployment, usage_estimate(endpoint, sent)), endpoint, sent, deployment)
         try:
             first = await anext(chunks)
         except StopAsyncIteration:

@@ -7,10 +7,21 @@
 `write` only appends to an in-memory queue; one background thread inserts the queued rows in batches
 (one transaction per batch). When the database is unavailable the thread keeps the rows and retries with
 backoff, so a row is lost only if the process is killed (SIGKILL, power loss) with rows still queued
-(at most `flush_interval_s` worth under normal load) or if a row can never be stored. A batch the database or
+(at most `flush_interval_s` worth under normal load), if a row can never be stored, or if `max_pending` rows are
+already waiting (a long outage: the memory they take is bounded; each row refused is counted in `num_dropped` and
+the first of each outage is logged). A batch the database or
 its driver refuses (a foreign key, a value out of a column's range: SQLite's driver raises OverflowError for an
 integer past 64 bits) is written row by row, so one bad row never costs the others; a row that still fails is
 logged with its values, counted in `num_failed` and dropped. Nothing a row holds stops the thread.
+
+The durability bound. The thread starts a batch with the first row queued, gathers more for at most
+`flush_interval_s` (FLUSH_INTERVAL_S, 0.05 s) or until it holds `batch_size` rows, and commits it; so a row is
+committed at most flush_interval_s plus two batch writes (the one under way when it was queued, and its own: a few
+milliseconds each on SQLite in WAL mode or PostgreSQL on loopback) after it was queued. The gateway queues a whole
+answer's row before the answer is sent and a stream's once its last byte is handed to the server, so a request
+whose answer completed more than 1 s before a `kill -9` has its row, as long as the database keeps up with the
+rows and stays reachable (tests/link/test_gateway_workers.py checks it under load); `close` (a clean shutdown, the
+SIGTERM drain) writes every queued row before the process exits.
 """
 
 from __future__ import annotations
@@ -30,6 +41,9 @@ from link.db.models import RequestLog, RequestLogCreate, RequestLogPublic
 
 logger = logging.getLogger(__name__)
 _STOP = object()
+# Seconds the writer gathers a batch after its first row: short enough that an answered request's row is committed
+# well inside the 1 s durability bound (the module docstring), long enough to batch a busy gateway's rows.
+FLUSH_INTERVAL_S = 0.05
 
 
 class RequestLogWriter:
@@ -40,16 +54,20 @@ class RequestLogWriter:
         batch_size: rows per INSERT transaction at most.
         flush_interval_s: how long the thread waits to gather a batch after the first queued row (seconds).
         max_retry_delay_s: longest backoff between retries while the database is unavailable (seconds).
+        max_pending: rows kept in memory at most while they wait for the database; `write` drops a row past it.
     """
 
-    def __init__(self, engine: Engine, *, batch_size: int = 256, flush_interval_s: float = 0.05,
-                 max_retry_delay_s: float = 5.0):
+    def __init__(self, engine: Engine, *, batch_size: int = 256, flush_interval_s: float = FLUSH_INTERVAL_S,
+                 max_retry_delay_s: float = 5.0, max_pending: int = 100_000):
         self.engine = engine
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
         self.max_retry_delay_s = max_retry_delay_s
         self.num_written = 0
         self.num_failed = 0
+        self.max_pending = max_pending
+        self.num_dropped = 0  # rows refused by `write` because `max_pending` rows were waiting
+        self._is_dropping = False
         self._queue: queue.Queue = queue.Queue()
         self._is_closed = False
         self._thread = threading.Thread(target=self._run, name="request-log-writer", daemon=True)
@@ -68,6 +86,14 @@ class RequestLogWriter:
         """
         if self._is_closed:
             raise RuntimeError("RequestLogWriter is closed")
+        if self._queue.unfinished_tasks >= self.max_pending:
+            if not self._is_dropping:
+                logger.error("request log: %d rows wait for the database already; dropping row %s and the next ones "
+                             "until they are written", self.max_pending, entry.id)
+            self._is_dropping = True
+            self.num_dropped += 1
+            return
+        self._is_dropping = False
         values = entry.model_dump()
         values["metadata"] = values.pop("request_metadata")  # the column's name
         self._queue.put(values)

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.boundary import MAX_JSON_DEPTH_CEILING, BodyLimits
@@ -76,8 +76,15 @@ class Settings(BaseSettings):
             a larger one is a 413 (protocol/boundary.py).
         drain_timeout_s: the longest graceful drain after SIGTERM, in seconds (`LINK_DRAIN_TIMEOUT_S`, default 30):
             requests and streams in flight get this long to finish (protocol/drain.py).
+        workers: gateway processes sharing the port (`LINK_WORKERS`, `link serve --workers N`, default 1, at most
+            64; link/workers.py); worker i's instance id is "<instance_id>-w<i>".
         max_json_depth: the deepest nesting of arrays and objects in a JSON body (`LINK_MAX_JSON_DEPTH`, default
             64, 8 to 128); a deeper one is a 400.
+        otel_enabled: export OpenTelemetry traces over OTLP/HTTP (`LINK_OTEL_ENABLED`, default false; link/tracing.py).
+        otel_endpoint: the OTLP collector's base URL, e.g. "http://collector:4318" ("/v1/traces" is appended), which
+            also turns tracing on (`LINK_OTEL_ENDPOINT`, else the standard `OTEL_EXPORTER_OTLP_ENDPOINT`).
+        otel_service_name: the traces' `service.name` (`LINK_OTEL_SERVICE_NAME`, else the standard
+            `OTEL_SERVICE_NAME`, default "togetherlink").
     """
 
     model_config = SettingsConfigDict(env_prefix="LINK_", extra="ignore", validate_default=True)
@@ -109,6 +116,13 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 2**20, ge=1024)
     max_json_depth: int = Field(64, ge=8, le=MAX_JSON_DEPTH_CEILING)
     drain_timeout_s: float = Field(30.0, ge=0, le=3600)
+    workers: int = Field(1, ge=1, le=64)
+    # OpenTelemetry traces (link/tracing.py): on with LINK_OTEL_ENABLED=true or an OTLP endpoint
+    otel_enabled: bool = False
+    otel_endpoint: str | None = Field(None, validation_alias=AliasChoices(
+        "link_otel_endpoint", "otel_endpoint", "otel_exporter_otlp_endpoint"))
+    otel_service_name: str = Field("togetherlink", min_length=1, validation_alias=AliasChoices(
+        "link_otel_service_name", "otel_service_name"))
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> Settings:
@@ -117,6 +131,9 @@ class Settings(BaseSettings):
             self.database_url = f"sqlite:///{self.home / 'link.db'}"
         if self.datasets_dir is None:
             self.datasets_dir = self.home / "datasets"
+        if self.instance_id is not None and len(self.instance_id) + len(f"-w{self.workers - 1}") > 128:
+            raise ValueError(f"LINK_INSTANCE_ID is too long for {self.workers} workers: each worker's id adds "
+                             f"-w<index> and must stay within 128 characters")
         if self.master_key is not None and self.environment != "development":
             if is_placeholder_key(self.master_key.get_secret_value()):
                 raise ValueError(

@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 from link.accounting import Accounting
 from link.auth import Authenticator, warn_if_open
 from link.backends import make_backend
+from link.budget_leases import new_owner_id
 from link.budgets import BudgetLedger, keep_lease
 from link.config import LinkConfig
 from link.db import make_db_engine, upgrade
@@ -140,7 +141,9 @@ async def open_gateway(settings: Settings, config: LinkConfig) -> GatewayState:
     heartbeat = asyncio.create_task(keep_lease(ledger, ledger.lease_s / 3)) if ledger is not None else None
     return GatewayState(settings=settings, config=config, db=db, auth=auth, policies=policies,
                         pools=pools, metrics=metrics,
-                        accounting=Accounting(metrics, log_writer, ledger, limiter, redactor=redactor),
+                        accounting=Accounting(metrics, log_writer, ledger, limiter, redactor=redactor,
+                                              instance=ledger.owner if ledger is not None else
+                                              settings.instance_id or new_owner_id()),
                         limiter=limiter, log_writer=log_writer, engine_pool=engine_pool, created=int(time.time()),
                         traces=TraceRecorder(db), redactor=redactor, log_filter=attach_log_filter(redactor),
                         ledger_heartbeat=heartbeat, readiness=readiness,

@@ -6,6 +6,9 @@
 SQLite connections get WAL journaling (readers never block the one writer), a busy timeout (a writer
 waits for the lock instead of failing at once, also across processes) and foreign keys on. Every
 connection is set up by a `connect` event, so pooled and new connections behave the same.
+
+`is_unreachable(exc)` tells a database that did not answer (refused, dropped, shutting down) from a statement
+it refused; `unreachable_cause(exc)` is the driver's first line, for an error message.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -80,3 +84,17 @@ def make_db_engine(url: str, *, echo: bool = False, sqlite_synchronous: str = "N
 def is_postgresql(engine: Engine) -> bool:
     """True when the engine talks to PostgreSQL (else SQLite)."""
     return engine.dialect.name == "postgresql"
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True when `exc` says the database did not answer: connection refused or lost, the server shutting down or
+    starting up (sqlalchemy's OperationalError or InterfaceError, which wrap the driver's); False for a statement
+    the database refused (a constraint, a bad value)."""
+    return isinstance(exc, (OperationalError, InterfaceError))
+
+
+def unreachable_cause(exc: BaseException) -> str:
+    """The driver's first line of a connection failure ("connection failed: ... Connection refused"), for a message."""
+    original = getattr(exc, "orig", None) or exc
+    lines = str(original).strip().splitlines()
+    return lines[0] if lines else type(original).__name__

@@ -222,6 +222,9 @@ class RequestLogBase(SQLModel):
     error: str | None = Field(default=None, sa_type=Text)
     stream: bool = False
     user: str | None = Field(default=None, max_length=256)
+    instance: str | None = Field(default=None, max_length=128,
+                                 description="the gateway process that served it: its LINK_INSTANCE_ID (with -w<i> for "
+                                             "worker i of `link serve --workers N`), else an id fresh per process")
 
     @field_validator("status")
     @classmethod

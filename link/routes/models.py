@@ -22,7 +22,7 @@ from sqlmodel import select
 from link.db.models import RequestLog, utcnow
 from link.deps import AdminDep, SessionDep, StateDep
 from link.readiness import with_readiness
-from link.routes.openai import context_length
+from link.routes.model_cards import context_length
 from link.state import GatewayState
 
 router = APIRouter(prefix="/api/models", tags=["models"])
@@ -30,7 +30,7 @@ THROUGHPUT_WINDOW_S = 60
 
 
 def _engine_state(state: GatewayState, local: str | None):
-    # EnginePool has no public accessor for a loaded engine yet (see routes/openai.py:_deployment_context).
+    # EnginePool has no public accessor for a loaded engine yet (see routes/model_cards.py:_deployment_context).
     return getattr(state.engine_pool, "_states", {}).get(local) if local and state.engine_pool else None
 
 

@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/{id}].
+"""OpenAI-compatible routes: POST /v1/chat/completions and POST /v1/completions (`GET /v1/models`: model_cards.py).
 
 A request's life (`handle`):
     1. authenticate the bearer key (401)                       link/auth.py
@@ -32,7 +32,6 @@ requested name). Their values are UTF-8 percent-encoded outside printable ASCII,
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from typing import AsyncIterator
@@ -45,6 +44,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from link.accounting import Accounting, RequestRecord, max_request_cost
 from link.backends import BackendError
 from link.config import ModelDeployment
+from link.db.engine import is_unreachable, unreachable_cause
 from link.db.models import MAX_INT32
 from link.deps import StateDep
 from link.executor import ExecutedStream, GatewayCaller, execute_whole, executed_frames, start_executed_stream
@@ -53,13 +53,13 @@ from link.proxy import LiveStream, complete, open_stream, sse_frames
 from link.cache_replay import Hit
 from link.response_cache import NO_CACHE, NoCache, Ticket
 from protocol.openapi_body import json_body
-from link.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError, model_card, model_not_found,
+from link.routes.model_cards import context_length
+from link.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError, model_not_found,
                           parse_json_object, validate_request)
 from link.state import GatewayState
 from link.traces import finish_whole, watch
 from protocol.boundary import REFUSAL
 from protocol.disconnect import ClientDisconnected, unless_disconnected
-from serving.errors import ServingError
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
@@ -127,11 +127,19 @@ def _headers(record: RequestRecord, requested: str) -> dict[str, str]:
 
 
 async def _rate_limit(state: GatewayState, record: RequestRecord) -> None:
-    """Raises OpenAIError 429 (type "requests" or "tokens", code rate_limit_exceeded, Retry-After) over a limit."""
+    """Raises OpenAIError 429 (type "requests" or "tokens", code rate_limit_exceeded, Retry-After) over a limit; 503
+    (code database_unavailable) when the counters cannot be read."""
     identity = record.identity
     if identity.key_id is None or (identity.rpm_limit is None and identity.tpm_limit is None):
         return
-    refusal = await asyncio.to_thread(state.limiter.admit, identity)
+    try:
+        refusal = await asyncio.to_thread(state.limiter.admit, identity)
+    except Exception as exc:  # the counters' database (Redis's fallback) unreachable: fail closed
+        if not is_unreachable(exc):
+            raise
+        raise OpenAIError(503, f"The rate limits of API key {identity.name!r} cannot be checked: the gateway's database "
+                          f"is unreachable ({unreachable_cause(exc)}); retry shortly.", type_="server_error",
+                          code="database_unavailable", headers={"Retry-After": "1"}) from None
     if refusal is not None:
         limit = identity.rpm_limit if refusal.limit == "requests" else identity.tpm_limit
         raise OpenAIError(429, f"Rate limit reached for API key {identity.name!r} on {refusal.limit} per minute: "
@@ -219,7 +227,7 @@ def _requested_model(raw: bytes) -> tuple[dict | None, OpenAIError | None, str]:
 
 async def handle(request: Request, state: GatewayState, endpoint: str, dialect: Dialect = OPENAI) -> Response:
     """One OpenAI request, steps 1-7 of the module docstring, in the wire format of `dialect`; never raises."""
-    record = RequestRecord(endpoint=endpoint, decision={"endpoint": dialect.path} if dialect.path else {})
+    request.scope["link.record"] = record = RequestRecord(endpoint=endpoint, decision={"endpoint": dialect.path} if dialect.path else {})
     is_streaming = False
     requested = ""
     ticket = NO_CACHE  # the request's passage through its policy's response cache (link/response_cache.py)
@@ -334,64 +342,3 @@ async def chat_completions(request: Request, state: StateDep) -> Response:
 async def completions(request: Request, state: StateDep) -> Response:
     """OpenAI (legacy) Completions, for base models (whole or streamed)."""
     return await handle(request, state, "completion")
-
-
-def _deployment_context(state: GatewayState, deployment: ModelDeployment) -> int | None:
-    """Tokens of prompt plus output one deployment takes: a loaded local engine's `max_model_len` (the
-    configured context, capped by its KV cache), else the configured `context_length` (for a registry
-    model, the registry's, capped by the config); None when unknown."""
-    pool = state.engine_pool
-    if deployment.kind != "local" or pool is None:
-        return deployment.context_length
-    # EnginePool has no public accessor for a loaded engine yet; `_states` maps `local` to its EngineState.
-    loaded = getattr(pool, "_states", {}).get(deployment.local)
-    if loaded is not None:
-        return loaded.engine.engine.max_model_len
-    if deployment.is_local_path:
-        return deployment.context_length
-    try:
-        return pool.spec_for(deployment).context_length
-    except ServingError:  # not in the registry: the model cannot load; say what the config says
-        return deployment.context_length
-
-
-def context_length(state: GatewayState, name: str) -> int | None:
-    """The smallest context of a model's replicas (a request that fits it fits each), or None if none is known."""
-    known = [c for d in state.config.deployments(name) if (c := _deployment_context(state, d))]
-    return min(known) if known else None
-
-
-def _cards(state: GatewayState) -> list[dict]:
-    cards = [model_card(name, state.created, owned_by="togetherlink", max_model_len=context_length(state, name),
-                        link={"type": "model", "kind": state.config.deployments(name)[0].kind,
-                              "replicas": len(state.config.deployments(name))})
-             for name in state.model_names]
-    for policy in [*state.policies.configured.values(), *state.policies.stored_policies()]:
-        try:
-            card = model_card(policy.name, state.created, owned_by="togetherlink-policy",
-                              link={"type": "policy", **policy.describe()})
-            json.dumps(card, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            # one policy that cannot be described as strict JSON must not fail the list for everyone
-            logger.error("policy %r left out of /v1/models: %s", policy.name, exc)
-            continue
-        cards.append(card)
-    return cards
-
-
-@router.get("/v1/models")
-async def list_models(request: Request, state: StateDep) -> JSONResponse:
-    """The models and the policies (any of which can be sent as `model`); a model's card carries its
-    `max_model_len` (see `_deployment_context`)."""
-    await state.auth.identify(request.headers.get("authorization"))
-    await state.policies.resolve("")  # refreshes the database policies when stale
-    return JSONResponse({"object": "list", "data": _cards(state)})
-
-
-@router.get("/v1/models/{model_id:path}")
-async def retrieve_model(model_id: str, request: Request, state: StateDep) -> JSONResponse:
-    """One model or policy; 404 with an OpenAI error object when unknown."""
-    await state.auth.identify(request.headers.get("authorization"))
-    if await state.policies.resolve(model_id) is None:
-        raise model_not_found(model_id, list(state.model_names))
-    return JSONResponse(next(c for c in _cards(state) if c["id"] == model_id))

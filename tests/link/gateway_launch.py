@@ -135,8 +135,9 @@ def start_gateway_process(config_path: Path, database_url: str, home: Path, *, t
     port = free_port()
     environ = {**os.environ, "PYTHONPATH": str(ROOT), "LINK_HOME": str(home), "LINK_DATABASE_URL": database_url,
                "LINK_MASTER_KEY": MASTER_KEY, "LINK_ENVIRONMENT": "development", "LINK_HEALTH_INTERVAL_S": "0.2",
-               "LINK_EJECT_COOLDOWN_S": "0.5", **env}
-    environ.pop("LINK_REDIS_URL", None)
+               "LINK_EJECT_COOLDOWN_S": "0.5"}
+    environ.pop("LINK_REDIS_URL", None)  # never the machine's shared Redis; a test passes its own in `env`
+    environ.update(env)
     cmd = [sys.executable, "-m", "cli", "serve", "--config", str(config_path), "--port", str(port),
            "--log-level", "warning"]
     process = subprocess.Popen(cmd, cwd=ROOT, env=environ)

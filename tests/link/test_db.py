@@ -58,7 +58,7 @@ def test_upgrade_creates_the_tables_and_is_idempotent(backend, new_database_url)
     assert current_revision(engine) is None and not TABLES & set(inspect(engine).get_table_names())
     upgrade(url)
     assert TABLES | {"alembic_version"} <= set(inspect(engine).get_table_names())
-    assert current_revision(engine) == head_revision() == "0007"
+    assert current_revision(engine) == head_revision() == "0008"
     with Session(engine) as session:
         session.add(PolicyRow(name="keep-me", type="fixed", models=["a"]))
         session.commit()
