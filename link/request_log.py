@@ -66,10 +66,11 @@ class RequestLogWriter:
         self.num_written = 0
         self.num_failed = 0
         self.max_pending = max_pending
-        self.num_dropped = 0  # rows refused by `write` because `max_pending` rows were waiting
+        self.num_dropped = 0  # rows refused by `write` (`max_pending` waiting), or left unwritten by a timed-out close
         self._is_dropping = False
         self._queue: queue.Queue = queue.Queue()
         self._is_closed = False
+        self._is_abandoned = False  # closed and no longer waited for: rows that cannot be written are dropped
         self._thread = threading.Thread(target=self._run, name="request-log-writer", daemon=True)
         self._thread.start()
 
@@ -107,14 +108,22 @@ class RequestLogWriter:
             time.sleep(0.005)
         return True
 
+    @property
+    def is_running(self) -> bool:
+        """Whether the writer thread still runs (it ends after `close`; after a timed-out close, once it has
+        dropped what the database refuses)."""
+        return self._thread.is_alive()
+
     def close(self, timeout_s: float | None = None) -> None:
         """Stop accepting rows, write every queued row, stop the thread. With `timeout_s`, give up waiting
-        after that long (the daemon thread keeps writing until the process exits)."""
+        after that long: rows the database still refuses then are dropped (counted in `num_dropped`) rather than
+        retried for the rest of the process's life; rows it accepts are still written."""
         if self._is_closed:
             return
         self._is_closed = True
         self._queue.put(_STOP)
         self._thread.join(timeout_s)
+        self._is_abandoned = self._thread.is_alive()
 
     def _run(self) -> None:
         while True:
@@ -170,6 +179,10 @@ class RequestLogWriter:
                 self._write_one_by_one(batch)
                 return
             except DBAPIError as exc:  # unreachable, locked, schema not migrated yet: keep the rows, retry
+                if self._is_abandoned:
+                    self.num_dropped += len(batch)
+                    logger.error("request log: closed while the database is unavailable; %d rows dropped", len(batch))
+                    return
                 logger.warning("request log: database unavailable (%s); retrying %d rows in %.2fs",
                                str(exc.orig).splitlines()[0], len(batch), delay)
                 time.sleep(delay)

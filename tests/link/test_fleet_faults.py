@@ -363,7 +363,12 @@ def test_the_request_log_keeps_a_bounded_number_of_rows_while_the_database_is_aw
         assert (writer.num_pending, writer.num_dropped, writer.num_written) == (3, 2, 0)
     finally:
         writer.close(timeout_s=0)
-        engine.dispose()
+    # a close that gave up waiting stops retrying: the three rows still pending are dropped, the thread ends
+    deadline = time.monotonic() + 5
+    while writer.is_running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not writer.is_running and (writer.num_dropped, writer.num_written) == (5, 0)
+    engine.dispose()
 
 
 # 4. Redis down --------------------------------------------------------------------------------------------------
