@@ -63,7 +63,7 @@ serve: install
 # second pytest process of their own, so that they never add to what the long first run holds (24 GB machines).
 QWEN_TESTS := tests/serving/models/test_parity_qwen.py tests/serving/test_qwen_long_prompt.py \
 	tests/serving/test_qwen_chat.py tests/cli/test_cli_posttrain_qwen.py tests/serving/test_qwen_packed.py \
-	tests/serving/api/test_openai_client_qwen.py
+	tests/serving/api/test_openai_client_qwen.py tests/link/test_gateway_stream_resume_local.py
 
 test: install-dev
 	LINK_HOME=$(TEST_LINK_HOME) LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(addprefix --ignore=,$(QWEN_TESTS)) $(PYTEST_ARGS)

@@ -143,6 +143,22 @@ class CostBound:
 #   cache (object, default none): serve repeated requests from the response cache (link/response_cache.py; its
 #   fields in link/policies/cache_options.py).
 COMMON_OPTIONS = ("capture_traces", "continue_on_failure", "cache")
+# What the types whose plans make several calls take (continue_on_failure false is accepted and means nothing).
+MULTI_CALL_OPTIONS = ("capture_traces", "cache")
+
+
+def without_stream_resume(kind: str, options: dict) -> dict:
+    """`options` of a policy of several calls per answer, with a false `continue_on_failure` left out.
+
+    Raises:
+        PolicyError: `continue_on_failure` true (it applies to streams one model answers), naming the field.
+    """
+    if "continue_on_failure" not in options:
+        return options
+    if bool_option(options, "continue_on_failure", False):
+        raise PolicyError(f"continue_on_failure applies to streams one model answers; a {kind!r} policy's "
+                          "answer comes from several calls: remove the option", param="options.continue_on_failure")
+    return {k: v for k, v in options.items() if k != "continue_on_failure"}
 
 
 class Policy(ABC):
@@ -175,15 +191,15 @@ class Policy(ABC):
         """Validate a definition before it is stored or used: the name, the option keys (`OPTIONS`), finite
         numbers only, the models served. Subclasses check their options' values. Raises PolicyError."""
         check_name(config.name)
-        check_options(config.type, config.options, None if cls.OPTIONS is None else (*cls.OPTIONS, *COMMON_OPTIONS))
+        options = config.options if cls.CONTINUES_STREAMS else without_stream_resume(config.type, config.options)
+        common = COMMON_OPTIONS if cls.CONTINUES_STREAMS else MULTI_CALL_OPTIONS
+        check_options(config.type, options, None if cls.OPTIONS is None else (*cls.OPTIONS, *common))
         unknown = [m for m in config.models if m not in model_names]
         if unknown:
             raise PolicyError(f"unknown model(s) {unknown}; the gateway serves {sorted(model_names)}", param="models")
         bool_option(config.options, "capture_traces", False)
+        bool_option(config.options, "continue_on_failure", False)
         cache_options(config.options)
-        if bool_option(config.options, "continue_on_failure", False) and not cls.CONTINUES_STREAMS:
-            raise PolicyError(f"continue_on_failure applies to streams one model answers; a {config.type!r} policy's "
-                              "answer comes from several calls: remove the option", param="options.continue_on_failure")
 
     @property
     def capture_traces(self) -> bool:

@@ -42,7 +42,8 @@ from typing import Any, AsyncIterator, Callable
 
 from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.config import PolicyConfig
-from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
+from link.policies.base import (MULTI_CALL_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest,
+                               without_stream_resume)
 from link.policies.options import bool_option, check_options, number_option, number_value, str_option
 from link.policies.router import (MAX_COST_USD, LazyRouter, encoder_option, gateway_embedder, require_text_prompt,
                                   router_path)
@@ -161,7 +162,7 @@ def build_cascade(config: PolicyConfig, model_names: tuple[str, ...] | None = No
     from routers.cascade import Cascade, JudgeScorer, PredictedQuality
 
     options = config.options
-    check_options("cascade", options, (*OPTIONS, *COMMON_OPTIONS))
+    check_options("cascade", without_stream_resume("cascade", options), (*OPTIONS, *MULTI_CALL_OPTIONS))
     scorer_name = options.get("scorer", "judge")
     if scorer_name not in SCORERS:
         raise PolicyError(f"options.scorer must be one of {SCORERS}, got {scorer_name!r}", param="options.scorer")

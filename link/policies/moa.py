@@ -32,7 +32,8 @@ from typing import Any, AsyncIterator, Callable
 from link.accounting import DEFAULT_MAX_COMPLETION_TOKENS, max_request_cost
 from link.backends import BackendError, BackendUnavailable
 from link.config import PolicyConfig
-from link.policies.base import COMMON_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest
+from link.policies.base import (MULTI_CALL_OPTIONS, CostBound, Plan, PlanExecutor, Policy, PolicyError, PolicyRequest,
+                               without_stream_resume)
 from link.policies.options import check_options, int_option, number_option, number_value, str_option
 
 OPTIONS = ("aggregator", "temperatures", "proposers", "layers", "deadline_s", "proposer_max_tokens", "min_proposals")
@@ -92,7 +93,7 @@ def build_moa(options: dict[str, Any], models: list[str], model_names: tuple[str
     """
     from routers.moa import MixtureOfAgents, Proposer
 
-    check_options("moa", options, (*OPTIONS, *COMMON_OPTIONS), prefix)
+    check_options("moa", without_stream_resume("moa", options), (*OPTIONS, *MULTI_CALL_OPTIONS), prefix)
     aggregator = str_option(options, "aggregator", models[0], prefix)
     pairs = _proposer_list(options, models, prefix)
     if model_names is not None:

@@ -21,7 +21,7 @@ from tests.evals.fakes import FakeTarget
 def test_migration_creates_the_eval_tables(eval_db_url):
     store = EvalStore(eval_db_url)
     assert {"eval_run", "eval_cache", "eval_report"} <= set(inspect(store.engine).get_table_names())
-    assert current_revision(store.engine) == head_revision() == "0007"
+    assert current_revision(store.engine) == head_revision() == "0008"
     EvalStore(eval_db_url).close()  # a second open is a no-op migration
     store.close()
 

@@ -5,13 +5,10 @@ candidate continues the same answer. With the option the client reads one stream
 whose text is the streamed prefix followed by the next backend's continuation, that backend received the prefix
 as a trailing assistant message to continue (or appended to a completion's prompt), and usage, `link_billed`, the
 cost and the request-log row count both calls. Without it the stream ends with the clean error event, as before.
-The slow tests put the real local engine (SmolLM2, Qwen2.5-Coder 0.5B) second: the continuation equals the model's
-own greedy continuation of the prefix, asked for independently as a completion of the rendered prompt's tokens.
+test_gateway_stream_resume_local.py puts the real local engine (SmolLM2, Qwen2.5-Coder 0.5B) second.
 """
 
 from __future__ import annotations
-
-import json
 
 import httpx
 import pytest
@@ -157,51 +154,3 @@ def test_the_option_is_checked_strictly():
     with pytest.raises(PolicyError) as moa:
         make_policy(PolicyConfig(name="m", type="moa", models=["a", "b"], options={"continue_on_failure": True}), models)
     assert moa.value.param == "options.continue_on_failure" and "several calls" in moa.value.message
-
-
-LOCAL_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
-
-
-@pytest.fixture(scope="module")
-def local_gateway(new_database_url, tmp_path_factory):
-    from link.config import parse_config
-
-    dying = dying_backend()
-    models = [mock_deployment("dying", dying.api_base, input_cost_per_million=0.0, output_cost_per_million=0.0),
-              *({"name": name, "kind": "local", "local": name} for name in LOCAL_MODELS)]
-    policies = [{"name": f"survive-{name}", "type": "fallback", "models": ["dying", name],
-                 "options": {"continue_on_failure": True}} for name in LOCAL_MODELS]
-    settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"), eject_cooldown_s=0.0,
-                                health_interval_s=0.1)
-    try:
-        with start_gateway_thread(settings, parse_config({"models": models, "policies": policies})) as server:
-            yield server
-    finally:
-        dying.stop()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("model", LOCAL_MODELS)
-def test_a_local_model_continues_with_its_greedy_continuation(local_gateway, model):
-    wait_in_rotation(local_gateway, "dying")
-    messages = [{"role": "user", "content": "Tell me about Paris."}]
-    response, events = stream(local_gateway, "/chat/completions", {"model": f"survive-{model}", "messages": messages,
-                                                                   "max_tokens": 40, "temperature": 0,
-                                                                   "stream_options": {"include_usage": True}},
-                               timeout_s=600)  # Qwen's GGUF is assembled on first use (about 45 s)
-    assert response.status_code == 200 and not any("error" in e for e in events), events[-3:]
-    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
-    assert text.startswith(PREFIX) and len(text) > len(PREFIX)
-
-    # Independently: the model's greedy continuation of the prefix, as a completion of the prompt's tokens (the chat
-    # template's usual rendering, a new assistant turn, followed by the prefix).
-    loaded = local_gateway.state.engine_pool._states[model].loaded
-    fmt = loaded.chat_format
-    ids = loaded.tokenizer.encode(fmt.render(messages) + PREFIX, add_special_tokens=fmt.add_special_tokens)
-    whole = httpx.post(local_gateway.base_url + "/completions", headers=AUTH, timeout=600,
-                       json={"model": model, "prompt": ids, "max_tokens": 20, "temperature": 0}).json()
-    assert text == PREFIX + whole["choices"][0]["text"]
-    usage = events[-1]["usage"]  # the dead call's 20 chunks, then the engine's own count of the same greedy run
-    assert usage["link_billed"]["calls"] == 2 and usage["completion_tokens"] == 20 + whole["usage"]["completion_tokens"]
-    row = logged_request(local_gateway, response.headers["x-link-request-id"])
-    assert row["status"] == "ok" and row["model"] == model and [c["model"] for c in row["decision"]["calls"]] == ["dying", model]

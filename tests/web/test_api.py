@@ -207,7 +207,7 @@ def test_request_log_bounds_its_query(api, params, param):
      "unknown field 'temp' of options.proposers[0]; its fields: model, temperature"),
     ({"min_proposals": 3}, "options.min_proposals", "options.min_proposals must be a whole number in [1, 2], got 3"),
     ({"colour": 1}, "options.colour", "unknown option 'colour' of a 'moa' policy; its options: aggregator, temperatures, "
-     "proposers, layers, deadline_s, proposer_max_tokens, min_proposals, capture_traces")])
+     "proposers, layers, deadline_s, proposer_max_tokens, min_proposals, capture_traces, cache")])
 def test_moa_options_are_checked_strictly(api, options, param, message):
     body = {"name": "strict-moa", "type": "moa", "models": ["m1", "m2"], "options": options}
     response = api.post("/api/policies", json=body)

@@ -46,7 +46,7 @@ def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     page.click("text=New policy")
     page.fill("#name", "browser-policy")
     assert page.input_value("#type") == "fallback"  # the default choice; its option keys are named
-    assert page.locator("#options-keys").inner_text() == "capture_traces"
+    assert page.locator("#options-keys").inner_text() == "capture_traces, continue_on_failure, cache"
     page.select_option("#type", "moa")  # the hint follows the type chosen
     assert page.locator("#options-keys").inner_text().startswith("aggregator, ")
     page.select_option("#type", "fallback")
@@ -81,7 +81,7 @@ def test_policy_create_edit_invalid_delete(page, console_gateway, screenshot):
     page.fill("#options", '{"colour": 1}')  # an option the type does not have: named, with the allowed ones
     page.click("button:has-text('Save')")
     assert page.locator("#options-error").inner_text() == ("unknown option 'colour' of a 'fallback' policy; "
-                                                          "its options: capture_traces")
+                                                          "its options: capture_traces, continue_on_failure, cache")
     page.fill("#options", '{"capture_traces": NaN}')  # json.loads would read it; JSON has no NaN
     page.click("button:has-text('Save')")
     assert "NaN is not a JSON number" in page.locator("#options-error").inner_text()

@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from link.policies.base import COMMON_OPTIONS, POLICIES, policy_class
+from link.policies.base import COMMON_OPTIONS, MULTI_CALL_OPTIONS, POLICIES, policy_class
 from protocol.boundary import MAX_JSON_DEPTH_CEILING
 from protocol.json_depth import json_depth
 from web.pages.base import PREFIX, ApiDep, CsrfDep, api_error, path_segment, render
@@ -37,11 +37,13 @@ def option_hints() -> dict[str, str]:
     hints = {}
     for type_ in sorted(POLICIES):
         try:
-            names = policy_class(type_).OPTIONS
+            cls = policy_class(type_)
+            names = cls.OPTIONS
+            common = COMMON_OPTIONS if cls.CONTINUES_STREAMS else MULTI_CALL_OPTIONS
         except Exception:  # a user's registered module that fails to import: the form still opens
             names = None
         hints[type_] = ("any keys (checked when saved)" if names is None
-                        else ", ".join((*names, *COMMON_OPTIONS)))
+                        else ", ".join((*names, *common)))
     return hints
 
 
