@@ -349,28 +349,6 @@ def test_postgres_restarted_under_load(tmp_path):
             r for r in rows.values() if r["api_key_id"] == key_id)))  # refusals cost nothing
 
 
-def test_the_request_log_keeps_a_bounded_number_of_rows_while_the_database_is_away():
-    from link.db import make_db_engine
-    from link.db.models import RequestLogCreate
-    from link.request_log import RequestLogWriter
-    from tests.link.mock_launch import free_port
-
-    engine = make_db_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")  # connections refused
-    writer = RequestLogWriter(engine, max_pending=3, max_retry_delay_s=0.05)
-    try:
-        for i in range(5):
-            writer.write(RequestLogCreate(id=f"bounded-{i}", status="ok"))
-        assert (writer.num_pending, writer.num_dropped, writer.num_written) == (3, 2, 0)
-    finally:
-        writer.close(timeout_s=0)
-    # a close that gave up waiting stops retrying: the three rows still pending are dropped, the thread ends
-    deadline = time.monotonic() + 5
-    while writer.is_running and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not writer.is_running and (writer.num_dropped, writer.num_written) == (5, 0)
-    engine.dispose()
-
-
 # 4. Redis down --------------------------------------------------------------------------------------------------
 
 def test_rate_limits_hold_on_the_database_with_redis_stopped(postgres, tmp_path):

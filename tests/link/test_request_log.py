@@ -174,3 +174,25 @@ def test_a_poisoned_row_is_dropped_and_the_writer_goes_on(engine, session):
     assert writer.num_failed == 1 and writer.num_written == 5
     assert {r.id for r in query_requests(session, policy="poison")} == {e.id for e in good}
     assert get_request(session, poisoned.id) is None
+
+
+def test_the_request_log_keeps_a_bounded_number_of_rows_while_the_database_is_away():
+    from link.db import make_db_engine
+    from link.db.models import RequestLogCreate
+    from link.request_log import RequestLogWriter
+    from tests.link.mock_launch import free_port
+
+    engine = make_db_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")  # connections refused
+    writer = RequestLogWriter(engine, max_pending=3, max_retry_delay_s=0.05)
+    try:
+        for i in range(5):
+            writer.write(RequestLogCreate(id=f"bounded-{i}", status="ok"))
+        assert (writer.num_pending, writer.num_dropped, writer.num_written) == (3, 2, 0)
+    finally:
+        writer.close(timeout_s=0)
+    # a close that gave up waiting stops retrying: the three rows still pending are dropped, the thread ends
+    deadline = time.monotonic() + 5
+    while writer.is_running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not writer.is_running and (writer.num_dropped, writer.num_written) == (5, 0)
+    engine.dispose()
