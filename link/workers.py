@@ -42,6 +42,7 @@ import uvicorn
 
 from link.config import LinkConfig
 from link.settings import Settings
+from protocol.coalesce import coalescing_protocol
 from protocol.drain import GRACE_S, DrainingServer
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ def serve_gateway_workers(sock: socket.socket, settings: Settings, config: LinkC
 
         own = settings.model_copy(update={"instance_id": worker_instance_id(settings.instance_id, index)})
         app = create_app(own, config)
-        server = DrainingServer(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE_S),
+        server = DrainingServer(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=GRACE_S,
+                                               http=coalescing_protocol()),
                                 app.state.drain, settings.drain_timeout_s)
         server.run(sockets=[sock])
         return 0 if server.started else STARTUP_FAILURE

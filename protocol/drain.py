@@ -37,6 +37,7 @@ import uvicorn
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from protocol.coalesce import coalescing_protocol
 from protocol.errors import error_body
 
 log = logging.getLogger(__name__)
@@ -157,11 +158,12 @@ def serve_draining(app: ASGIApp, drain: Drain, *, timeout_s: float = DEFAULT_DRA
         drain: the state `app`'s `DrainGuard` shares.
         timeout_s: the longest drain, in seconds.
         config: `uvicorn.Config` keywords (host, port, log_level, ...); `timeout_graceful_shutdown` defaults to
-            `GRACE_S`.
+            `GRACE_S`, `http` to protocol/coalesce.py's protocol (a response's writes of one event-loop step in one).
     Raises:
         SystemExit(3): the server did not start (uvicorn's `STARTUP_FAILURE`, as `uvicorn.run` exits).
     """
     config.setdefault("timeout_graceful_shutdown", GRACE_S)
+    config.setdefault("http", coalescing_protocol())
     server = DrainingServer(uvicorn.Config(app, **config), drain, timeout_s)
     server.run()
     if not server.started:

@@ -26,13 +26,12 @@ import httpx
 from fastapi import APIRouter, FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.middleware.sessions import SessionMiddleware
 
 from link.keys import is_master_key
 from link.settings import Settings
 from web.pages import evals, keys, models, policies, traffic
 from web.pages.base import PREFIX, CsrfDep, CsrfRefused, LoginRequired, api_error, db_engine, render
-from web.session import (SESSION_COOKIE, SESSION_ID, SESSION_MAX_AGE_S, SessionBearer, csrf_token, is_admin,
+from web.session import (SESSION_COOKIE, APISessions, SESSION_ID, SESSION_MAX_AGE_S, SessionBearer, csrf_token, is_admin,
                          open_session, revoke_session, session_secret)
 
 HERE = Path(__file__).parent
@@ -94,7 +93,7 @@ def mount_console(app: FastAPI, settings: Settings) -> None:
     the group `togetherlink.apps` (pyproject.toml)."""
     master_key = settings.master_key.get_secret_value() if settings.master_key else None
     app.add_middleware(SessionBearer, master_key=master_key)  # inner: reads the session the next one loads
-    app.add_middleware(SessionMiddleware, secret_key=session_secret(master_key), session_cookie=SESSION_COOKIE,
+    app.add_middleware(APISessions, secret_key=session_secret(master_key), session_cookie=SESSION_COOKIE,
                        max_age=SESSION_MAX_AGE_S, same_site="lax", https_only=settings.is_production, path="/")
     app.mount(f"{PREFIX}/static", StaticFiles(directory=HERE / "static"), name="console-static")
     console = APIRouter(prefix=PREFIX, include_in_schema=False)

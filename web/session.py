@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete
 from sqlmodel import Session
+from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from link.db.models import ConsoleSession, utcnow
@@ -171,6 +172,19 @@ class SessionBearer:
                 return await _refuse(send, "The console session's CSRF token is missing or wrong (header X-CSRF-Token).")
         scope = dict(scope, headers=[*scope["headers"], (b"authorization", f"Bearer {self.master_key}".encode())])
         await self.app(scope, receive, send)
+
+
+class APISessions(SessionMiddleware):
+    """Starlette's `SessionMiddleware`, stepped over for an API request (`/api`, `/v1`, `/metrics`) that carries no
+    cookie: such a request has no session to load and API routes never start one, and the step saves the cookie
+    parsing and the send wrapper that every chunk of a stream would pass through. Same arguments."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(API_PREFIXES) and not any(
+                name == b"cookie" for name, _ in scope["headers"]):
+            scope["session"] = {}
+            return await self.app(scope, receive, send)
+        await super().__call__(scope, receive, send)
 
 
 async def _refuse(send: Send, message: str) -> None:

@@ -2,7 +2,7 @@
 
     local           `LocalBackend`: our engine in-process (`local.py`, `EnginePool`)
     litellm         `LiteLLMBackend`: any provider LiteLLM supports (`litellm_backend.py`)
-    openai          `OpenAICompatBackend`: OpenAI-compatible servers via the `openai` client (`openai_compat.py`)
+    openai          `OpenAICompatBackend`: OpenAI-compatible servers over aiohttp (`openai_compat.py`, `openai_http.py`)
 
 Only `base` is imported here; `make_backend` imports a backend's module when it is first needed.
 """

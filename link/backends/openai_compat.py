@@ -1,9 +1,10 @@
-"""`OpenAICompatBackend`: an OpenAI-compatible server (`link engine serve`, vLLM, SGLang) via the `openai` client.
+"""`OpenAICompatBackend`: an OpenAI-compatible server (`link engine serve`, vLLM, SGLang) over aiohttp.
 
-The body goes out as is and the answer comes back as plain dicts (`cast_to=object`: no response
-models are built, which keeps the gateway's per-request overhead low). Each deployment owns one
-client and so one HTTP connection pool of `max_connections`. The client never retries
-(`max_retries=0`): retries and fallbacks are the gateway's decision.
+The body goes out as is and the answer comes back as plain dicts (no response models are built, which keeps
+the gateway's per-request overhead low; link/backends/openai_http.py). Each deployment owns one session and so
+one HTTP connection pool of `max_connections`. Nothing is retried here: retries and fallbacks are the
+gateway's decision. `map_openai_error` maps the `openai` client's exceptions, which LiteLLM's subclass, for
+link/backends/litellm_backend.py.
 """
 
 from __future__ import annotations
@@ -13,13 +14,9 @@ from typing import AsyncIterator
 
 import openai
 
-try:  # the HTTP library of the installed `openai` client: httpx2 (openai >= 3) or httpx before it
-    import httpx2
-except ImportError:  # pragma: no cover
-    import httpx as httpx2
-
 from link.backends.base import (Backend, BackendError, BackendTimeout, BackendUnavailable, Endpoint, error_from_status,
                                 guard_stream, with_timeout)
+from link.backends.openai_http import OpenAIHTTP
 from link.config import ModelDeployment
 
 PATHS = {"chat": "/chat/completions", "completion": "/completions"}
@@ -76,56 +73,40 @@ def api_key(deployment: ModelDeployment) -> str | None:
 
 
 class OpenAICompatBackend(Backend):
-    """One OpenAI-compatible endpoint at `deployment.api_base` (e.g. "http://127.0.0.1:8001/v1")."""
+    """One OpenAI-compatible endpoint at `deployment.api_base` (e.g. "http://127.0.0.1:8001/v1"), over aiohttp
+    (link/backends/openai_http.py); the `openai` client is not used on this path."""
 
     def __init__(self, deployment: ModelDeployment):
         super().__init__(deployment)
-        limits = httpx2.Limits(max_connections=deployment.max_connections, max_keepalive_connections=deployment.max_connections)
-        timeout = httpx2.Timeout(deployment.timeout_s, connect=min(5.0, deployment.timeout_s))
-        self._http = openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout)
         key = os.environ.get(deployment.api_key_env) if deployment.api_key_env else None
-        self._client = openai.AsyncOpenAI(base_url=deployment.api_base, api_key=key or "unused", max_retries=0,
-                                          timeout=timeout, http_client=self._http)
+        self._http = OpenAIHTTP(deployment, key)
 
     async def complete(self, endpoint: Endpoint, body: dict) -> dict:
         """POST the body (stream off) and return the response dict. Raises BackendError (see `Backend`)."""
         api_key(self.deployment)
         body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         try:
-            return await with_timeout(self._client.post(PATHS[endpoint], body=body, cast_to=object), self.deployment)
-        except openai.APIError as exc:
-            raise map_openai_error(exc, self.deployment).redacted(self.redactor) from exc
+            return await with_timeout(self._http.post_json(PATHS[endpoint], body), self.deployment)
+        except BackendError as exc:
+            raise exc.redacted(self.redactor) from exc.__cause__
 
     async def stream(self, endpoint: Endpoint, body: dict) -> AsyncIterator[dict]:
         """Yield the server's chunk dicts under the deployment's timeouts. Raises BackendError (see `Backend`)."""
         api_key(self.deployment)
-        async for chunk in guard_stream(self._chunks(endpoint, {**body, "stream": True}), self.deployment):
-            yield chunk
-
-    async def _chunks(self, endpoint: Endpoint, body: dict) -> AsyncIterator[dict]:
-        num_chunks = 0
         try:
-            events = await self._client.post(PATHS[endpoint], body=body, cast_to=object, stream=True,
-                                             stream_cls=openai.AsyncStream[object])
-            async with events:
-                async for chunk in events:
-                    num_chunks += 1
-                    yield chunk
-        except openai.APIError as exc:
-            raise map_openai_error(exc, self.deployment, num_chunks).redacted(self.redactor) from exc
+            async for chunk in guard_stream(self._http.post_sse(PATHS[endpoint], {**body, "stream": True}), self.deployment):
+                yield chunk
+        except BackendError as exc:
+            raise exc.redacted(self.redactor) from exc.__cause__
 
     async def health(self) -> bool:
         """GET {root}/health (root = api_base without /v1); a server without it: GET {api_base}/models."""
-        base = self.deployment.api_base.rstrip("/")
+        base = self._http.base  # without credentials: those go in the Authorization header
         root = base[: -len("/v1")] if base.endswith("/v1") else base
-        headers = {"Authorization": f"Bearer {self._client.api_key}"}
-        try:
-            response = await self._http.get(root + "/health", timeout=HEALTH_TIMEOUT_S)
-            if response.status_code == 404:
-                response = await self._http.get(base + "/models", headers=headers, timeout=HEALTH_TIMEOUT_S)
-            return response.status_code == 200
-        except (httpx2.HTTPError, OSError):
-            return False
+        status = await self._http.get_status(root + "/health", HEALTH_TIMEOUT_S)
+        if status == 404:
+            status = await self._http.get_status(base + "/models", HEALTH_TIMEOUT_S)
+        return status == 200
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._http.aclose()

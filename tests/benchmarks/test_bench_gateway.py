@@ -121,6 +121,21 @@ def test_report_arithmetic_on_known_records():
     assert ratio["meets_target"] is True  # <= 0.5x added latency at p50 and p99, >= 2x requests/s
 
 
+@pytest.mark.parametrize(("mode", "cpu_s", "wall_s", "met"), [
+    ("whole", 0.0012, 0.01, True),    # 0.4 ms CPU per request, 30 req/s vs LiteLLM's 3/s: 10x
+    ("whole", 0.0018, 0.01, False),   # 0.6 ms: over the 0.5 ms whole-answer target at c=1
+    ("stream", 0.0027, 0.01, True),   # 0.9 ms: within the streamed 1.0 ms
+    ("stream", 0.0027, 0.011, False),  # 27.3 req/s: 9.1x, under 10x
+])
+def test_the_default_configuration_targets_cpu_and_ten_times_litellms_rate(mode, cpu_s, wall_s, met):
+    def cell(system, wall, cpu):
+        return summarize_cell(system, mode, 1, [{"start_s": 0.0, "latency_s": 0.001, "ttft_s": 0.0005, "status": 200}] * 3,
+                              wall_s=wall, cpu_s=cpu, rss_mb=100)
+
+    [ratio] = compute_gateway_ratios([cell("link", wall_s, cpu_s), cell("litellm", 0.1, 0.03)])
+    assert ratio["cpu_ms_per_request"] == pytest.approx(cpu_s / 3 * 1000) and ratio["meets_target"] is met
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_mock_backend_speaks_openai(mock_backend, stream):
     client = openai.OpenAI(base_url=mock_backend.url + "/v1", api_key="unused")
