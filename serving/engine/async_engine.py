@@ -20,7 +20,8 @@ is how `serving.tuning.reconfigure.reconfigure_between_steps` swaps the engine's
 losing running requests.
 
 Health: `problem` says what is wrong, or None. The loop failed (`errored`), or it is stalled: requests
-wait and no step has finished for `EngineConfig.stall_timeout_s`. Both /health routes (the engine
+wait and no step has finished for `stall_bound_s` (`EngineConfig.stall_timeout_s`, or 3 times the slowest
+recent step when the machine is that slow). Both /health routes (the engine
 server's, the gateway's through `link.backends.local.EnginePool.is_healthy`) answer 503 with it. A stall
 is seen only while the event loop runs, so with steps on the loop a step that never returns leaves /health
 unanswered (a probe's timeout); in a worker thread /health names it. The engine itself bounds the work
@@ -31,6 +32,7 @@ stops raises its `SamplingTimeoutError` from `generate`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import AsyncIterator, Callable
@@ -40,6 +42,8 @@ from serving.engine.outputs import RequestOutput
 from serving.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
+RECENT_STEPS = 64  # the steps whose slowest sets the stall bound
+STALL_STEP_FACTOR = 3.0
 
 
 class AsyncLLMEngine:
@@ -53,6 +57,7 @@ class AsyncLLMEngine:
         self.errored: BaseException | None = None
         self.traffic = None  # serving.tuning.traffic.TrafficRecorder: shapes of finished requests
         self._last_progress = time.monotonic()  # when a step last finished, or work arrived at an idle loop
+        self._recent_steps_s: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
 
     @property
     def num_running(self) -> int:
@@ -73,11 +78,19 @@ class AsyncLLMEngine:
         return time.monotonic() - self._last_progress if self.has_work else 0.0
 
     @property
+    def stall_bound_s(self) -> float:
+        """Seconds without a finished step after which the loop counts as stalled: `EngineConfig.stall_timeout_s`, or
+        STALL_STEP_FACTOR times the slowest of the last RECENT_STEPS steps when that is longer (a machine so busy
+        that a full prefill chunk takes 15 s is slow, not stuck; a step stuck for good still passes the bound)."""
+        slowest = max(self._recent_steps_s, default=0.0)
+        return max(self.engine.config.stall_timeout_s, STALL_STEP_FACTOR * slowest)
+
+    @property
     def problem(self) -> str | None:
-        """Why the engine cannot serve now (its loop failed, or stalled past `EngineConfig.stall_timeout_s`), or None."""
+        """Why the engine cannot serve now (its loop failed, or stalled past `stall_bound_s`), or None."""
         if self.errored is not None:
             return f"the engine loop failed: {self.errored}"
-        stalled, bound = self.stalled_s, self.engine.config.stall_timeout_s
+        stalled, bound = self.stalled_s, self.stall_bound_s
         if stalled > bound:
             return (f"the engine loop is stalled: no step has finished for {stalled:.0f} s (bound {bound:g} s) while "
                     f"{self.num_running + self.num_waiting} requests wait")
@@ -174,8 +187,10 @@ class AsyncLLMEngine:
                     if not self._pending:
                         await self._wakeup.wait()
                     continue
+                started = time.monotonic()
                 outputs = await asyncio.to_thread(self.engine.step) if self.step_in_thread else self.engine.step()
                 self._last_progress = time.monotonic()
+                self._recent_steps_s.append(self._last_progress - started)
                 for output in outputs:
                     queue = self._queues.get(output.request_id)
                     if queue is not None:
