@@ -85,7 +85,8 @@ def test_rows_are_written_off_the_event_loop(engine, session):
     def record_thread(*_):
         threads.add(threading.current_thread().name)
 
-    event.listen(engine, "before_cursor_execute", record_thread)
+    # every statement runs on a connection checked out of the engine's pool, also the writer's driver-level inserts
+    event.listen(engine, "checkout", record_thread)
     writer = RequestLogWriter(engine)
     try:
         async def handle_requests():
@@ -99,7 +100,7 @@ def test_rows_are_written_off_the_event_loop(engine, session):
         assert writer.flush(timeout_s=30)
     finally:
         writer.close()
-        event.remove(engine, "before_cursor_execute", record_thread)
+        event.remove(engine, "checkout", record_thread)
     assert threads == {"request-log-writer"}
     assert elapsed < 1.0
     assert len(query_requests(session, policy="loop")) == 50
