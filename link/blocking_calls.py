@@ -9,7 +9,7 @@ Why. The budget ledger makes two blocking database calls per request (link/accou
 chain of callbacks between that Future and the asyncio one, in ThreadPoolExecutor's machinery; here a call is one
 tuple on a SimpleQueue (C, lock-free for the caller) and one `call_soon_threadsafe` back. Measured on the accounting
 micro-benchmark (reserve + settle per request on SQLite, c=1): about 70 microseconds of process CPU less per request,
-a third of the ledger's share (issue 38).
+a third of the ledger's share.
 
 Semantics are those of `asyncio.to_thread`: the call runs in a copy of the caller's context (contextvars), its
 result or exception is the await's, and cancelling the await does not stop a call already running (its result is

@@ -6,7 +6,7 @@
 
 Why. SQLAlchemy Core builds, hashes (its compiled-cache key) and wraps every statement it executes: on SQLite that
 took about 300 microseconds of CPU for the budget ledger's two-statement reservation, eight times what the driver
-itself spends (measured with time.process_time over 2000 reservations; issue 38). Here the Core statement is
+itself spends (measured with time.process_time over 2000 reservations). Here the Core statement is
 compiled once by the engine's own dialect, so the SQL text, the driver's paramstyle (`?` for sqlite3, `%(name)s`
 for psycopg), PostgreSQL's bind casts and each parameter's type conversion (a datetime as SQLite's text, a JSON
 value) are exactly what SQLAlchemy would send; each call only converts its values and calls the cursor.
