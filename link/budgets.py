@@ -18,7 +18,7 @@ goes on: the gateway settles a whole answer before sending it, so its spend is v
 survives a `kill -9` that follows. (Settles are deliberately not deferred or batched: a hold kept after its answer
 would make another worker refuse a request that fits, and a crash would lose the spend of answered requests.)
 Each request's statements run on the driver's cursor, compiled once per engine (link/db/driver.py): the same SQL
-SQLAlchemy would send, for about an eighth of the CPU (issue 38).
+SQLAlchemy would send, for about an eighth of the CPU.
 Amounts are integer nano-dollars in BIGINT columns; the ledger never computes or stores one they cannot
 represent: a cost is held as at most MAX_HOLD_NUSD (just above the largest budget a key can have, so it
 still fits no budget), the holds of a key without a budget stop at the column's range (a refusal, not
