@@ -1,11 +1,12 @@
-"""`link bench serving|gateway`: the platform's benchmarks, over the library in benchmarks/link_bench/.
+"""`link bench serving|gateway|replicas`: the platform's benchmarks, over the library in benchmarks/link_bench/.
 
     link bench serving --json out.json      serving throughput and latency against transformers and llama.cpp
     link bench serving -s link -s llama-cpp --fresh      the comparison with llama.cpp: decode, prefill, ITL, memory
     link bench gateway --json out.json      the gateway's overhead over a direct call, next to LiteLLM's proxy
+    link bench replicas --replicas 2 --json out.json     cache-aware against fewest-outstanding replica routing
 
 Each command prints a report and writes every request's timings with `--json`; benchmarks/link_bench/serving.py
-and gateway.py say what each system runs and what each number measures.
+gateway.py and replicas.py say what each system runs and what each number measures.
 """
 
 from __future__ import annotations
@@ -78,3 +79,36 @@ def bench_gateway(
     except ValueError as exc:
         raise fail(exc) from None
     show_and_save(render_gateway_report(result), result, json_path)
+
+
+@bench_app.command("replicas")
+def bench_replicas(
+    replicas: int = typer.Option(2, "--replicas", "-n", min=1, help="Engine replicas (`link engine serve`), each on its share of the cores."),
+    model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help="The replicas' model, a name from `link models`."),
+    requests: int = typer.Option(40, "--requests", min=1, help="Requests per cell (workload, routing, repetition)."),
+    repetitions: int = typer.Option(3, "--repetitions", min=1, help="Interleaved rounds of both routings per workload."),
+    max_tokens: int = typer.Option(16, "--max-tokens", min=1, help="Output tokens of every request (EOS ignored)."),
+    rate_fraction: float = typer.Option(0.8, "--rate-fraction", help="Poisson arrival rate as a fraction of the measured capacity."),
+    capacity_requests: int = typer.Option(None, "--capacity-requests", min=1,
+                                          help="Requests of each closed-loop capacity run (default max(4 x replicas, requests / 2))."),
+    kv_cache_mb: int = typer.Option(None, "--kv-cache-mb", min=1, help="KV cache of each replica in MiB (default: the engine's)."),
+    workload: list[str] = typer.Option(["shared_prefix", "no_prefix"], "--workload", "-w",
+                                       help="shared_prefix (MMLU 5-shot), no_prefix; repeat."),
+    seed: int = typer.Option(0, help="Seed of the prompt draws and the arrival times."),
+    data_dir: str = typer.Option(None, help="Shared data folder with mmlu/ (default: $LINK_DATASETS_DIR or ../shared/data)."),
+    pin: bool = typer.Option(True, "--pin/--no-pin", help="Pin each replica to its own cores with taskset."),
+    json_path: str = typer.Option(None, "--json", help="Also write the results ({\"cache_aware\": ..., \"fewest_outstanding\": ...}, "
+                                                       "every cell and request) to this JSON file."),
+) -> None:
+    """Cache-aware against fewest-outstanding replica routing: N engines behind the gateway, Poisson load."""
+    from benchmarks.link_bench import show_and_save
+    from benchmarks.link_bench.replicas import run_replicas_benchmark
+    from benchmarks.link_bench.replicas_report import render_replicas_report
+
+    try:
+        result = run_replicas_benchmark(replicas, model, requests, repetitions, max_tokens, rate_fraction, capacity_requests,
+                                        kv_cache_mb, workload, seed, data_dir, pin,
+                                        progress=lambda message: err_console.log(message, markup=False))
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        raise fail(exc) from None
+    show_and_save(render_replicas_report(result), result, json_path)

@@ -16,6 +16,13 @@
     loadgen.py       a closed-loop httpx load generator in its own process (`python -m benchmarks.link_bench.loadgen`)
     gateway.py       `link bench gateway`: the gateway's overhead over a direct call, next to LiteLLM's proxy
     gateway_report.py  the gateway benchmark's cells, added latency, ratios and tables
+    replicas.py      `link bench replicas`: cache-aware against fewest-outstanding routing over N engine replicas
+    replica_workloads.py  MMLU 5-shot prompts (shared prefixes), prompts sharing nothing, Poisson arrival times
+    replica_fleet.py N engines pinned to disjoint cores and a gateway per routing over them
+    replica_load.py  open-loop (Poisson) and closed-loop streamed chat clients through the gateway
+    replicas_report.py  the replica benchmark's cells, pooled rows, ratios, acceptance check and tables
+    replica_cache_replay.py  the prefix-cache hits each routing can get, prompts replayed through the real router
+                     and block managers without timing (`python -m benchmarks.link_bench.replica_cache_replay`)
 """
 
 from benchmarks.link_bench.report import compute_ratios, render_report, show_and_save, summarize
