@@ -95,9 +95,23 @@ def test_the_longest_remembered_prefix_wins():
     assert router.choose(hashes, [("a", 0), ("b", 1)]) == 1  # bound ceil(1.25 * 2 / 2) = 2: b (1 + 1) fits
 
 
+def test_a_prefix_decides_only_when_it_saves_min_gain_chunks_over_the_least_loaded():
+    router = CacheAwareRouter(eps=1.0, min_gain_chunks=4)
+    header = [11, 12, 13]  # an opening every request shares (a template's wrapper, a few-shot header)
+    router.record([*header, 21, 22, 23, 24, 25], "a")
+    # a new subject: a remembers 3 chunks, b none: 3 < 4, so the least loaded (b) takes it and learns it
+    assert router.index.matched([*header, 31, 32]) == {"a": 3}
+    assert router.choose([*header, 31, 32], [("a", 1), ("b", 0)]) == 1 and router.num_prefix_routed == 0
+    router.record([*header, 31, 32], "b")
+    # a's subject again: a remembers 8, b 3: a gain of 5 sends it to a although a has more in flight
+    assert router.choose([*header, 21, 22, 23, 24, 25], [("a", 1), ("b", 0)]) == 0 and router.num_prefix_routed == 1
+    with pytest.raises(ValueError, match="min_gain_chunks"):
+        CacheAwareRouter(min_gain_chunks=0)
+
+
 def test_a_replica_over_the_load_bound_is_skipped():
     router = CacheAwareRouter(eps=0.25)
-    hashes = [1, 2, 3]
+    hashes = [1, 2, 3, 4, 5]
     router.record(hashes, "a")
     # 3 + 0 in flight: bound ceil(1.25 * 4 / 2) = 3; a would hold 4 -> b, which has none of the prefix
     assert router.choose(hashes, [("a", 3), ("b", 0)]) == 1
