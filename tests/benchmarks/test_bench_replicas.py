@@ -280,7 +280,8 @@ def test_cache_replay_counts_the_engines_prefix_hits_by_hand():
     from benchmarks.link_bench.replica_cache_replay import replay_prefix_cache
 
     a, b = list(range(48)), list(range(100, 148))  # 3 full 16-token blocks each
-    text_a, text_b = "a" * 200, "b" * 200  # long enough for the gateway's 64-character chunks
+    # 6 of the gateway's 64-character chunks: past the 4 a remembered prefix needs to decide (`min_gain_chunks`)
+    text_a, text_b = "a" * 400, "b" * 400
     two = replay_prefix_cache([a, a, b], [text_a, text_a, text_b], num_replicas=2, num_blocks=100)
     # cache-aware sends the second `a` where the first went: its first 2 blocks hit (never the last token's block)
     assert two["cache_aware"]["prefix_hit_rate"] == pytest.approx(32 / 144)
