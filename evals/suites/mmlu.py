@@ -10,8 +10,15 @@ headerless rows (question, A, B, C, D, answer letter). Shots are the subject's d
     suite = make_suite("mmlu", data_dir)         # 5-shot
     items = suite.sample(suite.load("test"), 500)   # seeded, across subjects; ids "mmlu/test/anatomy/3"
 
-Styles: "completion" sends the prompt above; "chat" sends the same text in one user turn with an
-instruction to reply with the letter only. Option `scoring`:
+Styles: "completion" sends the prompt above. "chat" sends the shots as conversation turns (each shot's
+question block, ending "Answer:", a user turn answered by an assistant turn holding its letter; then the
+item's block), the first user turn opening with the header and an instruction to reply with the letter
+only (shots as turns, as lm-evaluation-harness's `--fewshot_as_multiturn` and our GSM8K chat style give
+them). Inlining the shots in one user turn instead left instruction-tuned models answering from a
+letter prior (qwen2.5-coder-1.5b-instruct: 10/30 right that way, 16/30 in turns and in completion
+style, on the same seeded items). The 5-shot numbers that papers and model cards publish for base models
+(Hendrycks et al.; Qwen2.5's "MMLU (5-shot)") are the completion setting; `--style completion` asks it
+of any served model, chat models included. Option `scoring`:
 - "logprob" (default): one token is generated with its top alternatives (completions `logprobs: 5`, chat
   `top_logprobs: 20`, the APIs' maxima) and the answer is the letter most likely as that token
   (`graders.choice_from_logprobs`); when no letter is among them, the reply's text is read as below.
@@ -38,6 +45,11 @@ CHAT_INSTRUCTION = "Reply with the letter of the correct option (A, B, C or D) o
 def pretty_subject(subject: str) -> str:
     """"high_school_us_history" -> "high school us history" (as in the paper's header)."""
     return subject.replace("_", " ")
+
+
+def header(subject: str) -> str:
+    """The paper's first line: "The following are multiple choice questions (with answers) about <subject>."."""
+    return f"The following are multiple choice questions (with answers) about {pretty_subject(subject)}."
 
 
 def format_question(row: list[str], answer: str | None = None) -> str:
@@ -104,14 +116,30 @@ class MMLU(Suite):
             cache[subject] = self._read("dev", subject)
         return cache[subject]
 
+    def shot_rows(self, item: Item) -> list[list[str]]:
+        """The item's shots: its subject's first `shots` dev rows, the item itself left out."""
+        own = item.metadata["index"] if item.metadata["split"] == "dev" else None
+        rows = [row for i, row in enumerate(self.dev_rows(item.metadata["subject"])) if i != own]
+        return rows[: self.shots] if self.shots else []
+
     def prompt_text(self, item: Item) -> str:
         """The header, the shots and the question, ending in "Answer:"."""
-        subject = item.metadata["subject"]
-        own = item.metadata["index"] if item.metadata["split"] == "dev" else None
-        shots = [row for i, row in enumerate(self.dev_rows(subject)) if i != own][: self.shots] if self.shots else []
-        header = f"The following are multiple choice questions (with answers) about {pretty_subject(subject)}."
-        blocks = [format_question(row, row[5].strip()) for row in shots]
-        return "\n\n".join([header, *blocks, format_question(item.metadata["row"])])
+        blocks = [format_question(row, row[5].strip()) for row in self.shot_rows(item)]
+        return "\n\n".join([header(item.metadata["subject"]), *blocks, format_question(item.metadata["row"])])
+
+    def chat_messages(self, item: Item) -> list[dict[str, str]]:
+        """The chat turns: per shot, a user turn with its question block (ending "Answer:") and an assistant
+        turn with its letter; then a user turn with the item's block. The first user turn opens with the
+        header and `CHAT_INSTRUCTION` ("<header> <instruction>\\n\\n<block>")."""
+        turns = [(format_question(row), row[5].strip()) for row in self.shot_rows(item)]
+        turns.append((format_question(item.metadata["row"]), None))
+        opening = f"{header(item.metadata['subject'])} {CHAT_INSTRUCTION}\n\n"
+        messages = []
+        for i, (question, letter) in enumerate(turns):
+            messages.append({"role": "user", "content": opening + question if i == 0 else question})
+            if letter is not None:
+                messages.append({"role": "assistant", "content": letter})
+        return messages
 
     @property
     def scoring(self) -> str:
@@ -126,9 +154,8 @@ class MMLU(Suite):
         if self.style == "completion":
             params = {"max_tokens": 1, "logprobs": 5} if by_logprob else {"stop": ["\n"]}
             return "completion", {"prompt": self.prompt_text(item), "params": params}
-        content = f"{self.prompt_text(item)}\n\n{CHAT_INSTRUCTION}"
         params = {"max_tokens": 1, "logprobs": True, "top_logprobs": 20} if by_logprob else {"max_tokens": 32}
-        return "chat", {"messages": [{"role": "user", "content": content}], "params": params}
+        return "chat", {"messages": self.chat_messages(item), "params": params}
 
     async def grade(self, item: Item, answer: Answer, judge: Target | None = None) -> Grade:
         """1.0 when the answer's letter equals the gold letter; details: extracted, gold, how it was read

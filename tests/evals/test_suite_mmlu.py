@@ -71,13 +71,35 @@ def test_default_is_five_shot_and_dev_items_skip_themselves(tiny_dir):
     assert text.count("high_school_physics dev 1?") == 1 and text.count("\nAnswer: ") == 2
 
 
+def test_chat_shots_are_conversation_turns(tiny_dir):
+    # Hand-written: two shots, each a user turn answered by its letter, then the item; the header and the
+    # instruction open the first user turn (lm-evaluation-harness's --fewshot_as_multiturn layout).
+    suite = make_suite("mmlu", tiny_dir, shots=2)
+    kind, payload = suite.request(suite.load("test")[2])  # virology test 0
+    assert kind == "chat" and payload["messages"] == [
+        {"role": "user", "content": "The following are multiple choice questions (with answers) about virology. "
+                                    "Reply with the letter of the correct option (A, B, C or D) only.\n\n"
+                                    "virology dev 0?\nA. w\nB. x\nC. y\nD. z\nAnswer:"},
+        {"role": "assistant", "content": "A"},
+        {"role": "user", "content": "virology dev 1?\nA. w\nB. x\nC. y\nD. z\nAnswer:"},
+        {"role": "assistant", "content": "B"},
+        {"role": "user", "content": "virology test 0, really?\nYes.\nA. 1\nB. 2\nC. 3\nD. 4\nAnswer:"},
+    ]
+    zero_shot = make_suite("mmlu", tiny_dir, shots=0).request(suite.load("test")[2])[1]["messages"]
+    assert zero_shot == [{"role": "user", "content": payload["messages"][0]["content"].split("\n\n")[0] + "\n\n"
+                          + payload["messages"][-1]["content"]}]
+    dev_item = suite.load("dev")[0]  # a dev item never shows itself as a shot
+    assert [m["content"] for m in suite.request(dev_item)[1]["messages"] if m["role"] == "assistant"] == ["B", "C"]
+
+
 def test_chat_answer_and_grade(tiny_dir):
     suite = make_suite("mmlu", tiny_dir, shots=1, scoring="generate")
     item = suite.load("test")[0]
     target = FakeTarget("fake", "The answer is (D) because 4 is largest.")
     answer = asyncio.run(suite.answer(item, target))
     kind, messages, params = target.requests[0]
-    assert kind == "chat" and len(messages) == 1 and messages[0]["content"].endswith(f"Answer:\n\n{CHAT_INSTRUCTION}")
+    assert kind == "chat" and [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert CHAT_INSTRUCTION in messages[0]["content"] and messages[-1]["content"].endswith("D. 4\nAnswer:")
     assert params["max_tokens"] == 32 and params["temperature"] == 0.0
     grade = asyncio.run(suite.grade(item, answer))
     assert grade.score == 1.0 and grade.details == {"extracted": "D", "gold": "D", "read": "text"}
