@@ -65,9 +65,13 @@ QWEN_TESTS := tests/serving/models/test_parity_qwen.py tests/serving/test_qwen_l
 	tests/serving/test_qwen_chat.py tests/cli/test_cli_posttrain_qwen.py tests/serving/test_qwen_packed.py \
 	tests/serving/api/test_openai_client_qwen.py tests/link/test_gateway_stream_resume_local.py
 
+# Unbuffered, so a log shows the progress dots up to the moment a run is stopped; the slowest tests are listed at
+# the end of each run.
+TEST_ENV = PYTHONUNBUFFERED=1 LINK_HOME=$(TEST_LINK_HOME) LINK_DATASETS_DIR=$(DATA_DIR)
+
 test: install-dev
-	LINK_HOME=$(TEST_LINK_HOME) LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(addprefix --ignore=,$(QWEN_TESTS)) $(PYTEST_ARGS)
-	LINK_HOME=$(TEST_LINK_HOME) LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python -m pytest -q $(QWEN_TESTS) $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=25 $(addprefix --ignore=,$(QWEN_TESTS)) $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=10 $(QWEN_TESTS) $(PYTEST_ARGS)
 
 bench: install-dev
 	LINK_DATASETS_DIR=$(DATA_DIR) $(BIN)/python benchmarks/bench_generate.py
