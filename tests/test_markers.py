@@ -184,7 +184,8 @@ def test_make_test_runs_the_slow_tests_too():
     runs = [line.split(" -m pytest", 1)[1] for line in recipe.splitlines() if " -m pytest" in line]
     assert runs and all(" -m " not in run for run in runs) and "not slow" not in recipe
     if len(runs) == 2:  # the Qwen tests in a process of their own: what the first run leaves out, the second runs
-        assert runs == [" -q $(addprefix --ignore=,$(QWEN_TESTS)) $(PYTEST_ARGS)", " -q $(QWEN_TESTS) $(PYTEST_ARGS)"]
+        assert runs == [" -q --durations=25 $(addprefix --ignore=,$(QWEN_TESTS)) $(PYTEST_ARGS)",
+                        " -q --durations=10 $(QWEN_TESTS) $(PYTEST_ARGS)"]
         qwen = makefile.split("QWEN_TESTS :=", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").split()
         assert qwen and all((ROOT / path).is_file() for path in qwen), qwen
 
