@@ -18,10 +18,18 @@ run the AVX2 path on an AVX-512 machine.
     gguf = load_gguf_matmul()          # or None; gguf.isa() says which build it is
 
 Each is built with `torch.utils.cpp_extension.load` (g++ and ninja, flags -O3 -mavx512f -mfma -fopenmp) into torch's
-extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), about 30 s the first time
-on a 2-core CPU and a file check after that. Needs a CPU with AVX-512F (`torch.backends.cpu
+extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), one compiler process on one core
+the first time and a file check after that. The sources include only the ATen and pybind11 headers they use,
+not <torch/extension.h> (the whole C++ frontend, which was most of a build: cold builds on the 2-core dev machine
+took 35 s of CPU time with it and 15 s without for rows_linear, 36 s and 21 s for decode_step, 39-42 s and 20-24 s
+for each gguf_matmul build). Needs a CPU with AVX-512F (`torch.backends.cpu
 .get_cpu_capability()` reports "AVX512" or better); elsewhere, or when the build fails, the loader
 returns None once, logs why, and callers keep PyTorch's kernels.
+
+    modules = load_all([("gguf_matmul", "portable"), ("gguf_matmul", "avx2")])   # both builds at once
+
+Different modules build at the same time (`load_all`, or `load_native` from several threads); one module
+builds once.
 """
 
 from __future__ import annotations
@@ -32,8 +40,10 @@ import os
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
+from typing import Sequence
 
 import torch
 
@@ -50,7 +60,8 @@ ISA_FLAGS = {
 }
 ISA_ORDER = ("portable", "avx2", "avx512")
 
-_lock = threading.Lock()
+_locks_lock = threading.Lock()  # guards `_locks`
+_locks: dict[str, threading.Lock] = {}  # one per module key: a module builds once, different modules at once
 _loaded: dict[str, ModuleType | None] = {}
 _why_not: dict[str, str] = {}
 
@@ -132,7 +143,9 @@ def load_native(name: str, isa: str | None = None) -> ModuleType | None:
     key = name if isa is None else f"{name}_{isa}"
     if key in _loaded:
         return _loaded[key]
-    with _lock:
+    with _locks_lock:
+        lock = _locks.setdefault(key, threading.Lock())
+    with lock:
         if key in _loaded:
             return _loaded[key]
         module, reason = None, None
@@ -156,6 +169,15 @@ def load_native(name: str, isa: str | None = None) -> ModuleType | None:
             _why_not[key] = reason
         _loaded[key] = module
         return module
+
+
+def load_all(requests: Sequence[tuple[str, str | None]]) -> list[ModuleType | None]:
+    """`load_native(name, isa)` for each (name, isa) pair, the missing builds running at once (a build is one
+    compiler process on one core), up to one per CPU core. Returns the modules in `requests`' order, None
+    where one cannot be built here (the reason in `unavailable_reason`, as `load_native`)."""
+    workers = max(1, min(len(requests), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="native-build") as pool:
+        return list(pool.map(lambda request: load_native(*request), requests))
 
 
 STALE_LOCK_S = 600  # a build takes about a minute on 2 cores; a lock older than this is a killed build's

@@ -15,8 +15,13 @@
 // bits a weight (codes and float32 block scales) instead of 32 and computes with the same weights as the
 // float step. Up to 4 rows a quantized projection runs on its blocks; from 5 rows each tile's weight rows
 // are dequantized to float32 first, so a row's result there depends on whether its batch has 4 rows or more.
-#include <torch/extension.h>
+// ATen's tensor, the ops used and pybind11 (with its tensor casters), not <torch/extension.h>: that is the whole
+// C++ frontend, and compiling it was most of a cold build (kernels/native/__init__.py).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cmath>
 #include <vector>
@@ -32,10 +37,10 @@ enum class Kind { kFloat, kQ4, kQ8 };
 struct Projection {
   Kind kind = Kind::kFloat;
   int64_t N = 0, K = 0;
-  torch::Tensor w, q, d, m;  // float: w [N, K]; q4: q [N, K / 2] uint8, d, m [N, K / 32]; q8: q [N, K] int8, d
+  at::Tensor w, q, d, m;  // float: w [N, K]; q4: q [N, K / 2] uint8, d, m [N, K / 32]; q8: q [N, K] int8, d
 
-  static Projection from_float(const torch::Tensor& w) {
-    TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == torch::kFloat32, "a float projection is float32 [N, K], got ",
+  static Projection from_float(const at::Tensor& w) {
+    TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kFloat, "a float projection is float32 [N, K], got ",
                       w.scalar_type(), " ", w.sizes());
     Projection p;
     p.w = w.contiguous();
@@ -43,8 +48,8 @@ struct Projection {
     return p;
   }
 
-  static Projection from_q4(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& m) {
-    TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == torch::kUInt8, "q4 codes are uint8 [N, K / 2], got ",
+  static Projection from_q4(const at::Tensor& q, const at::Tensor& d, const at::Tensor& m) {
+    TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kByte, "q4 codes are uint8 [N, K / 2], got ",
                       q.scalar_type(), " ", q.sizes());
     Projection p;
     p.kind = Kind::kQ4;
@@ -56,8 +61,8 @@ struct Projection {
     return p;
   }
 
-  static Projection from_q8(const torch::Tensor& q, const torch::Tensor& d) {
-    TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == torch::kInt8, "q8 codes are int8 [N, K], got ",
+  static Projection from_q8(const at::Tensor& q, const at::Tensor& d) {
+    TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kChar, "q8 codes are int8 [N, K], got ",
                       q.scalar_type(), " ", q.sizes());
     Projection p;
     p.kind = Kind::kQ8;
@@ -68,8 +73,8 @@ struct Projection {
     return p;
   }
 
-  static void check_scales(const torch::Tensor& s, int64_t N, int64_t K, const char* name) {
-    TORCH_CHECK_VALUE(s.scalar_type() == torch::kFloat32 && s.dim() == 2 && s.size(0) == N && s.size(1) == K / kBlock,
+  static void check_scales(const at::Tensor& s, int64_t N, int64_t K, const char* name) {
+    TORCH_CHECK_VALUE(s.scalar_type() == at::kFloat && s.dim() == 2 && s.size(0) == N && s.size(1) == K / kBlock,
                       "block ", name, " must be float32 [", N, ", ", K / kBlock, "], got ", s.scalar_type(), " ", s.sizes());
   }
 
@@ -179,7 +184,7 @@ inline float dot(const float* a, const float* b, int64_t D) {
 
 class LlamaDecodeStep {
  public:
-  LlamaDecodeStep(std::vector<torch::Tensor> norms, std::vector<Projection> projections, int64_t num_heads,
+  LlamaDecodeStep(std::vector<at::Tensor> norms, std::vector<Projection> projections, int64_t num_heads,
                   int64_t num_kv_heads, int64_t head_dim, double eps, double scale)
       : projections_(std::move(projections)), H_(num_heads), KV_(num_kv_heads), D_(head_dim), eps_(eps), scale_(scale) {
     TORCH_CHECK_VALUE(!projections_.empty() && projections_.size() % 4 == 0,
@@ -192,7 +197,7 @@ class LlamaDecodeStep {
     E_ = projections_[0].K;
     F_ = projections_[2].N / 2;
     for (auto& n : norms) {
-      TORCH_CHECK_VALUE(n.scalar_type() == torch::kFloat32 && n.dim() == 1 && n.size(0) == E_,
+      TORCH_CHECK_VALUE(n.scalar_type() == at::kFloat && n.dim() == 1 && n.size(0) == E_,
                         "every norm weight must be float32 [", E_, "], got ", n.scalar_type(), " ", n.sizes());
       norms_.push_back(n.contiguous());
     }
@@ -208,29 +213,29 @@ class LlamaDecodeStep {
   // One decode step: x [B, E] the new tokens' embeddings, cos/sin [B, D], keys/values per layer
   // [blocks, block_size, KV, D] float32 (written at slot_mapping [B]), block_tables [B, T] and seq_lens [B]
   // int64 (each sequence's length including its new token) -> final hidden states [B, E].
-  torch::Tensor run(const torch::Tensor& x_in, const torch::Tensor& cos_in, const torch::Tensor& sin_in,
-                    const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                    const torch::Tensor& slot_mapping_in, const torch::Tensor& block_tables_in,
-                    const torch::Tensor& seq_lens_in) {
-    TORCH_CHECK_VALUE(x_in.scalar_type() == torch::kFloat32 && x_in.dim() == 2 && x_in.size(1) == E_,
+  at::Tensor run(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
+                    const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                    const at::Tensor& slot_mapping_in, const at::Tensor& block_tables_in,
+                    const at::Tensor& seq_lens_in) {
+    TORCH_CHECK_VALUE(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == E_,
                       "x must be float32 [B, ", E_, "], got ", x_in.scalar_type(), " ", x_in.sizes());
     const int64_t B = x_in.size(0);
     TORCH_CHECK_VALUE(static_cast<int64_t>(keys.size()) == L_ && static_cast<int64_t>(values.size()) == L_,
                       "expected ", L_, " key and value caches, got ", keys.size(), " and ", values.size());
-    const torch::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+    const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
     TORCH_CHECK_VALUE(x_in.device().is_cpu() && cos.device().is_cpu() && sin.device().is_cpu(), "the C++ step runs on the CPU");
-    TORCH_CHECK_VALUE(cos.scalar_type() == torch::kFloat32 && sin.scalar_type() == torch::kFloat32 &&
+    TORCH_CHECK_VALUE(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
                       cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == B && cos.size(1) == D_,
                       "cos and sin must be float32 [", B, ", ", D_, "]");
-    const torch::Tensor slots = slot_mapping_in.to(torch::kInt64).contiguous();
-    const torch::Tensor tables = block_tables_in.to(torch::kInt64).contiguous();
-    const torch::Tensor lens = seq_lens_in.to(torch::kInt64).contiguous();
+    const at::Tensor slots = slot_mapping_in.to(at::kLong).contiguous();
+    const at::Tensor tables = block_tables_in.to(at::kLong).contiguous();
+    const at::Tensor lens = seq_lens_in.to(at::kLong).contiguous();
     TORCH_CHECK_VALUE(slots.numel() == B && lens.numel() == B && tables.dim() == 2 && tables.size(0) == B,
                       "slot_mapping [B], seq_lens [B] and block_tables [B, T] for B = ", B);
     const int64_t block_size = keys[0].size(1), num_blocks = keys[0].size(0);
     for (int64_t l = 0; l < L_; ++l) {
       for (const auto* c : {&keys[l], &values[l]}) {
-        TORCH_CHECK_VALUE(c->scalar_type() == torch::kFloat32 && c->device().is_cpu() && c->is_contiguous() && c->dim() == 4 &&
+        TORCH_CHECK_VALUE(c->scalar_type() == at::kFloat && c->device().is_cpu() && c->is_contiguous() && c->dim() == 4 &&
                           c->size(0) == num_blocks && c->size(1) == block_size && c->size(2) == KV_ && c->size(3) == D_,
                           "layer ", l, "'s cache must be contiguous float32 [", num_blocks, ", ", block_size, ", ", KV_, ", ", D_,
                           "] on the CPU (every layer one pool), got ", c->scalar_type(), " ", c->sizes());
@@ -249,7 +254,7 @@ class LlamaDecodeStep {
                           " is ", table[b * T + i], ", outside the cache's ", num_blocks, " blocks");
     }
 
-    torch::Tensor x = x_in.contiguous().clone();
+    at::Tensor x = x_in.contiguous().clone();
     float* xp = x.data_ptr<float>();
     const int64_t QKV = (H_ + 2 * KV_) * D_;
     std::vector<float> h(B * E_), qkv(B * QKV), attn(B * H_ * D_), proj(B * E_), gu(B * 2 * F_), act(B * F_);
@@ -276,7 +281,7 @@ class LlamaDecodeStep {
       project(p[3], act.data(), B, proj.data());
       for (int64_t i = 0; i < B * E_; ++i) xp[i] += proj[i];
     }
-    torch::Tensor out = torch::empty_like(x);
+    at::Tensor out = at::empty_like(x);
     rms_norm(xp, norms_[2 * L_].data_ptr<float>(), B, E_, eps_, out.data_ptr<float>());
     return out;
   }
@@ -356,18 +361,18 @@ class LlamaDecodeStep {
     }
   }
 
-  std::vector<torch::Tensor> norms_;
+  std::vector<at::Tensor> norms_;
   std::vector<Projection> projections_;
   int64_t L_ = 0, H_, KV_, D_, E_ = 0, F_ = 0;
   double eps_, scale_;
 };
 
 // x [M, K] float32 @ a projection's weight^T -> [M, N].
-torch::Tensor projection_linear(const Projection& p, const torch::Tensor& x_in) {
-  TORCH_CHECK_VALUE(x_in.scalar_type() == torch::kFloat32 && x_in.dim() == 2 && x_in.size(1) == p.K,
+at::Tensor projection_linear(const Projection& p, const at::Tensor& x_in) {
+  TORCH_CHECK_VALUE(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == p.K,
                     "x must be float32 [M, ", p.K, "], got ", x_in.scalar_type(), " ", x_in.sizes());
-  const torch::Tensor x = x_in.contiguous();
-  torch::Tensor out = torch::empty({x.size(0), p.N}, x.options());
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty({x.size(0), p.N}, x.options());
   if (x.size(0) == 0 || p.N == 0) return out;
   if (p.K == 0) return out.zero_();
   project(p, x.data_ptr<float>(), x.size(0), out.data_ptr<float>());
@@ -386,7 +391,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("shape", [](const Projection& p) { return std::make_tuple(p.N, p.K); })
       .def("__call__", &projection_linear, py::arg("x"), py::call_guard<py::gil_scoped_release>());
   py::class_<LlamaDecodeStep>(m, "LlamaDecodeStep", "a Llama-family decode step in one call (float32 activations)")
-      .def(py::init<std::vector<torch::Tensor>, std::vector<Projection>, int64_t, int64_t, int64_t, double, double>(),
+      .def(py::init<std::vector<at::Tensor>, std::vector<Projection>, int64_t, int64_t, int64_t, double, double>(),
            py::arg("norms"), py::arg("projections"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_dim"),
            py::arg("eps"), py::arg("scale"))
       .def("run", &LlamaDecodeStep::run, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"),

@@ -13,8 +13,14 @@
 //
 // Built three times from this source (`kernels/native/__init__.py`): AVX-512F, AVX2 + FMA, and the x86-64
 // baseline; `isa()` says which one this module is.
-#include <torch/extension.h>
+// ATen's tensor, the ops used and pybind11 (with its tensor casters), not <torch/extension.h>: that is the whole
+// C++ frontend, and compiling it was most of a cold build (kernels/native/__init__.py).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <array>
@@ -34,11 +40,11 @@ constexpr int64_t kGemmRows = 32;                         // input rows from whi
 constexpr int64_t kChunkBytes = 512 * 1024;               // decoded weight chunk of one GEMM task (K permitting)
 constexpr int64_t kGemmMinCols = 64;                      // weight rows of a GEMM chunk at least
 
-void check_weight(const torch::Tensor& blocks, int type, int64_t K, const char* what) {
+void check_weight(const at::Tensor& blocks, int type, int64_t K, const char* what) {
   const int qk = block_elems(type);
   TORCH_CHECK_VALUE(qk > 0, what, ": ggml type ", type, " is not one of F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K");
   TORCH_CHECK_VALUE(K > 0 && K % qk == 0, what, ": K = ", K, " is not a positive multiple of the type's block of ", qk);
-  TORCH_CHECK_VALUE(blocks.scalar_type() == torch::kUInt8 && blocks.dim() == 2 && blocks.device().is_cpu(),
+  TORCH_CHECK_VALUE(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.device().is_cpu(),
                     what, ": blocks must be uint8 [N, row_bytes] on the CPU, got ", blocks.scalar_type(), " ", blocks.sizes());
   TORCH_CHECK_VALUE(blocks.size(1) == K / qk * block_bytes(type), what, ": a row of K = ", K, " needs ",
                     K / qk * block_bytes(type), " bytes, got ", blocks.size(1));
@@ -120,7 +126,7 @@ struct Segment {
   int64_t rows, row_bytes, col;  // col: the segment's first output column
 };
 
-std::vector<Segment> segments_of(const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& types, int64_t K, int64_t& N) {
+std::vector<Segment> segments_of(const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types, int64_t K, int64_t& N) {
   TORCH_CHECK_VALUE(!blocks.empty() && blocks.size() == types.size(), "linear needs one ggml type per segment, got ",
                     blocks.size(), " segments and ", types.size(), " types");
   std::vector<Segment> segs;
@@ -144,15 +150,15 @@ std::vector<std::array<int64_t, 3>> split_rows(const std::vector<Segment>& segs,
 }  // namespace
 
 // x [M, K] float32 @ W^T, W the segments' rows one after another ([sum N_i, K]) -> [M, sum N_i] (+ bias).
-torch::Tensor linear(const torch::Tensor& x_in, const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& types,
-                     int64_t K, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK_VALUE(x_in.scalar_type() == torch::kFloat32 && x_in.dim() == 2 && x_in.size(1) == K && x_in.device().is_cpu(),
+at::Tensor linear(const at::Tensor& x_in, const std::vector<at::Tensor>& blocks, const std::vector<int64_t>& types,
+                     int64_t K, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(x_in.scalar_type() == at::kFloat && x_in.dim() == 2 && x_in.size(1) == K && x_in.device().is_cpu(),
                     "linear needs x float32 [M, ", K, "] on the CPU, got ", x_in.scalar_type(), " ", x_in.sizes());
   int64_t N = 0;
   const std::vector<Segment> segs = segments_of(blocks, types, K, N);
-  const torch::Tensor x = x_in.contiguous();
+  const at::Tensor x = x_in.contiguous();
   const int64_t M = x.size(0);
-  torch::Tensor out = torch::empty({M, N}, x.options());
+  at::Tensor out = at::empty({M, N}, x.options());
   if (M > 0) {
     const float* xp = x.data_ptr<float>();
     float* op = out.data_ptr<float>();
@@ -189,9 +195,9 @@ torch::Tensor linear(const torch::Tensor& x_in, const std::vector<torch::Tensor>
         for (int64_t i = i0; i < i1; ++i) {
           const Segment& s = segs[items[i][0]];
           const int64_t rows = items[i][2];
-          torch::Tensor w = torch::empty({rows, K}, x.options());
+          at::Tensor w = at::empty({rows, K}, x.options());
           decode_slice(s.type, s.data + items[i][1] * s.row_bytes, s.row_bytes, static_cast<int>(rows), 0, K, w.data_ptr<float>());
-          const torch::Tensor r = at::mm(x, w.t()).contiguous();  // [M, rows]
+          const at::Tensor r = at::mm(x, w.t()).contiguous();  // [M, rows]
           const float* rp = r.data_ptr<float>();
           for (int64_t m = 0; m < M; ++m) std::memcpy(op + m * N + s.col + items[i][1], rp + m * rows, rows * sizeof(float));
         }
@@ -199,9 +205,9 @@ torch::Tensor linear(const torch::Tensor& x_in, const std::vector<torch::Tensor>
     }
   }
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK_VALUE(bias->scalar_type() == torch::kFloat32 && bias->numel() == N, "bias must be float32 [", N, "], got ",
+    TORCH_CHECK_VALUE(bias->scalar_type() == at::kFloat && bias->numel() == N, "bias must be float32 [", N, "], got ",
                       bias->scalar_type(), " ", bias->sizes());
-    const torch::Tensor b = bias->contiguous();
+    const at::Tensor b = bias->contiguous();
     const float* bp = b.data_ptr<float>();
     float* op = out.data_ptr<float>();
     for (int64_t m = 0; m < M; ++m)
@@ -211,10 +217,10 @@ torch::Tensor linear(const torch::Tensor& x_in, const std::vector<torch::Tensor>
 }
 
 // Every value of W: blocks [N, row_bytes] of `type` -> float32 [N, K].
-torch::Tensor dequantize(const torch::Tensor& blocks, int64_t type, int64_t K) {
+at::Tensor dequantize(const at::Tensor& blocks, int64_t type, int64_t K) {
   check_weight(blocks, static_cast<int>(type), K, "dequantize");
   const int64_t N = blocks.size(0), rb = blocks.size(1);
-  torch::Tensor out = torch::empty({N, K}, torch::kFloat32);
+  at::Tensor out = at::empty({N, K}, at::kFloat);
   const uint8_t* bp = blocks.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
@@ -224,16 +230,16 @@ torch::Tensor dequantize(const torch::Tensor& blocks, int64_t type, int64_t K) {
 }
 
 // Rows `ids` [T] of W (an embedding lookup) -> float32 [T, K].
-torch::Tensor rows(const torch::Tensor& blocks, int64_t type, int64_t K, const torch::Tensor& ids_in) {
+at::Tensor rows(const at::Tensor& blocks, int64_t type, int64_t K, const at::Tensor& ids_in) {
   check_weight(blocks, static_cast<int>(type), K, "rows");
-  TORCH_CHECK_VALUE(ids_in.dim() == 1 && ids_in.scalar_type() == torch::kInt64, "ids must be int64 [T], got ",
+  TORCH_CHECK_VALUE(ids_in.dim() == 1 && ids_in.scalar_type() == at::kLong, "ids must be int64 [T], got ",
                     ids_in.scalar_type(), " ", ids_in.sizes());
-  const torch::Tensor ids = ids_in.contiguous();
+  const at::Tensor ids = ids_in.contiguous();
   const int64_t N = blocks.size(0), rb = blocks.size(1), T = ids.size(0);
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK_INDEX(ip[t] >= 0 && ip[t] < N, "id ", ip[t], " is out of range for ", N, " rows");
-  torch::Tensor out = torch::empty({T, K}, torch::kFloat32);
+  at::Tensor out = at::empty({T, K}, at::kFloat);
   const uint8_t* bp = blocks.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {

@@ -11,8 +11,12 @@
 // accumulating 4 x 4 dot products in 16 AVX-512 registers over K (16 floats per step, the tail masked),
 // then reduced horizontally (`tiles.h`). Each output element is one dot product over K in a fixed order that does not
 // depend on how many rows the call has: a row's result is the same alone or in a batch (bit for bit).
-#include <torch/extension.h>
+// ATen's tensor, the ops used and pybind11 (with its tensor casters), not <torch/extension.h>: that is the whole
+// C++ frontend, and compiling it was most of a cold build (kernels/native/__init__.py).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "tiles.h"
 
@@ -25,15 +29,15 @@ constexpr int kTile = 4;   // weight rows per tile
 }  // namespace
 
 // x [M, K] and weight [N, K], float32, contiguous -> [M, N].
-torch::Tensor rows_linear(const torch::Tensor& x_in, const torch::Tensor& w_in) {
-  TORCH_CHECK(x_in.scalar_type() == torch::kFloat32 && w_in.scalar_type() == torch::kFloat32,
+at::Tensor rows_linear(const at::Tensor& x_in, const at::Tensor& w_in) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat,
               "rows_linear is float32 only, got x ", x_in.scalar_type(), " and weight ", w_in.scalar_type());
   TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 2 && x_in.size(1) == w_in.size(1),
               "rows_linear needs x [M, K] and weight [N, K], got ", x_in.sizes(), " and ", w_in.sizes());
   TORCH_CHECK(x_in.device().is_cpu() && w_in.device().is_cpu(), "rows_linear runs on the CPU");
-  const torch::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  torch::Tensor out = torch::empty({M, N}, x.options());
+  at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   if (K == 0) return out.zero_();
   const float* xp = x.data_ptr<float>();

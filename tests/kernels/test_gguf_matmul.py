@@ -8,6 +8,7 @@ same builds in the engine):
   |y - x W^T| <= K * 2^-23 * (|x| |W|^T), at every row count of every path (1-4 rows in registers,
   5-31 through decoded slices, 32 and more through the GEMM), odd N, several segments of mixed types, bias;
 - a row's result does not depend on the other rows of its call below the GEMM path (bit for bit).
+The builds compile at once (`kernels.native.load_all`): two modules build side by side, one module once.
 """
 
 from __future__ import annotations
@@ -43,9 +44,15 @@ def reference(blocks: torch.Tensor, qtype: T, k: int) -> torch.Tensor:
     return dequantize(blocks.numpy(), qtype, (blocks.shape[0], k))
 
 
+@pytest.fixture(scope="module")
+def builds() -> dict:
+    """{isa: module or None} for every build this CPU runs, compiled at once on first use (one core each)."""
+    return dict(zip(ISAS, native.load_all([("gguf_matmul", isa) for isa in ISAS])))
+
+
 @pytest.fixture(scope="module", params=ISAS)
-def gguf(request):
-    module = native.load_gguf_matmul(request.param)
+def gguf(request, builds):
+    module = builds[request.param]
     if module is None:
         pytest.skip(f"the {request.param} build is unavailable: {native.unavailable_reason('gguf_matmul_' + request.param)}")
     assert module.isa() == request.param
@@ -133,3 +140,33 @@ def test_a_narrower_isa_can_be_forced_and_a_wider_one_is_refused(monkeypatch):
         monkeypatch.setenv("LINK_KERNEL_ISA", "avx512")
         with pytest.raises(ValueError, match="needs a CPU this one is not"):
             native.cpu_isa()
+
+
+def test_load_all_builds_two_modules_side_by_side_and_each_once(tmp_path, monkeypatch):
+    """With the compiler replaced by one that returns only when a second build is in progress too: both builds
+    finish (they ran at the same time), each once, and a module asked for twice is the same object."""
+    import os
+    import threading
+    import types
+
+    import torch.utils.cpp_extension as cpp
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("load_all builds one at a time on one core")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setattr(native, "_why_not", {})
+    both_running, names = threading.Barrier(2, timeout=20), []
+
+    def fake_load(name, sources, **kwargs):
+        names.append(name)
+        both_running.wait()  # a BrokenBarrierError here (builds one after another) makes load_native return None
+        return types.SimpleNamespace(name=name)
+
+    monkeypatch.setattr(cpp, "load", fake_load)
+    monkeypatch.setattr(native.shutil, "which", lambda command: f"/usr/bin/{command}")  # a compiler "found" anywhere
+    portable, avx2, again = native.load_all([("gguf_matmul", "portable"), ("gguf_matmul", "avx2"), ("gguf_matmul", "portable")])
+    assert native.unavailable_reason("gguf_matmul_portable") is None and native.unavailable_reason("gguf_matmul_avx2") is None
+    digest = native.source_digest("gguf_matmul")
+    assert (portable.name, avx2.name) == (f"link_gguf_matmul_portable_{digest}", f"link_gguf_matmul_avx2_{digest}")
+    assert sorted(names) == sorted([portable.name, avx2.name]) and again is portable
