@@ -48,12 +48,17 @@ def test_summary_and_ratios_on_known_timings():
 
 @pytest.mark.slow
 def test_link_serving_benchmark_on_tiny_settings(data_dir):
-    result = run_serving_benchmark("smollm2-135m-instruct", concurrencies=(1, 2), num_prompts=4, max_tokens=4,
-                                   systems=("link",), data_dir=data_dir)
+    # 3 prompts: at both levels a client sends its next prompt when its last one ends; a prefill phase of one
+    # 32-token prompt (the default, 8 of 512 tokens, took most of this test's time)
+    result = run_serving_benchmark("smollm2-135m-instruct", concurrencies=(1, 2), num_prompts=3, max_tokens=4,
+                                   systems=("link",), data_dir=data_dir, prefill_tokens=32, num_prefill_prompts=1)
     assert result["errors"] == {} and result["skipped"] == {}
     assert [(r["system"], r["concurrency"]) for r in result["rows"]] == [("link", 1), ("link", 2)]
     for row in result["rows"]:
-        _check_row(row, max_tokens=4, num_prompts=4)
+        _check_row(row, max_tokens=4, num_prompts=3)
+    (prefill,) = result["prefill"]
+    assert (prefill["system"], prefill["num_requests"], prefill["mean_prompt_tokens"]) == ("link", 1, 32)
+    assert prefill["prefill_tokens_per_s"] > 0
     assert all(math.isfinite(x) for x in result["machine"]["load_average_before"] + result["machine"]["load_average_after"])
     json.dumps(result)  # JSON-ready
 
@@ -141,11 +146,13 @@ def test_link_engine_runs_in_process_one_request_at_a_time(data_dir, tmp_path, m
 def test_bench_serving_command_writes_json(data_dir, tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "serving", "--system", "link", "--concurrency", "1", "--num-prompts", "2",
-                                 "--max-tokens", "3", "--data-dir", str(data_dir), "--json", str(out)])
+                                 "--max-tokens", "3", "--prefill-tokens", "16", "--prefill-prompts", "1",
+                                 "--data-dir", str(data_dir), "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "link" in result.output and "TTFT p50 ms" in result.output
     saved = json.loads(out.read_text())
     assert saved["model"] == "smollm2-135m-instruct" and saved["concurrencies"] == [1]
+    assert [(p["system"], p["num_requests"], p["mean_prompt_tokens"]) for p in saved["prefill"]] == [("link", 1, 16)]
     _check_row(saved["rows"][0], max_tokens=3, num_prompts=2)
 
 

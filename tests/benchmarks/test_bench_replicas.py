@@ -264,15 +264,18 @@ def test_open_loop_records_failures_instead_of_raising(mocks):
 @pytest.mark.slow
 def test_bench_replicas_command_on_two_smollm2_replicas(tmp_path):
     out = tmp_path / "replicas.json"
+    # one capacity request per replica, and the 2 requests of a cell offered at twice that capacity: the second
+    # arrives 1.07 / rate s after the first (this seed), 17 s at 0.8 x capacity on a busy 2-core machine
     result = CliRunner().invoke(app, ["bench", "replicas", "--replicas", "2", "--requests", "2", "--repetitions", "1",
-                                      "--capacity-requests", "4", "--max-tokens", "2", "--workload", "shared_prefix",
-                                      "--json", str(out)])
+                                      "--capacity-requests", "2", "--rate-fraction", "2", "--max-tokens", "2",
+                                      "--workload", "shared_prefix", "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     for routing in ("cache_aware", "fewest_outstanding"):
         assert data[routing]["requests"] == 2 and data[routing]["errors"] == 0
         assert data[routing]["output_tok_per_s"] > 0 and 0 <= data[routing]["prefix_hit_rate"] < 1
     assert data["kv_cache"]["block_size"] == 16 and data["pinning"]["threads_per_engine"] >= 1
+    assert data["capacity"]["shared_prefix"]["requests"] == 2 and data["settings"]["rate_fraction"] == 2.0
     assert "cache_aware / fewest_outstanding" in result.output
 
 

@@ -44,11 +44,12 @@ def test_records_become_a_mix_level_after_level():
 def test_bench_serving_mixed_workload_saves_a_mix(data_dir, tmp_path):
     mix, out = tmp_path / "mixed.jsonl", tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "serving", "--workload", "mixed", "--num-prompts", "5", "--max-tokens", "2",
-                                 "--data-dir", str(data_dir), "--save-mix", str(mix), "--json", str(out)])
+                                 "--prefill-tokens", "0", "--data-dir", str(data_dir), "--save-mix", str(mix), "--json", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads(out.read_text())
     assert saved["workload"] == "mixed" and sum(saved["bursts"]) == 5 and saved["bursts"] == burst_plan(5, 0)
     assert [(r["system"], r["concurrency"], r["num_requests"]) for r in saved["rows"]] == [("link", 16, 5)]
+    assert saved["prefill"] == [] and saved["num_prefill_prompts"] == 0  # no prefill phase asked for
     assert set(saved["skipped"]) == {"transformers", "llama-cpp"}
     shapes = load_mix(mix)
     assert len(shapes) == 5 and all(s.output_tokens == 2 and s.prompt_tokens > 5 for s in shapes)
@@ -57,7 +58,7 @@ def test_bench_serving_mixed_workload_saves_a_mix(data_dir, tmp_path):
 @pytest.mark.slow
 def test_bench_serving_repetitive_workload_and_an_unknown_one(data_dir):
     result = runner.invoke(app, ["bench", "serving", "--workload", "repetitive", "--system", "link", "--concurrency", "1",
-                                 "--num-prompts", "2", "--max-tokens", "2", "--data-dir", str(data_dir)])
+                                 "--num-prompts", "2", "--max-tokens", "2", "--prefill-tokens", "0", "--data-dir", str(data_dir)])
     assert result.exit_code == 0, result.output
     assert "link" in result.output
     bad = runner.invoke(app, ["bench", "serving", "--workload", "nonsense", "--system", "link"])

@@ -1,6 +1,8 @@
 """Backends against real servers: the remote ones against the mock OpenAI server on loopback (whole,
 streamed, errors, timeouts, refused connections, mid-stream death), `LocalBackend` against the real
-SmolLM2 model (one test)."""
+SmolLM2 model (one test). The local engines read kernel winners from an empty table of the test's own
+(LINK_COMPILE_DB) and tune nothing in the background: no torch.compile warm-ups of winners that other tests stored in
+the shared $LINK_HOME."""
 
 from __future__ import annotations
 
@@ -196,14 +198,20 @@ def test_registry_and_factory():
         make_backend(local)
 
 
+@pytest.fixture
+def no_stored_winners(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINK_COMPILE_DB", str(tmp_path / "winners.sqlite"))
+
+
 @pytest.mark.slow
-def test_local_backend_matches_the_engine_server_whole_and_streamed():
+def test_local_backend_matches_the_engine_server_whole_and_streamed(no_stored_winners):
     """The one test that loads a real model: SmolLM2 through the pool, seeded sampling, compared with
     `link engine serve`'s app on the same loaded model."""
     import httpx
 
     from link.backends.local import EnginePool
     from serving.api.server import create_engine_app
+    from serving.engine.llm_engine import EngineConfig
 
     dep = ModelDeployment(name="smollm2-135m-instruct", kind="local", local="smollm2-135m-instruct", context_length=2048,
                           engine={"max_num_seqs": 3, "kv_cache_mb": 64})
@@ -211,7 +219,7 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
                "temperature": 0.7, "seed": 11, "max_tokens": 12}
 
     async def go():
-        pool = EnginePool()
+        pool = EnginePool(auto_tune=False)
         backend = make_backend(dep, engine_pool=pool)
         assert await backend.health()  # not loaded yet, but nothing failed
         whole = await backend.complete("chat", request)
@@ -227,7 +235,8 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
         assert pool.spec_for(dep).context_length == 2048
         config = (await pool.get(dep)).engine.engine.config  # the deployment's engine options were applied
         assert (config.max_num_seqs, config.kv_cache_bytes, config.block_size) == (3, 64 * 2**20, 16)
-        app = create_engine_app(dep.name, loaded=(await pool.get(dep)).loaded)
+        app = create_engine_app(dep.name, loaded=(await pool.get(dep)).loaded,
+                                engine_config=EngineConfig(auto_tune=False))
         async with app.router.lifespan_context(app), httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://engine") as client:
             served = (await client.post("/v1/chat/completions", json=request)).json()
         await pool.aclose()
@@ -249,7 +258,7 @@ def test_local_backend_matches_the_engine_server_whole_and_streamed():
 
 
 @pytest.mark.slow
-def test_a_deployments_engine_dtype_overrides_the_pools():
+def test_a_deployments_engine_dtype_overrides_the_pools(no_stored_winners):
     """`engine: {dtype: ...}` loads that deployment in its own dtype (the pool's, LINK_LOCAL_DTYPE, for the rest).
     Float weights: packed GGUF blocks always compute in float32."""
     import torch
@@ -260,7 +269,7 @@ def test_a_deployments_engine_dtype_overrides_the_pools():
                           engine={"kv_cache_mb": 32, "dtype": "bfloat16", "weights": "float"})
 
     async def go():
-        pool = EnginePool(dtype="float32")
+        pool = EnginePool(dtype="float32", auto_tune=False)
         state = await pool.get(own)
         dtype, cache_dtype = state.loaded.dtype, state.loaded.model.embed_tokens.weight.dtype
         await pool.aclose()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -111,7 +112,13 @@ def test_two_gateway_processes_share_budgets_and_limits(db_url, engine, session,
     if not db_url.startswith("postgresql"):
         pytest.skip("two gateway processes share PostgreSQL")
     config = write_config(tmp_path / "link.yaml", [mock_deployment("priced", mock.api_base)])
-    gateways = [start_gateway_process(config, db_url, tmp_path / f"home{i}") for i in range(2)]
+    with ThreadPoolExecutor(2) as pool:  # both start at once (seconds each, mostly imports)
+        starts = [pool.submit(start_gateway_process, config, db_url, tmp_path / f"home{i}") for i in range(2)]
+    gateways = [start.result() for start in starts if start.exception() is None]
+    if len(gateways) < 2:
+        for g in gateways:
+            g.stop()
+        raise next(start.exception() for start in starts if start.exception() is not None)
     try:
         budget = 0.5
         key, plaintext = create_key(session, "shared-budget", budget_usd=budget)
@@ -122,5 +129,5 @@ def test_two_gateway_processes_share_budgets_and_limits(db_url, engine, session,
         assert sum(r.status_code == 200 for r in responses) == 20
         assert all("Retry-After" in r.headers for r in responses if r.status_code == 429)
     finally:
-        for g in gateways:
-            g.stop()
+        with ThreadPoolExecutor(2) as pool:  # each drains and exits on SIGTERM: side by side
+            list(pool.map(lambda g: g.stop(), gateways))

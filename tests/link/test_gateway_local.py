@@ -2,6 +2,10 @@
 official `openai` client, streamed and whole (smollm2-135m-instruct), and a short completion
 (qwen2.5-coder-0.5b-instruct); a request with tools never fails (the harness parser turns the output into tool_calls
 or plain content).
+
+The engines read kernel winners from a table of this module's own (LINK_COMPILE_DB, empty) and tune nothing in the
+background (`local_auto_tune` off): a test pays neither for torch.compile warm-ups of winners other tests stored in
+the shared $LINK_HOME nor for tuning that competes with the next model's load.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ pytestmark = pytest.mark.slow
 def client(new_database_url, tmp_path_factory):
     from link.config import load_config
 
+    home = tmp_path_factory.mktemp("home")
     # Development open mode (no master key, no keys): any key is let in, as with `make serve` out of the box.
-    settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"), master_key=None)
-    with start_gateway_thread(settings, load_config(None)) as gateway:
-        yield openai.OpenAI(base_url=gateway.base_url, api_key="anything", max_retries=0, timeout=600)
+    settings = gateway_settings(new_database_url("sqlite"), home, master_key=None, local_auto_tune=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LINK_COMPILE_DB", str(home / "winners.sqlite"))  # no stored winners, none written
+        with start_gateway_thread(settings, load_config(None)) as gateway:
+            yield openai.OpenAI(base_url=gateway.base_url, api_key="anything", max_retries=0, timeout=600)
 
 
 def test_smollm2_whole_and_streamed_agree(client):

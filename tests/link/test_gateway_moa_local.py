@@ -4,11 +4,18 @@ the shipped router file (routers/trained/link-auto.safetensors) on a GSM8K test 
 also has a slow proposer (a mock answering after 3 s) and a broken one (a refused port): keep-alive
 comments arrive before the first content chunk, the broken proposer is dropped, the answer still comes,
 and the request log holds every proposer's output and the cost of every call at the nominal local prices.
+
+Answers are short (MAX_TOKENS: each proposer and the aggregator write at most that many tokens): what is tested is
+the MoA's plumbing and accounting, not the answers' quality. The module's gateway loads the three local models before
+the first test (`warm_up`), so no proposer's deadline includes a model load. The engines read kernel winners from a
+table of this module's own (LINK_COMPILE_DB, empty) and tune nothing in the background (`local_auto_tune` off), so a
+test does not pay for torch.compile warm-ups of winners that other tests stored in the shared $LINK_HOME.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -24,13 +31,16 @@ LOCAL = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-
 AGGREGATOR = "qwen2.5-coder-0.5b-instruct"
 AUTO = ("smollm2-135m-instruct",)  # link/auto's router file knows smollm2 and gemma; smollm2 is served
 FAULTS = ("smollm2-135m-instruct",)  # moa-faults' local proposer (the slow and broken ones are the point)
+MAX_TOKENS = 8  # of the default MoA's answers: the proposers' cap too (the request's max_tokens, when smaller)
 
 
 @pytest.fixture(scope="module")
 def gateway(new_database_url, tmp_path_factory):
     from link.config import DEFAULT_CONFIG_YAML, default_router_path, parse_config
 
-    with start_mock_thread(mode="hang", hang_s=3.0) as slow:
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch, start_mock_thread(mode="hang", hang_s=3.0) as slow:
+        patch.setenv("LINK_COMPILE_DB", str(home / "winners.sqlite"))  # no stored winners, none written
         data = yaml.safe_load(DEFAULT_CONFIG_YAML)
         data["models"] += [mock_deployment("slow", slow.api_base, timeout_s=60.0, first_token_timeout_s=30.0),
                            mock_deployment("broken", refused_url())]
@@ -39,9 +49,19 @@ def gateway(new_database_url, tmp_path_factory):
                                  "options": {"path": str(default_router_path())}})
         data["policies"].append({"name": "moa-faults", "type": "moa", "models": [*FAULTS, "slow", "broken"],
                                  "options": {"aggregator": "smollm2-135m-instruct", "proposer_max_tokens": 16}})
-        settings = gateway_settings(new_database_url("sqlite"), tmp_path_factory.mktemp("home"))
+        settings = gateway_settings(new_database_url("sqlite"), home, local_auto_tune=False)
         with start_gateway_thread(settings, parse_config(data, "test")) as server:
+            warm_up(server, LOCAL)
             yield server
+
+
+def warm_up(gateway, models: tuple[str, ...]) -> None:
+    """One token from each model, side by side: the models load here, not inside the MoA proposers' deadline (the
+    embedded default's 120 s, which three models loading at once on a busy 2-core machine have missed)."""
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=MASTER_KEY, max_retries=0, timeout=600)
+    with ThreadPoolExecutor(len(models)) as pool:
+        list(pool.map(lambda model: client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1), models))
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +82,8 @@ def nominal_cost(calls: list[dict]) -> float:
 
 
 def test_default_moa_answers_whole_with_the_local_models(gateway, client):
-    raw = client.chat.completions.with_raw_response.create(model="link/moa", messages=QUESTION, max_tokens=24, temperature=0)
+    raw = client.chat.completions.with_raw_response.create(model="link/moa", messages=QUESTION, max_tokens=MAX_TOKENS,
+                                                           temperature=0)
     answer = raw.parse()
     assert raw.headers["x-link-policy"] == "link/moa" and raw.headers["x-link-model"] == AGGREGATOR
     assert answer.model == AGGREGATOR and answer.choices[0].message.content
@@ -73,7 +94,7 @@ def test_default_moa_answers_whole_with_the_local_models(gateway, client):
     assert sorted(c["model"] for c in calls) == sorted([*LOCAL, AGGREGATOR])
     aggregator = calls[-1]   # accounted last: it starts once every proposer is done
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == \
-        (aggregator["prompt_tokens"], aggregator["completion_tokens"]) and answer.usage.completion_tokens <= 24
+        (aggregator["prompt_tokens"], aggregator["completion_tokens"]) and answer.usage.completion_tokens <= MAX_TOKENS
     assert answer.usage.link_billed["completion_tokens"] == sum(c["completion_tokens"] for c in calls)
     assert answer.usage.link_billed["cost_usd"] == pytest.approx(row["cost_usd"]) and answer.usage.link_billed["calls"] == 4
     assert row["cost_usd"] == pytest.approx(nominal_cost(calls)) and row["cost_usd"] > 0
@@ -101,8 +122,8 @@ def test_streamed_moa_keeps_alive_drops_the_broken_proposer_and_logs_every_outpu
 
 
 def test_streamed_and_whole_default_moa_through_the_openai_client(gateway, client):
-    chunks = list(client.chat.completions.create(model="link/moa", messages=QUESTION, max_tokens=24, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(client.chat.completions.create(model="link/moa", messages=QUESTION, max_tokens=MAX_TOKENS,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text and {c.model for c in chunks} == {AGGREGATOR}
     assert chunks[-1].usage.completion_tokens > 0 and chunks[-1].usage.prompt_tokens > 0

@@ -3,6 +3,10 @@ process's holds are released when it starts again (under the same LINK_INSTANCE_
 once its lease expired), so the next request that fits the unspent budget gets a 200 instead of "requests in
 flight hold the rest"; a live replica's holds survive the other's start-up.
 
+The gateway that starts again is the same app with the same settings (instance id, lease) served in this process: its
+start-up (`link.state.open_gateway`, which releases the holds) is what is tested, and it starts in a fraction of a
+second where a second `link serve` process would spend seconds importing.
+
     LINK_HOME=.link .venv/bin/python -m pytest -q tests/link/test_gateway_reservations.py
 """
 
@@ -74,10 +78,12 @@ def _kill_with_a_request_in_flight(gateway, engine, key_id: int, plaintext: str)
 @pytest.mark.parametrize("instance_id", ["replica-a", None], ids=["same-instance-id", "fresh-id-lease-expired"])
 def test_a_killed_gateways_holds_are_released_when_it_starts_again(db_url, engine, session, mock, tmp_path,
                                                                    live_replica, instance_id):
-    env = {"LINK_BUDGET_LEASE_S": "30" if instance_id else "1"}
+    lease_s = 30.0 if instance_id else 1.0
+    env = {"LINK_BUDGET_LEASE_S": str(lease_s)}
     if instance_id:
         env["LINK_INSTANCE_ID"] = f"{instance_id}-{tmp_path.name}"   # unique to this test: the database is shared
-    config = write_config(tmp_path / "link.yaml", [mock_deployment("priced", mock.api_base)])
+    entries = [mock_deployment("priced", mock.api_base)]
+    config = write_config(tmp_path / "link.yaml", entries)
     key, plaintext = create_key(session, f"killed-{instance_id}", budget_usd=BUDGET_USD)
     gateway = start_gateway_process(config, db_url, tmp_path / "home", **env)
     try:
@@ -91,7 +97,9 @@ def test_a_killed_gateways_holds_are_released_when_it_starts_again(db_url, engin
         if instance_id:   # the bug, seen through the live replica: the dead hold blocks a request that fits
             refused = _post(live_replica.url, plaintext)
             assert refused.status_code == 429 and "requests in flight hold the rest" in refused.json()["error"]["message"]
-        gateway = start_gateway_process(config, db_url, tmp_path / "home", **env)
+        settings = gateway_settings(db_url, tmp_path / "home", budget_lease_s=lease_s,
+                                    instance_id=env.get("LINK_INSTANCE_ID"))
+        gateway = start_gateway_thread(settings, parse_config({"models": entries}))
         if instance_id:   # the same id: released by the start-up itself, before the first request
             assert _reserved(engine, key.id) == 0
         else:             # a fresh id: released once the dead lease expired, by a start-up or a heartbeat

@@ -131,16 +131,35 @@ def test_the_gateway_default_falls_back_from_a_broken_int8_graph_to_pytorch(tmp_
 
 
 
-def test_exports_into_one_folder_wait_for_each_other(tmp_path):
+def _wait_for_a_waiter(lock, timeout_s: float) -> bool:
+    """True once a process is blocked in flock() on the file `lock` (a "->" line of Linux's /proc/locks), False
+    after `timeout_s`."""
+    import time
+    from pathlib import Path
+
+    inode, deadline = str(lock.stat().st_ino), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for fields in (line.split() for line in Path("/proc/locks").read_text().splitlines()):
+            if fields[1:3] == ["->", "FLOCK"] and fields[6].rsplit(":", 1)[-1] == inode:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def test_exports_into_one_folder_wait_for_each_other(tmp_path, embedders):
     # two routers of one gateway start together; unserialised, the second int8 quantization failed on the
     # first one's shape-inferred copy of the float32 graph (a fixed name beside it)
     import fcntl
+    import os
+    import shutil
     import threading
 
     from routers.embedding import default_model_dir
     from routers.onnx_encoder import export_in_subprocess
 
-    export_in_subprocess(default_model_dir(), tmp_path / "m-opset17.onnx")
+    _, onnx = embedders
+    onnx.encode(["export it"])
+    shutil.copy(onnx.onnx_path, tmp_path / "m-opset17.onnx")     # the float32 graph an earlier export left
     out, errors = tmp_path / "m-opset17-int8.onnx", []
 
     def quantize():
@@ -149,11 +168,15 @@ def test_exports_into_one_folder_wait_for_each_other(tmp_path):
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    with open(tmp_path / ".onnx-export.lock", "w") as held:       # another export is running
+    lock = tmp_path / ".onnx-export.lock"
+    with open(lock, "w") as held:                                  # another export is running
         fcntl.flock(held, fcntl.LOCK_EX)
         worker = threading.Thread(target=quantize)
         worker.start()
-        worker.join(timeout=15)                                      # quantizing alone takes ~3 s
+        if os.path.exists("/proc/locks"):                          # the child is seen waiting for the lock
+            assert _wait_for_a_waiter(lock, timeout_s=300), "the quantizing child never waited for the lock"
+        else:
+            worker.join(timeout=15)                                  # quantizing alone takes ~3 s
         assert worker.is_alive() and not out.exists()
     worker.join()
     assert errors == [] and out.is_file()

@@ -1,9 +1,12 @@
-"""benchmarks/routing_share.py run as a user would, on the shipped `link/auto` router and real suite items."""
+"""benchmarks/routing_share.py run as a user would, on the shipped `link/auto` router and real suite items, with a
+fresh $LINK_HOME (given the test session's exported encoder graphs where it has them: exporting is
+tests/routers/test_onnx_encoder.py's subject, and costs this run about 8 s of CPU)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +16,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def fresh_home(tmp_path: Path) -> Path:
+    """An empty $LINK_HOME holding copies of the session's ONNX graphs of the encoder (none: the script exports them)."""
+    from serving.paths import cache_dir
+
+    home = tmp_path / "home"
+    (home / "cache" / "embeddings").mkdir(parents=True)
+    for graph in cache_dir("embeddings").glob("*.onnx"):
+        shutil.copy(graph, home / "cache" / "embeddings" / graph.name)
+    return home
+
+
 @pytest.mark.slow
 def test_shares_per_suite_with_the_requests_tools(tmp_path, data_dir):
     router = ROOT / "routers" / "trained" / "link-auto.safetensors"
     out = tmp_path / "shares.json"
-    env = {**os.environ, "LINK_HOME": str(tmp_path / "home")}
+    env = {**os.environ, "LINK_HOME": str(fresh_home(tmp_path))}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "routing_share.py"), "--router", str(router),
                            "--router", str(router), "--suite", "gsm8k:test:6", "--suite", "bfcl:test:5",
                            "--data-dir", str(data_dir), "--json", str(out)],

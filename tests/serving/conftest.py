@@ -1,5 +1,11 @@
 """Fixtures of the engine server tests: a real uvicorn server on loopback (one per test module) and an
-official `openai` client for it, over the session's SmolLM2."""
+official `openai` client for it, over the session's SmolLM2.
+
+The server's engine runs with `tuned_kernels=False`, which also leaves background kernel tuning off: the
+kernels the session's first engine installed stay in effect (the dispatch table is process-wide), no tuner
+times variants beside the tests' requests, and none writes winners into $LINK_HOME that every later engine of
+the run would warm up again. Background tuning has tests of its own (tests/serving/api/test_auto_tune_serve.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import openai
 import pytest
 
 from serving.api.server import create_engine_app
+from serving.engine.llm_engine import EngineConfig
 from tests.serving.loopback import serve_on_loopback
 
 MODEL = "smollm2-135m-instruct"
@@ -14,7 +21,7 @@ MODEL = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def server(smollm2):
-    app = create_engine_app(MODEL, loaded=smollm2.loaded)
+    app = create_engine_app(MODEL, loaded=smollm2.loaded, engine_config=EngineConfig(tuned_kernels=False))
     with serve_on_loopback(app) as url:
         yield url, app
 

@@ -198,17 +198,16 @@ def test_generation_works_after_errors(smollm2):
 
 
 def test_concurrent_tokenizer_conversions_do_not_collide(smollm2_gguf_path, tmp_path, monkeypatch):
-    """Several processes converting one GGUF vocabulary at once (a server starting beside a test) all succeed."""
+    """Two processes converting one GGUF vocabulary at once (a server starting beside a test) both succeed."""
     import subprocess
     import sys
 
     monkeypatch.setenv("LINK_HOME", str(tmp_path))
-    code = (
-        "import sys; from serving.loader.gguf_loader import open_gguf; from serving.text.tokenizer import Tokenizer; "
-        "p = sys.argv[1]; t = Tokenizer.from_gguf(p, open_gguf(p).metadata); print(t.encode('Paris'))"
-    )
+    # No GGUF metadata: it only adds the chat template and EOS id after the conversion, and reading it would load
+    # torch and parse the header in each process first.
+    code = "import sys; from serving.text.tokenizer import Tokenizer; print(Tokenizer.from_gguf(sys.argv[1], {}).encode('Paris'))"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(smollm2_gguf_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+             for _ in range(2)]
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in results]
     assert len({out for out, _ in results}) == 1

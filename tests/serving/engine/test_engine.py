@@ -1,4 +1,10 @@
-"""The batching engine on the real models: batch invariance, prefix caching, preemption, abort, n > 1."""
+"""The batching engine on the real models: batch invariance, prefix caching, preemption, abort, n > 1.
+
+Every engine here is built with `tuned_kernels=False`: the kernels the session's first engine installed stay in
+effect process-wide (`kernels.dispatch`), and warming up the stored winners again for each of these engines would
+take seconds and test nothing about scheduling. The solo runs of a test share one engine without prefix caching,
+which keeps no state between requests.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,18 @@ from serving.engine.llm_engine import EngineConfig, LLMEngine
 pytestmark = pytest.mark.slow  # loads a real model (tests/test_markers.py)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+# Batch invariance: 16 tokens per prompt, alone and in the batch of 8 (a batching error shows from the first step).
+INVARIANCE = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
 TOP2_TOLERANCE = 1e-4
+
+
+def _config(**settings) -> EngineConfig:
+    return EngineConfig(tuned_kernels=False, **settings)
+
+
+def _solo(engine: LLMEngine, prompts: dict[str, list[int]], params=GREEDY) -> dict[str, list[int]]:
+    """Each prompt's output run alone, one after the other, on `engine`."""
+    return {rid: _run_all(engine, {rid: ids}, params)[rid] for rid, ids in prompts.items()}
 
 
 def _run_all(engine: LLMEngine, prompts: dict[str, list[int]], params=GREEDY) -> dict[str, list[int]]:
@@ -51,9 +68,9 @@ def test_batch_invariance(model_fixture, request, real_prompts):
     llm = request.getfixturevalue(model_fixture)
     prompts = _prompts(llm, real_prompts)
     assert len(prompts) == 8 and len({len(p) for p in prompts.values()}) >= 7  # different lengths
-    config = EngineConfig(enable_prefix_caching=False)
-    alone = {rid: _run_all(LLMEngine(llm.loaded, config), {rid: ids})[rid] for rid, ids in prompts.items()}
-    batched = _run_all(LLMEngine(llm.loaded, config), prompts)
+    config = _config(enable_prefix_caching=False)
+    alone = _solo(LLMEngine(llm.loaded, config), prompts, INVARIANCE)
+    batched = _run_all(LLMEngine(llm.loaded, config), prompts, INVARIANCE)
     for rid, ids in prompts.items():
         _assert_same_or_near_tie(llm, ids, alone[rid], batched[rid])
 
@@ -61,13 +78,13 @@ def test_batch_invariance(model_fixture, request, real_prompts):
 def test_prefix_caching_reuses_blocks_with_the_same_output(smollm2, real_prompts):
     shared = smollm2.tokenizer.encode(" ".join(real_prompts[:3]))  # a long shared prefix
     first, second = shared + smollm2.tokenizer.encode(" Summarize."), shared + smollm2.tokenizer.encode(" Translate to French.")
-    cached = LLMEngine(smollm2.loaded, EngineConfig())
+    cached = LLMEngine(smollm2.loaded, _config())
     out_first = _run_all(cached, {"a": first})["a"]
     hits_before = cached.block_manager.prefix_cache_hits
     out_second = _run_all(cached, {"b": second})["b"]
     reused = cached.block_manager.prefix_cache_hits - hits_before
     assert reused >= (len(shared) // 16 - 1) * 16 > 0
-    uncached = LLMEngine(smollm2.loaded, EngineConfig(enable_prefix_caching=False))
+    uncached = LLMEngine(smollm2.loaded, _config(enable_prefix_caching=False))
     assert _run_all(uncached, {"b": second})["b"] == out_second
     assert uncached.block_manager.prefix_cache_hits == 0
     assert out_first  # the first request ran to completion as well
@@ -79,9 +96,8 @@ def test_preemption_completes_every_request_with_its_solo_output(smollm2, real_p
     longest = max(len(p) for p in prompts.values()) + 40
     # Room for about two sequences at a time: the others must be preempted and recomputed.
     num_blocks = 2 * (-(-longest // 16)) + 1
-    alone = {rid: _run_all(LLMEngine(smollm2.loaded, EngineConfig(enable_prefix_caching=False)), {rid: ids}, params)[rid]
-             for rid, ids in prompts.items()}
-    tight = LLMEngine(smollm2.loaded, EngineConfig(num_blocks=num_blocks, enable_prefix_caching=False))
+    alone = _solo(LLMEngine(smollm2.loaded, _config(enable_prefix_caching=False)), prompts, params)
+    tight = LLMEngine(smollm2.loaded, _config(num_blocks=num_blocks, enable_prefix_caching=False))
     squeezed = _run_all(tight, prompts, params)
     assert tight.scheduler.num_preemptions > 0
     for rid, ids in prompts.items():
@@ -90,7 +106,7 @@ def test_preemption_completes_every_request_with_its_solo_output(smollm2, real_p
 
 
 def test_abort_frees_blocks_within_one_step(smollm2):
-    engine = LLMEngine(smollm2.loaded, EngineConfig())
+    engine = LLMEngine(smollm2.loaded, _config())
     total = engine.block_manager.num_free_blocks
     params = SamplingParams(max_tokens=200, seed=0, ignore_eos=True)
     engine.add_request("x", smollm2.tokenizer.encode("Write a long story about a dragon."), params)
@@ -105,7 +121,7 @@ def test_abort_frees_blocks_within_one_step(smollm2):
 
 
 def test_n_samples_share_the_prompt_blocks(smollm2):
-    engine = LLMEngine(smollm2.loaded, EngineConfig(enable_prefix_caching=False))
+    engine = LLMEngine(smollm2.loaded, _config(enable_prefix_caching=False))
     prompt = smollm2.tokenizer.encode("Once upon a time, in a faraway kingdom, there lived")  # partial last block
     engine.add_request("n", prompt, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8))
     prompt_blocks = -(-len(prompt) // 16)
@@ -124,10 +140,10 @@ def test_n_samples_share_the_prompt_blocks(smollm2):
 def test_chunked_prefill_never_shares_blocks_before_their_kv_exists(smollm2, real_prompts):
     prompt = smollm2.tokenizer.encode(" ".join(real_prompts[:4]))
     assert len(prompt) > 64
-    engine = LLMEngine(smollm2.loaded, EngineConfig(max_num_batched_tokens=32))
+    engine = LLMEngine(smollm2.loaded, _config(max_num_batched_tokens=32))
     engine.add_request("a", prompt, GREEDY)
     engine.step()  # "a" has prefilled only its first 32 tokens
     assert engine.block_manager.prefix_cache_hits == 0
     done = _run_all(engine, {"b": prompt})  # same prompt while "a" is mid-prefill
-    solo = _run_all(LLMEngine(smollm2.loaded, EngineConfig(enable_prefix_caching=False)), {"s": prompt})["s"]
+    solo = _run_all(LLMEngine(smollm2.loaded, _config(enable_prefix_caching=False)), {"s": prompt})["s"]
     assert done["b"] == solo

@@ -16,6 +16,7 @@ import pytest
 
 from protocol.errors import ValidationProblem
 from protocol.openai import ChatCompletionRequest
+from serving.engine.llm_engine import EngineConfig
 from serving.frontend.chat_tools import ToolStream, prepare_chat, tool_message
 from serving.guided.automaton import automaton_for
 from serving.guided.tool_choice import MAX_PARALLEL_CALLS, forced_tool_tag, forced_tools
@@ -211,7 +212,8 @@ def test_real_model_forced_calls_through_the_gateway_local_backend(smollm2):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 80}
 
     async def go():
-        pool = EnginePool()
+        # No stored kernel winners warmed up again for this engine: the session's are in effect process-wide.
+        pool = EnginePool(engine_config=EngineConfig(tuned_kernels=False))
         pool.add_loaded(MODEL, smollm2.loaded)
         backend = LocalBackend(deployment, pool)
         try:
