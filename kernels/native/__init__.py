@@ -22,9 +22,9 @@ extension cache (`TORCH_EXTENSIONS_DIR`, default ~/.cache/torch_extensions), one
 the first time and a file check after that. The sources include only the ATen and pybind11 headers they use,
 not <torch/extension.h> (the whole C++ frontend, which was most of a build: cold builds on the 2-core dev machine
 took 35 s of CPU time with it and 15 s without for rows_linear, 36 s and 21 s for decode_step, 39-42 s and 20-24 s
-for each gguf_matmul build). Needs a CPU with AVX-512F (`torch.backends.cpu
-.get_cpu_capability()` reports "AVX512" or better); elsewhere, or when the build fails, the loader
-returns None once, logs why, and callers keep PyTorch's kernels.
+for each gguf_matmul build). rows_linear and decode_step need a CPU with AVX-512F (`torch.backends.cpu
+.get_cpu_capability()` reports "AVX512" or better); gguf_matmul also builds for AVX2 and without SIMD. Where a module
+cannot run, or its build fails, the loader returns None once, logs why, and callers keep PyTorch's kernels.
 
     modules = load_all([("gguf_matmul", "portable"), ("gguf_matmul", "avx2")])   # both builds at once
 
